@@ -1,0 +1,33 @@
+"""Parameter server: Gather every buffer to a root, reduce there, Bcast the result.
+
+Cost: the root receives (G-1)·n and sends (G-1)·n bytes over its one link, so time grows
+linearly with G: 2(G-1)·n·beta + (G-1)·n·gamma at the root (with linear Gather and Bcast).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..channel import Channel
+from ..ops import Op
+
+ROOT = 0
+
+
+def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
+    """dst <- op over all ranks of src (dst may be src)."""
+    size, n = ch.size, src.size
+    if size == 1 or n == 0:
+        if dst is not src:
+            dst[...] = src
+        return
+    if ch.rank == ROOT:
+        stack = ch.scratch("ps", size * n, src.dtype).reshape(size, n)
+        stack[ROOT] = src
+        ch.gather(None, stack, ROOT)
+        dst[...] = stack[0]  # summed in rank order, as every algorithm here does
+        for row in range(1, size):
+            op.reduce(ch.xp, dst, stack[row])
+    else:
+        ch.gather(src, None, ROOT)
+    ch.bcast(dst, ROOT)

@@ -1,0 +1,183 @@
+"""`allreduce`: validation, agreement across ranks, dispatch by name, and mean.
+
+Validation happens in one place, here. With ``check=True`` every rank's local verdict
+and its (count, dtype, op, algorithm) travel in one small Allgather before any data
+moves, so a mistake on one rank becomes an exception on every rank instead of a hang,
+and the user's buffers are untouched when it is raised.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import algorithms
+from .backend import Backend, backend_for
+from .channel import Channel
+from .ops import DTYPES, OPS, Op, check_op
+
+_lock = threading.Lock()
+
+
+def _release(comm: MPI.Comm, keyval: int, state: dict[str, Any]) -> None:
+    """Attribute delete callback: the user freed their communicator, so free our duplicate."""
+    dup = state.pop("comm", None)
+    if dup is not None and not MPI.Is_finalized():
+        dup.Free()
+
+
+_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_release)
+
+
+def channel_for(comm: MPI.Intracomm, backend: Backend) -> Channel:
+    """The cached Channel of ``comm`` for ``backend``; the first call (collective) duplicates comm.
+
+    The duplicate is cached as an MPI attribute of the user's communicator, so it is
+    released when the user frees that communicator and never leaks one per call.
+    """
+    with _lock:
+        state = comm.Get_attr(_KEYVAL)
+        if state is None:
+            state = {"comm": comm.Dup()}
+            comm.Set_attr(_KEYVAL, state)
+        channel = state.get(backend.name)
+        if channel is None:
+            channel = state[backend.name] = Channel(state["comm"], backend)
+        return channel
+
+
+def _validate(x: Any, out: Any, op: str, algorithm: str) -> tuple[Backend, Op, bool]:
+    """Local checks, no communication. Returns (backend, op, in place) or raises."""
+    backend = backend_for(x)
+    if op not in OPS:
+        raise ValueError(f"hpcring.allreduce: unknown op {op!r}; choose one of {', '.join(OPS)}")
+    algorithms.get(algorithm)
+    if x.dtype not in DTYPES:
+        names = ", ".join(d.name for d in DTYPES)
+        raise TypeError(f"hpcring.allreduce: dtype {x.dtype} is not supported; use one of {names}")
+    check_op(OPS[op], x.dtype)
+    if not x.flags.c_contiguous:
+        raise ValueError("hpcring.allreduce: x must be C-contiguous (use xp.ascontiguousarray)")
+    in_place = out is None or (
+        out is x
+        or (
+            backend.owns(out)
+            and out.nbytes == x.nbytes
+            and x.nbytes > 0
+            and backend.data_pointer(out) == backend.data_pointer(x)
+        )
+    )
+    if in_place:
+        if not backend.writeable(x):
+            raise ValueError("hpcring.allreduce: x is read-only; pass out= for an out-of-place result")
+        return backend, OPS[op], True
+    if not backend.owns(out):
+        raise TypeError(
+            f"hpcring.allreduce: out must be a {type(x).__module__}.{type(x).__name__} like x, "
+            f"got {type(out).__module__}.{type(out).__name__}"
+        )
+    if out.shape != x.shape or out.dtype != x.dtype:
+        raise ValueError(
+            f"hpcring.allreduce: out must have x's shape {x.shape} and dtype {x.dtype}, "
+            f"got {out.shape} and {out.dtype}"
+        )
+    if not out.flags.c_contiguous:
+        raise ValueError("hpcring.allreduce: out must be C-contiguous")
+    if not backend.writeable(out):
+        raise ValueError("hpcring.allreduce: out is read-only")
+    if backend.shares_memory(x, out):
+        raise ValueError("hpcring.allreduce: out overlaps x; pass out=None (or out=x) for in place")
+    return backend, OPS[op], False
+
+
+_OP_NAMES = list(OPS)
+_ALG_NAMES = list(algorithms.REGISTRY)
+_FIELDS = ("count", "dtype", "op", "algorithm")
+
+
+def _signature(x: Any, op: str, algorithm: str) -> list[int]:
+    """What must agree across ranks, as integers (-1 where a value is not one we know)."""
+    count = int(getattr(x, "size", -1)) if hasattr(x, "dtype") else -1
+    dtype = getattr(x, "dtype", None)
+    return [
+        count,
+        DTYPES.index(dtype) if dtype in DTYPES else -1,
+        _OP_NAMES.index(op) if op in _OP_NAMES else -1,
+        _ALG_NAMES.index(algorithm) if algorithm in _ALG_NAMES else -1,
+    ]
+
+
+def _describe(field: str, value: int) -> str:
+    names = {"dtype": [d.name for d in DTYPES], "op": _OP_NAMES, "algorithm": _ALG_NAMES}
+    if field == "count" or value < 0:
+        return str(value) if field == "count" else "?"
+    return names[field][value]
+
+
+def _agree(comm: MPI.Intracomm, signature: list[int], problem: Exception | None) -> None:
+    """One Allgather of the signatures and local verdicts; raise on every rank if any is off."""
+    mine = np.array([*signature, problem is not None], dtype=np.int64)
+    table = np.empty((comm.Get_size(), mine.size), dtype=np.int64)
+    comm.Allgather(mine, table)
+    failed = np.flatnonzero(table[:, -1])
+    if failed.size:
+        # Everyone knows someone failed, so this second, rarer collective cannot hang.
+        reports = comm.allgather(None if problem is None else (type(problem), str(problem)))
+        if problem is not None:
+            raise problem
+        kind, message = reports[failed[0]]
+        raise kind(f"rank {failed[0]} rejected its input: {message}")
+    for column, field in enumerate(_FIELDS):
+        values = table[:, column]
+        if (values != values[0]).any():
+            groups: dict[int, list[int]] = {}
+            for rank, value in enumerate(values.tolist()):
+                groups.setdefault(value, []).append(rank)
+            detail = "; ".join(
+                f"{_describe(field, value)} on rank{'s' if len(ranks) > 1 else ''} "
+                f"{', '.join(map(str, ranks))}"
+                for value, ranks in groups.items()
+            )
+            raise ValueError(f"hpcring.allreduce: ranks disagree on {field}: {detail}")
+
+
+def allreduce(
+    x: Any,
+    *,
+    op: str = "sum",
+    algorithm: str = "ring",
+    comm: MPI.Intracomm | None = None,
+    out: Any = None,
+    check: bool = True,
+) -> Any:
+    """Reduce ``x`` over all ranks of ``comm`` and return the result on every rank.
+
+    In place unless ``out`` is given (then ``x`` is left as it was). ``op`` is one of
+    sum, mean, max, min, prod; ``algorithm`` one of `hpcring.ALGORITHMS`. With ``check``
+    (the default) the ranks first agree on count, dtype, op and algorithm, so a mismatch
+    or a bad argument on any rank raises on every rank before any data moves.
+    """
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"hpcring.allreduce: comm must be an mpi4py intracommunicator, got {comm!r}")
+    problem: Exception | None = None
+    try:
+        backend, reduction, in_place = _validate(x, out, op, algorithm)
+    except (TypeError, ValueError) as error:
+        if not check:
+            raise
+        problem, backend = error, backend_for(np.empty(0))
+    channel = channel_for(comm, backend)
+    if check and channel.size > 1:
+        _agree(channel.comm, _signature(x, op, algorithm), problem)
+    if problem is not None:  # a single rank: nothing to agree on
+        raise problem
+    src = x.reshape(-1)
+    dst = src if in_place else out.reshape(-1)
+    algorithms.get(algorithm)(channel, src, dst, reduction)
+    if reduction.name == "mean" and channel.size > 1:
+        channel.xp.true_divide(dst, channel.size, out=dst)
+    return x if in_place else out

@@ -1,0 +1,98 @@
+"""The communicator as the algorithms see it.
+
+A `Channel` holds hpcring's private duplicate of the user's communicator, the array
+backend, grow-only scratch buffers, and a count of the bytes hpcring hands to MPI.
+Every MPI call an algorithm makes goes through it, so staging of device memory and
+the traffic count live in one place.
+
+Bytes sent are counted as the payload hpcring gives MPI times the number of *other*
+ranks it is addressed to: a Sendrecv to a neighbour counts its send buffer once, a
+Gather counts each non-root's contribution once, a Bcast counts the root's buffer
+G-1 times. How MPI routes that payload inside (trees, pipelines) is its own business;
+`mpi` (MPI_Allreduce) is counted as unknown.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .backend import Backend
+
+
+class Channel:
+    """hpcring's duplicate of one user communicator, for one array backend."""
+
+    def __init__(self, comm: MPI.Intracomm, backend: Backend) -> None:
+        self.comm = comm
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.backend = backend
+        self.xp = backend.xp
+        self.bytes_sent = 0  # cumulative; the bench reads differences
+        self.bytes_unknown = False  # set once an opaque MPI collective ran
+        self._scratch: dict[str, Any] = {}
+
+    def scratch(self, name: str, count: int, dtype: np.dtype) -> Any:
+        """A 1-D array of ``count`` elements, reused across calls (grow-only, one per name)."""
+        nbytes = count * dtype.itemsize
+        buf = self._scratch.get(name)
+        if buf is None or buf.nbytes < nbytes:
+            buf = self.backend.empty(nbytes, np.dtype(np.uint8))
+            self._scratch[name] = buf
+        return buf[:nbytes].view(dtype)
+
+    # Point-to-point and collectives move raw bytes: any dtype travels, even one
+    # the MPI library has no datatype for (float16, bfloat16).
+
+    def sendrecv(self, send: Any, dest: int, recv: Any, source: int) -> None:
+        """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``."""
+        if dest != self.rank:
+            self.bytes_sent += send.nbytes
+        view = self.backend.mpi_view
+        with view(send, copy_in=True, copy_out=False, slot=0) as s, view(
+            recv, copy_in=False, copy_out=True, slot=1
+        ) as r:
+            self.comm.Sendrecv(_raw(s), dest, 0, _raw(r), source, 0)
+
+    def gather(self, send: Any, stack: Any, root: int) -> None:
+        """Gather ``send`` of every rank into row r of ``stack`` (G x n) at ``root``.
+
+        The root's own row is already in place (MPI_IN_PLACE), so the root sends nothing.
+        """
+        view = self.backend.mpi_view
+        if self.rank == root:
+            with view(stack, copy_in=True, copy_out=True) as r:
+                self.comm.Gather(MPI.IN_PLACE, _raw(r), root)
+        else:
+            self.bytes_sent += send.nbytes
+            with view(send, copy_in=True, copy_out=False) as s:
+                self.comm.Gather(_raw(s), None, root)
+
+    def bcast(self, buf: Any, root: int) -> None:
+        """Broadcast ``buf`` from ``root`` to every rank."""
+        is_root = self.rank == root
+        if is_root:
+            self.bytes_sent += buf.nbytes * (self.size - 1)
+        with self.backend.mpi_view(buf, copy_in=is_root, copy_out=not is_root) as b:
+            self.comm.Bcast(_raw(b), root)
+
+    def allreduce(self, src: Any, dst: Any, op: Any) -> None:
+        """MPI_Allreduce with a typed buffer (the MPI library must know the dtype)."""
+        self.bytes_unknown = True
+        view = self.backend.mpi_view
+        if src is dst:
+            with view(dst, copy_in=True, copy_out=True) as d:
+                self.comm.Allreduce(MPI.IN_PLACE, d, op)
+        else:
+            with view(src, copy_in=True, copy_out=False, slot=0) as s, view(
+                dst, copy_in=False, copy_out=True, slot=1
+            ) as d:
+                self.comm.Allreduce(s, d, op)
+
+
+def _raw(array: Any) -> Any:
+    """The same memory as bytes, so MPI needs no datatype for it."""
+    return array.reshape(-1).view(np.uint8) if array.dtype != np.uint8 else array.reshape(-1)
