@@ -52,9 +52,10 @@ class Channel:
         if dest != self.rank:
             self.bytes_sent += send.nbytes
         view = self.backend.mpi_view
-        with view(send, copy_in=True, copy_out=False, slot=0) as s, view(
-            recv, copy_in=False, copy_out=True, slot=1
-        ) as r:
+        with (
+            view(send, copy_in=True, copy_out=False, slot=0) as s,
+            view(recv, copy_in=False, copy_out=True, slot=1) as r,
+        ):
             self.comm.Sendrecv(_raw(s), dest, 0, _raw(r), source, 0)
 
     def gather(self, send: Any, stack: Any, root: int) -> None:
@@ -87,9 +88,10 @@ class Channel:
             with view(dst, copy_in=True, copy_out=True) as d:
                 self.comm.Allreduce(MPI.IN_PLACE, d, op)
         else:
-            with view(src, copy_in=True, copy_out=False, slot=0) as s, view(
-                dst, copy_in=False, copy_out=True, slot=1
-            ) as d:
+            with (
+                view(src, copy_in=True, copy_out=False, slot=0) as s,
+                view(dst, copy_in=False, copy_out=True, slot=1) as d,
+            ):
                 self.comm.Allreduce(s, d, op)
 
 

@@ -12,8 +12,7 @@ from typing import Any
 import numpy as np
 
 DTYPES: tuple[np.dtype, ...] = tuple(
-    np.dtype(name)
-    for name in ("float16", "float32", "float64", "int32", "int64", "complex64", "complex128")
+    np.dtype(name) for name in ("float16", "float32", "float64", "int32", "int64", "complex64", "complex128")
 )
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 def chunk(count: int, size: int, index: int) -> tuple[int, int]:
     """Half-open bounds ``(start, stop)`` of segment ``index`` of ``count`` elements cut ``size`` ways."""
     if count < 0 or size < 1 or not 0 <= index < size:
-        raise ValueError(f"chunk: need count >= 0, size >= 1, 0 <= index < size; got {count}, {size}, {index}")
+        raise ValueError(
+            f"chunk: need count >= 0, size >= 1, 0 <= index < size; got {count}, {size}, {index}"
+        )
     base, extra = divmod(count, size)
     start = index * base + min(index, extra)
     return start, start + base + (index < extra)

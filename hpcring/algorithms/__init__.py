@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-
 from . import mpi, naive, ps, ring
 
 Algorithm = Callable[..., None]
