@@ -1,0 +1,176 @@
+"""The correctness matrix: every algorithm x dtype x op x communicator x size, in and out of place.
+
+Written once, valid at any rank count: inputs are small integers built from (rank, index),
+so every summation order is exact and the expected value is known in closed form; the
+result is also compared with MPI.Allreduce and must be bitwise identical on all ranks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import everywhere, identical_everywhere
+from mpi4py import MPI
+
+import hpcring
+from hpcring.backend import available_backends
+from hpcring.ops import DTYPES, OPS
+
+pytestmark = pytest.mark.mpi
+
+HAVE_GPU = "cupy" in available_backends()
+BACKENDS = [
+    "numpy",
+    pytest.param(
+        "cupy", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and a GPU")]
+    ),
+]
+
+
+@pytest.fixture(scope="module")
+def comms() -> Iterator[dict[str, MPI.Intracomm]]:
+    world = MPI.COMM_WORLD
+    made = {
+        "split": world.Split(int(world.rank >= (world.size + 1) // 2), world.rank),
+        "dup": world.Dup(),
+    }
+    yield {"world": world, "self": MPI.COMM_SELF, **made}
+    for comm in made.values():
+        comm.Free()
+
+
+def sizes(g: int) -> list[int]:
+    return sorted({0, 1, g - 1, g, g + 1, 1000, 2**20 + 3})
+
+
+def make_input(rank: int, n: int, dtype: np.dtype, op: str) -> np.ndarray:
+    """Rank ``rank``'s input: small integers, exact in every dtype and every order of reduction."""
+    i = np.arange(n)
+    if op == "prod":  # 1s and 2s: the product of G <= 8 of them stays exact
+        real, imag = 1 + (i + rank) % 2, (i + 2 * rank) % 2
+    elif op in ("max", "min"):  # negative and positive, different on each rank
+        real, imag = (7 * i + 3 * rank) % 11 - 5, 0
+    else:
+        real, imag = i % 5 + rank + 1, (i + rank) % 3
+    if dtype.kind == "c":
+        return (real + 1j * imag).astype(dtype)
+    return np.asarray(real, dtype=dtype)
+
+
+def expected(size: int, n: int, dtype: np.dtype, op: str) -> np.ndarray:
+    """The exact result, in closed form for sum and mean, by exact reduction of the small inputs otherwise."""
+    if op in ("sum", "mean") and dtype.kind != "c":
+        i = np.arange(n)
+        total = np.asarray(size * (i % 5) + size * (size + 1) // 2, dtype=dtype)
+    else:
+        ufunc = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[op]
+        total = make_input(0, n, dtype, op)
+        for rank in range(1, size):
+            total = ufunc(total, make_input(rank, n, dtype, op))
+    if op == "mean":
+        total = np.true_divide(total, size, out=total)  # as the library does: in the array's dtype
+    return total
+
+
+def to_backend(array: np.ndarray, backend: str) -> Any:
+    if backend == "cupy":
+        import cupy
+
+        return cupy.asarray(array)
+    return array
+
+
+def to_host(array: Any) -> np.ndarray:
+    return array if isinstance(array, np.ndarray) else array.get()
+
+
+def mpi_allreduce(comm: MPI.Intracomm, x: np.ndarray, op: str) -> np.ndarray | None:
+    """MPI's own answer, or None where the library cannot reduce this dtype."""
+    out = np.empty_like(x)
+    try:
+        comm.Allreduce(x, out, OPS[op].mpi_op())
+    except (KeyError, ValueError, MPI.Exception):
+        return None
+    if op == "mean":
+        np.true_divide(out, comm.size, out=out)
+    return out
+
+
+def applies(op: str, dtype: np.dtype) -> bool:
+    return dtype.kind in OPS[op].kinds
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("comm_name", ["world", "self", "split", "dup"])
+@pytest.mark.parametrize("op", list(OPS))
+@pytest.mark.parametrize("dtype", DTYPES, ids=[d.name for d in DTYPES])
+@pytest.mark.parametrize("algorithm", hpcring.ALGORITHMS)
+def test_matrix(algorithm: str, dtype: np.dtype, op: str, comm_name: str, backend: str, comms) -> None:
+    comm = comms[comm_name]
+    if not applies(op, dtype):
+        pytest.skip(f"{op} does not apply to {dtype}; test_op_dtype_refused covers it")
+    if algorithm == "mpi" and mpi_allreduce(comm, make_input(comm.rank, 1, dtype, op), op) is None:
+        pytest.skip(f"this MPI library cannot reduce {dtype}")
+    for n in sizes(comm.size):
+        want = expected(comm.size, n, dtype, op)
+        host = make_input(comm.rank, n, dtype, op).reshape(_shape(n))
+        oracle = mpi_allreduce(comm, host.reshape(-1), op)
+        for in_place in (True, False):
+            x = to_backend(host.copy(), backend)
+            out = None if in_place else to_backend(np.full_like(host, 99), backend)
+            got = hpcring.allreduce(x, op=op, algorithm=algorithm, comm=comm, out=out)
+            result = to_host(got).reshape(-1)
+            where = f"{algorithm} {dtype} {op} {comm_name} n={n} in_place={in_place}"
+            assert everywhere(comm, got is (x if in_place else out)), where
+            assert everywhere(comm, to_host(got).shape == host.shape), where
+            assert everywhere(comm, np.array_equal(result, want)), where
+            assert everywhere(comm, oracle is None or np.array_equal(result, oracle)), where
+            assert everywhere(comm, identical_everywhere(comm, result)), where
+            if not in_place:  # out= leaves the input as it was
+                assert everywhere(comm, np.array_equal(to_host(x), host)), where
+
+
+def _shape(n: int) -> tuple[int, ...]:
+    """Some multi-dimensional shapes too: any C-contiguous shape must work."""
+    return (n // 4, 4) if n % 4 == 0 and n >= 4 else (n,)
+
+
+@pytest.mark.parametrize("algorithm", hpcring.ALGORITHMS)
+def test_closed_form_sum_of_ranks(algorithm: str) -> None:
+    """gloo's check: inputs = rank, so every element must be G(G-1)/2."""
+    comm = MPI.COMM_WORLD
+    for n in (1, 3, 64):
+        x = np.full(n, comm.rank, dtype=np.int64)
+        hpcring.allreduce(x, algorithm=algorithm)
+        assert everywhere(comm, (x == comm.size * (comm.size - 1) // 2).all())
+
+
+@pytest.mark.parametrize("algorithm", hpcring.ALGORITHMS)
+@pytest.mark.parametrize(
+    ("op", "dtype"), [("mean", "int32"), ("mean", "int64"), ("max", "complex64"), ("min", "complex128")]
+)
+def test_op_dtype_refused(algorithm: str, op: str, dtype: str) -> None:
+    comm = MPI.COMM_WORLD
+    x = np.ones(5, dtype=dtype)
+    with pytest.raises(TypeError, match=f"op='{op}' does not apply"):
+        hpcring.allreduce(x, op=op, algorithm=algorithm)
+    assert everywhere(comm, (x == 1).all())
+
+
+@pytest.mark.parametrize("algorithm", hpcring.ALGORITHMS)
+def test_float_results_bitwise_identical(algorithm: str) -> None:
+    """Inexact float sums (random data) must still give the same bits on every rank."""
+    comm = MPI.COMM_WORLD
+    rng = np.random.default_rng(comm.rank)
+    for dtype in (np.float16, np.float32, np.float64):
+        x = rng.standard_normal(10_007).astype(dtype)
+        reference = np.empty_like(x)
+        comm.Allreduce(x, reference, MPI.SUM)
+        hpcring.allreduce(x, algorithm=algorithm)
+        assert everywhere(comm, identical_everywhere(comm, x))
+        tolerance = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12}[dtype]
+        close = np.allclose(x.astype(np.float64), reference, rtol=tolerance, atol=tolerance * comm.size)
+        assert everywhere(comm, close)

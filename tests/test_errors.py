@@ -1,0 +1,151 @@
+"""Bad input raises on every rank, within seconds, and leaves the user's buffers as they were."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from helpers import everywhere
+from mpi4py import MPI
+
+import hpcring
+from hpcring.api import channel_for
+from hpcring.backend import backend_for
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+
+
+def raises_everywhere(kind: type[Exception], match: str, call) -> None:
+    """``call()`` raises ``kind`` with ``match`` in its message on every rank, quickly."""
+    start = time.monotonic()
+    try:
+        call()
+    except kind as error:
+        ok = match in str(error)
+    else:
+        ok = False
+    assert everywhere(WORLD, ok), f"expected {kind.__name__} matching {match!r} on every rank"
+    assert everywhere(WORLD, time.monotonic() - start < 10)
+
+
+@pytest.mark.parametrize("algorithm", hpcring.ALGORITHMS)
+def test_count_mismatch(algorithm: str) -> None:
+    x = np.arange(10 + (WORLD.rank == WORLD.size - 1), dtype=np.float32)
+    before = x.copy()
+    if WORLD.size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    raises_everywhere(ValueError, "disagree on count", lambda: hpcring.allreduce(x, algorithm=algorithm))
+    assert everywhere(WORLD, np.array_equal(x, before))
+
+
+def test_dtype_mismatch_names_ranks() -> None:
+    if WORLD.size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    x = np.ones(8, dtype=np.float64 if WORLD.rank == 0 else np.float32)
+    raises_everywhere(ValueError, "float64 on rank 0", lambda: hpcring.allreduce(x))
+    assert everywhere(WORLD, (x == 1).all())
+
+
+def test_op_and_algorithm_mismatch() -> None:
+    if WORLD.size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    x = np.ones(8)
+    op = "max" if WORLD.rank == 1 else "sum"
+    raises_everywhere(ValueError, "disagree on op", lambda: hpcring.allreduce(x, op=op))
+    algorithm = "ps" if WORLD.rank == 0 else "ring"
+    raises_everywhere(ValueError, "disagree on algorithm", lambda: hpcring.allreduce(x, algorithm=algorithm))
+    assert everywhere(WORLD, (x == 1).all())
+
+
+def test_one_bad_rank_fails_everywhere() -> None:
+    """A local mistake on the last rank becomes an error on all ranks, not a hang."""
+    bad = WORLD.rank == WORLD.size - 1
+    x = np.ones((6, 4))
+    arg = x[:, ::2] if bad else np.ones((6, 2))  # non-contiguous on one rank only
+    kept = arg.copy()
+    raises_everywhere(ValueError, "C-contiguous", lambda: hpcring.allreduce(arg))
+    assert everywhere(WORLD, np.array_equal(arg, kept))
+
+
+@pytest.mark.parametrize(
+    ("make", "kind", "match"),
+    [
+        (lambda: ([1.0, 2.0], None, {}), TypeError, "must be a numpy.ndarray"),
+        (lambda: (np.ones(4), None, {"op": "avg"}), ValueError, "sum, mean, max, min, prod"),
+        (lambda: (np.ones(4), None, {"algorithm": "tree"}), ValueError, "naive, ps, ring"),
+        (lambda: (np.ones(4, dtype=np.int8), None, {}), TypeError, "int8 is not supported"),
+        (lambda: (np.ones(4), np.empty(5), {}), ValueError, "out must have x's shape"),
+        (lambda: (np.ones(4), np.empty(4, np.float32), {}), ValueError, "out must have x's shape"),
+        (lambda: (np.ones(4), [0.0] * 4, {}), TypeError, "out must be a numpy.ndarray"),
+        (lambda: (np.ones(8)[::2], None, {}), ValueError, "C-contiguous"),
+        (lambda: (np.ones(4), np.empty((2, 4))[:, 0], {}), ValueError, "out must have"),
+        (lambda: (np.ones(4), np.empty(8)[::2], {}), ValueError, "out must be C-contiguous"),
+    ],
+)
+@pytest.mark.parametrize("check", [True, False])
+def test_bad_arguments(make, kind, match, check: bool) -> None:
+    x, out, kwargs = make()
+    raises_everywhere(kind, match, lambda: hpcring.allreduce(x, out=out, check=check, **kwargs))
+
+
+def test_read_only_and_overlap() -> None:
+    x = np.ones(8)
+    x.flags.writeable = False
+    raises_everywhere(ValueError, "read-only", lambda: hpcring.allreduce(x))
+    out = np.empty(8)
+    out.flags.writeable = False
+    raises_everywhere(ValueError, "out is read-only", lambda: hpcring.allreduce(np.ones(8), out=out))
+    buf = np.ones(12)
+    raises_everywhere(ValueError, "overlaps", lambda: hpcring.allreduce(buf[:8], out=buf[4:]))
+    assert everywhere(WORLD, (buf == 1).all())
+    # Read-only input is fine out of place.
+    result = hpcring.allreduce(x, out=np.empty(8))
+    assert everywhere(WORLD, (result == WORLD.size).all() and (x == 1).all())
+
+
+def test_bad_comm() -> None:
+    raises_everywhere(TypeError, "intracommunicator", lambda: hpcring.allreduce(np.ones(2), comm="world"))
+    raises_everywhere(TypeError, "intracommunicator", lambda: hpcring.allreduce(np.ones(2), comm=MPI.COMM_NULL))
+
+
+def test_duplicate_cached_and_released() -> None:
+    """One private duplicate per user communicator, reused by every call, freed with the communicator."""
+    comm = WORLD.Dup()
+    x = np.ones(3)
+    hpcring.allreduce(x, comm=comm)
+    channel = channel_for(comm, backend_for(x))
+    private = channel.comm
+    assert everywhere(WORLD, private != MPI.COMM_NULL and MPI.Comm.Compare(private, comm) == MPI.CONGRUENT)
+    for _ in range(3):
+        hpcring.allreduce(x, comm=comm)
+    assert everywhere(WORLD, channel_for(comm, backend_for(x)) is channel and channel.comm is private)
+    comm.Free()
+    assert everywhere(WORLD, private == MPI.COMM_NULL)
+
+
+def test_host_messages_never_match_ours() -> None:
+    """A message of the host code in flight on the same communicator and tag is not taken by hpcring."""
+    if WORLD.size == 1:
+        pytest.skip("needs a neighbour")
+    right, left = (WORLD.rank + 1) % WORLD.size, (WORLD.rank - 1) % WORLD.size
+    mine = np.full(16, 1000.0 + WORLD.rank)
+    request = WORLD.Isend(mine, dest=right, tag=0)
+    x = np.full(16, float(WORLD.rank))
+    for algorithm in hpcring.ALGORITHMS:
+        x[:] = WORLD.rank
+        hpcring.allreduce(x, algorithm=algorithm)
+        assert everywhere(WORLD, (x == WORLD.size * (WORLD.size - 1) / 2).all())
+    theirs = np.empty(16)
+    WORLD.Recv(theirs, source=left, tag=0)
+    request.Wait()
+    assert everywhere(WORLD, (theirs == 1000.0 + left).all())
+
+
+def test_info() -> None:
+    info = hpcring.info()
+    assert info["mpi_library"] and "numpy" in info["backends"]
+    assert set(info["algorithms"]) >= {"naive", "ps", "ring", "mpi"}
+    assert isinstance(info["cuda_aware"], bool) and info["cuda_aware_reason"]
