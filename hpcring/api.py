@@ -29,7 +29,7 @@ def _release(comm: MPI.Comm, keyval: int, state: dict[str, Any]) -> None:
         dup.Free()
 
 
-_KEYVAL = MPI.Comm.Create_keyval(delete_fn=_release)
+_keyval: int | None = None  # created on first use: importing hpcring must not need MPI initialized
 
 
 def channel_for(comm: MPI.Intracomm, backend: Backend) -> Channel:
@@ -38,11 +38,14 @@ def channel_for(comm: MPI.Intracomm, backend: Backend) -> Channel:
     The duplicate is cached as an MPI attribute of the user's communicator, so it is
     released when the user frees that communicator and never leaks one per call.
     """
+    global _keyval
     with _lock:
-        state = comm.Get_attr(_KEYVAL)
+        if _keyval is None:
+            _keyval = MPI.Comm.Create_keyval(delete_fn=_release)
+        state = comm.Get_attr(_keyval)
         if state is None:
             state = {"comm": comm.Dup()}
-            comm.Set_attr(_KEYVAL, state)
+            comm.Set_attr(_keyval, state)
         channel = state.get(backend.name)
         if channel is None:
             channel = state[backend.name] = Channel(state["comm"], backend)

@@ -7,6 +7,7 @@ result is also compared with MPI.Allreduce and must be bitwise identical on all 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from typing import Any
 
@@ -46,8 +47,15 @@ def sizes(g: int) -> list[int]:
     return sorted({0, 1, g - 1, g, g + 1, 1000, 2**20 + 3})
 
 
+@functools.lru_cache(maxsize=64)
 def make_input(rank: int, n: int, dtype: np.dtype, op: str) -> np.ndarray:
     """Rank ``rank``'s input: small integers, exact in every dtype and every order of reduction."""
+    made = _make_input(rank, n, dtype, op)
+    made.flags.writeable = False
+    return made
+
+
+def _make_input(rank: int, n: int, dtype: np.dtype, op: str) -> np.ndarray:
     i = np.arange(n)
     if op == "prod":  # 1s and 2s: the product of G <= 8 of them stays exact
         real, imag = 1 + (i + rank) % 2, (i + 2 * rank) % 2
@@ -60,6 +68,7 @@ def make_input(rank: int, n: int, dtype: np.dtype, op: str) -> np.ndarray:
     return np.asarray(real, dtype=dtype)
 
 
+@functools.lru_cache(maxsize=32)
 def expected(size: int, n: int, dtype: np.dtype, op: str) -> np.ndarray:
     """The exact result, in closed form for sum and mean, by exact reduction of the small inputs otherwise."""
     if op in ("sum", "mean") and dtype.kind != "c":
@@ -67,11 +76,12 @@ def expected(size: int, n: int, dtype: np.dtype, op: str) -> np.ndarray:
         total = np.asarray(size * (i % 5) + size * (size + 1) // 2, dtype=dtype)
     else:
         ufunc = {"sum": np.add, "mean": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}[op]
-        total = make_input(0, n, dtype, op)
+        total = make_input(0, n, dtype, op).copy()
         for rank in range(1, size):
             total = ufunc(total, make_input(rank, n, dtype, op))
     if op == "mean":
         total = np.true_divide(total, size, out=total)  # as the library does: in the array's dtype
+    total.flags.writeable = False
     return total
 
 
@@ -103,11 +113,13 @@ def applies(op: str, dtype: np.dtype) -> bool:
     return dtype.kind in OPS[op].kinds
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
+# The innermost (top) parameters vary fastest: consecutive tests share (dtype, op), so the
+# cached inputs and expected values are built once per (dtype, op), not once per test.
+@pytest.mark.parametrize("algorithm", hpcring.ALGORITHMS)
 @pytest.mark.parametrize("comm_name", ["world", "self", "split", "dup"])
+@pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("op", list(OPS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=[d.name for d in DTYPES])
-@pytest.mark.parametrize("algorithm", hpcring.ALGORITHMS)
 def test_matrix(algorithm: str, dtype: np.dtype, op: str, comm_name: str, backend: str, comms) -> None:
     comm = comms[comm_name]
     if not applies(op, dtype):

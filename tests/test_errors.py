@@ -108,7 +108,8 @@ def test_read_only_and_overlap() -> None:
 
 def test_bad_comm() -> None:
     raises_everywhere(TypeError, "intracommunicator", lambda: hpcring.allreduce(np.ones(2), comm="world"))
-    raises_everywhere(TypeError, "intracommunicator", lambda: hpcring.allreduce(np.ones(2), comm=MPI.COMM_NULL))
+    null = MPI.COMM_NULL
+    raises_everywhere(TypeError, "intracommunicator", lambda: hpcring.allreduce(np.ones(2), comm=null))
 
 
 def test_duplicate_cached_and_released() -> None:

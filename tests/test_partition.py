@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from hpcring.partition import chunk, segment_bounds
@@ -13,7 +15,7 @@ def test_segments_tile_the_range(count: int, size: int) -> None:
     bounds = segment_bounds(count, size)
     assert len(bounds) == size
     assert bounds[0][0] == 0 and bounds[-1][1] == count
-    for (_, stop), (start, _) in zip(bounds, bounds[1:], strict=False):
+    for (_, stop), (start, _) in itertools.pairwise(bounds):
         assert stop == start  # contiguous, no gap, no overlap
     lengths = [stop - start for start, stop in bounds]
     assert max(lengths) - min(lengths) <= 1
