@@ -157,6 +157,52 @@ def _cupy_backend() -> CupyBackend:
     return CupyBackend()
 
 
+def local_device(local_rank: int, device_count: int) -> int | None:
+    """The GPU a rank with node-local rank ``local_rank`` should use, None without GPUs.
+
+    Modulo, so it also holds when the scheduler already narrowed each rank to one GPU
+    (``--gpus-per-task=1`` sets CUDA_VISIBLE_DEVICES per task: every rank sees device 0)
+    or when a node runs more ranks than it has GPUs.
+    """
+    if local_rank < 0:
+        raise ValueError(f"local_rank must be >= 0, got {local_rank}")
+    return local_rank % device_count if device_count > 0 else None
+
+
+def node_local_rank(comm: Any = None) -> int:
+    """This rank's index among the ranks of ``comm`` (default COMM_WORLD) on the same node.
+
+    Collective over ``comm``. A shared-memory split asks the MPI library itself, so it
+    is right under srun, mpirun or any launcher, unlike SLURM_LOCALID (srun only).
+    """
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD if comm is None else comm
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    try:
+        return local.Get_rank()
+    finally:
+        local.Free()
+
+
+def select_device(comm: Any = None) -> int | None:
+    """Make this rank's GPU the current CuPy device: node-local rank modulo GPUs per node.
+
+    Collective over ``comm`` (default COMM_WORLD): call it on every rank at start-up,
+    before allocating device arrays. Returns the device id, or None (and changes
+    nothing) with ``HPCRING_DEVICE=cpu``, without CuPy, or without a visible GPU.
+    """
+    # The split runs on every rank whatever it decides next, so ranks that see
+    # different environments (a node without a GPU) still call the same collectives.
+    local_rank = node_local_rank(comm)
+    if os.environ.get("HPCRING_DEVICE", "").strip().lower() == "cpu" or not _cupy_usable():
+        return None
+    device = local_device(local_rank, cupy.cuda.runtime.getDeviceCount())
+    if device is not None:
+        cupy.cuda.Device(device).use()
+    return device
+
+
 def backend_for(array: Any) -> Backend:
     """The backend that owns ``array``; TypeError for anything that is not a NumPy or CuPy array."""
     if isinstance(array, np.ndarray):

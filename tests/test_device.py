@@ -1,0 +1,87 @@
+"""Device selection: the pure modulo rule, the node-local rank, and select_device without a GPU.
+
+Also the guard for launchers that start singletons (srun --mpi=pmi2 exits 0 with N
+worlds of size 1): with HPCRING_EXPECT_RANKS set, as jobs/test.slurm does, the world
+must have exactly that many ranks.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from helpers import everywhere
+from mpi4py import MPI
+
+import hpcring
+from hpcring.backend import available_backends, local_device, node_local_rank
+
+
+@pytest.mark.parametrize(
+    ("local_rank", "count", "expected"),
+    [(0, 8, 0), (7, 8, 7), (8, 8, 0), (13, 8, 5), (3, 1, 0), (0, 0, None), (5, 0, None)],
+)
+def test_local_device(local_rank: int, count: int, expected: int | None) -> None:
+    assert local_device(local_rank, count) == expected
+
+
+def test_local_device_rejects_negative_rank() -> None:
+    with pytest.raises(ValueError, match="local_rank"):
+        local_device(-1, 8)
+
+
+def test_select_device_is_exported() -> None:
+    assert hpcring.select_device is not None
+    assert "select_device" in hpcring.__all__
+
+
+@pytest.mark.mpi
+def test_node_local_rank_matches_host_names() -> None:
+    comm = MPI.COMM_WORLD
+    hosts = comm.allgather(MPI.Get_processor_name())
+    # Expected: position among the ranks that report the same host, in world-rank order.
+    expected = hosts[: comm.rank].count(hosts[comm.rank])
+    assert everywhere(comm, node_local_rank(comm) == expected)
+
+
+@pytest.mark.mpi
+def test_node_local_rank_of_a_split_communicator() -> None:
+    world = MPI.COMM_WORLD
+    sub = world.Split(world.rank % 2, world.rank)
+    try:
+        hosts = sub.allgather(MPI.Get_processor_name())
+        expected = hosts[: sub.rank].count(hosts[sub.rank])
+        assert everywhere(world, node_local_rank(sub) == expected)
+    finally:
+        sub.Free()
+
+
+@pytest.mark.mpi
+def test_select_device_without_gpu_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
+    comm = MPI.COMM_WORLD
+    if "cupy" in available_backends():
+        monkeypatch.setenv("HPCRING_DEVICE", "cpu")  # on a GPU machine, the CPU switch must win
+    assert everywhere(comm, hpcring.select_device(comm) is None)
+
+
+@pytest.mark.mpi
+@pytest.mark.gpu
+@pytest.mark.skipif("cupy" not in available_backends(), reason="needs CuPy and a GPU")
+def test_select_device_with_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    import cupy
+
+    monkeypatch.delenv("HPCRING_DEVICE", raising=False)
+    comm = MPI.COMM_WORLD
+    device = hpcring.select_device(comm)
+    expected = node_local_rank(comm) % cupy.cuda.runtime.getDeviceCount()
+    assert everywhere(comm, device == expected and cupy.cuda.Device().id == expected)
+
+
+@pytest.mark.mpi
+@pytest.mark.skipif("HPCRING_EXPECT_RANKS" not in os.environ, reason="set by jobs/test.slurm")
+def test_world_has_the_expected_ranks() -> None:
+    expected = int(os.environ["HPCRING_EXPECT_RANKS"])
+    assert MPI.COMM_WORLD.Get_size() == expected, (
+        f"the launcher started a world of {MPI.COMM_WORLD.Get_size()} ranks, expected {expected}: "
+        "(1 means singletons: use srun --mpi=pmix or mpirun)"
+    )
