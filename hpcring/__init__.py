@@ -9,6 +9,7 @@ __version__ = "0.1.0"
 from .algorithms import REGISTRY as _REGISTRY
 from .api import allreduce
 from .backend import select_device
+from .errors import abort_on_error, aborting
 
 ALGORITHMS: tuple[str, ...] = tuple(_REGISTRY)
 
@@ -40,4 +41,4 @@ def info() -> dict[str, Any]:
     }
 
 
-__all__ = ["ALGORITHMS", "__version__", "allreduce", "info", "select_device"]
+__all__ = ["ALGORITHMS", "__version__", "abort_on_error", "aborting", "allreduce", "info", "select_device"]

@@ -9,6 +9,8 @@ and the user's buffers are untouched when it is raised.
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -32,11 +34,11 @@ def _release(comm: MPI.Comm, keyval: int, state: dict[str, Any]) -> None:
 _keyval: int | None = None  # created on first use: importing hpcring must not need MPI initialized
 
 
-def channel_for(comm: MPI.Intracomm, backend: Backend) -> Channel:
-    """The cached Channel of ``comm`` for ``backend``; the first call (collective) duplicates comm.
+def _state(comm: MPI.Intracomm) -> dict[str, Any]:
+    """hpcring's per-communicator state, cached as an MPI attribute of the user's communicator.
 
-    The duplicate is cached as an MPI attribute of the user's communicator, so it is
-    released when the user frees that communicator and never leaks one per call.
+    The first call on a communicator (collective) duplicates it. Being an attribute, the
+    duplicate is released when the user frees that communicator, and never leaks one per call.
     """
     global _keyval
     with _lock:
@@ -44,12 +46,49 @@ def channel_for(comm: MPI.Intracomm, backend: Backend) -> Channel:
             _keyval = MPI.Comm.Create_keyval(delete_fn=_release)
         state = comm.Get_attr(_keyval)
         if state is None:
-            state = {"comm": comm.Dup()}
+            state = {"comm": comm.Dup(), "busy": threading.Lock()}
             comm.Set_attr(_keyval, state)
+        return state
+
+
+def channel_for(comm: MPI.Intracomm, backend: Backend) -> Channel:
+    """The cached Channel of ``comm`` for ``backend``."""
+    state = _state(comm)
+    with _lock:
         channel = state.get(backend.name)
         if channel is None:
             channel = state[backend.name] = Channel(state["comm"], backend)
         return channel
+
+
+@contextmanager
+def _exclusive(comm: MPI.Intracomm) -> Iterator[None]:
+    """One all-reduce at a time per communicator, and none from threads MPI was not set up for.
+
+    Two threads interleaving collectives on one communicator would match each other's
+    messages: refuse the second one instead of corrupting both.
+    """
+    level = MPI.Query_thread()
+    if level < MPI.THREAD_SERIALIZED and threading.current_thread() is not threading.main_thread():
+        raise RuntimeError(
+            "hpcring.allreduce: called from a second thread, but MPI was initialized without thread "
+            "support; initialize MPI with MPI_THREAD_MULTIPLE (mpi4py's default) to use threads"
+        )
+    busy = _state(comm)["busy"]
+    if not busy.acquire(blocking=False):
+        raise RuntimeError(
+            "hpcring.allreduce: another thread is running an all-reduce on this communicator; "
+            "give each thread its own communicator (comm.Dup())"
+        )
+    serial = _serialized if level == MPI.THREAD_SERIALIZED else nullcontext()
+    try:
+        with serial:
+            yield
+    finally:
+        busy.release()
+
+
+_serialized = threading.Lock()  # under MPI_THREAD_SERIALIZED, one MPI call at a time in all
 
 
 def _validate(x: Any, out: Any, op: str, algorithm: str) -> tuple[Backend, Op, bool]:
@@ -174,13 +213,14 @@ def allreduce(
             raise
         problem, backend = error, backend_for(np.empty(0))
     channel = channel_for(comm, backend)
-    if check and channel.size > 1:
-        _agree(channel.comm, _signature(x, op, algorithm), problem)
-    if problem is not None:  # a single rank: nothing to agree on
-        raise problem
-    src = x.reshape(-1)
-    dst = src if in_place else out.reshape(-1)
-    algorithms.get(algorithm)(channel, src, dst, reduction)
-    if reduction.name == "mean" and channel.size > 1:
-        channel.xp.true_divide(dst, channel.size, out=dst)
+    with _exclusive(comm):
+        if check and channel.size > 1:
+            _agree(channel.comm, _signature(x, op, algorithm), problem)
+        if problem is not None:  # a single rank: nothing to agree on
+            raise problem
+        src = x.reshape(-1)
+        dst = src if in_place else out.reshape(-1)
+        algorithms.get(algorithm)(channel, src, dst, reduction)
+        if reduction.name == "mean" and channel.size > 1:
+            channel.xp.true_divide(dst, channel.size, out=dst)
     return x if in_place else out

@@ -1,0 +1,49 @@
+"""What hpcring raises beyond the built-in exceptions, and how a job ends when a rank fails.
+
+An exception on one rank of an MPI job leaves the others blocked in their next
+collective: the job hangs until its wall-time runs out. `abort_on_error` turns an
+uncaught exception into a traceback (printed once, by the failing rank) followed by
+MPI_Abort, so the whole job ends at once with a non-zero status, as
+`python -m mpi4py script.py` does.
+"""
+
+from __future__ import annotations
+
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from functools import wraps
+from typing import ParamSpec, TypeVar
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+@contextmanager
+def abort_on_error(exit_code: int = 1) -> Iterator[None]:
+    """Abort MPI_COMM_WORLD when the body raises (SystemExit and KeyboardInterrupt pass through)."""
+    try:
+        yield
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException:
+        from mpi4py import MPI
+
+        rank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() else "?"
+        sys.stderr.write(f"hpcring: rank {rank} failed, aborting the job:\n{traceback.format_exc()}")
+        sys.stderr.flush()
+        if MPI.Is_initialized() and not MPI.Is_finalized():
+            MPI.COMM_WORLD.Abort(exit_code)
+        raise
+
+
+def aborting(function: Callable[P, R]) -> Callable[P, R]:
+    """Decorator form of `abort_on_error`, for a script's main()."""
+
+    @wraps(function)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        with abort_on_error():
+            return function(*args, **kwargs)
+
+    return wrapper

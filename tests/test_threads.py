@@ -1,0 +1,69 @@
+"""Threads: one communicator per thread works; two threads on one communicator get an error."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+from helpers import everywhere
+from mpi4py import MPI
+
+import hpcring
+
+pytestmark = pytest.mark.mpi
+WORLD = MPI.COMM_WORLD
+
+
+@pytest.mark.skipif(MPI.Query_thread() < MPI.THREAD_MULTIPLE, reason="needs MPI_THREAD_MULTIPLE")
+def test_two_threads_two_communicators() -> None:
+    comms = [WORLD.Dup(), WORLD.Dup()]
+    results: dict[int, bool] = {}
+
+    def work(index: int) -> None:
+        ok = True
+        for call in range(40):
+            x = np.full(1000 + index, WORLD.rank + call, dtype=np.float64)
+            algorithm = hpcring.ALGORITHMS[call % len(hpcring.ALGORITHMS)]
+            hpcring.allreduce(x, comm=comms[index], algorithm=algorithm)
+            ok &= bool((x == WORLD.size * (WORLD.size - 1) / 2 + WORLD.size * call).all())
+        results[index] = ok
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert everywhere(WORLD, results == {0: True, 1: True})
+    for comm in comms:
+        comm.Free()
+
+
+@pytest.mark.skipif(MPI.Query_thread() < MPI.THREAD_MULTIPLE, reason="needs MPI_THREAD_MULTIPLE")
+def test_second_thread_on_busy_communicator_is_refused() -> None:
+    """Rank 0 joins late, so every other rank's first call is still waiting when a second thread tries."""
+    if WORLD.size == 1:
+        pytest.skip("a single rank never waits")
+    comm = WORLD.Dup()
+    x = np.full(100, float(WORLD.rank))
+    refused: list[str] = []
+
+    def intruder() -> None:
+        try:
+            hpcring.allreduce(np.ones(100), comm=comm)
+        except RuntimeError as error:
+            refused.append(str(error))
+
+    if WORLD.rank == 0:
+        time.sleep(1.0)
+        hpcring.allreduce(x, comm=comm)
+    else:
+        second = threading.Timer(0.3, intruder)
+        second.start()
+        hpcring.allreduce(x, comm=comm)
+        second.join()
+    ok = (x == WORLD.size * (WORLD.size - 1) / 2).all()
+    ok &= WORLD.rank == 0 or (len(refused) == 1 and "another thread" in refused[0])
+    assert everywhere(WORLD, ok)
+    comm.Free()
