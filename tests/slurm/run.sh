@@ -6,7 +6,8 @@
 #   - ring.slurm (srun, pmix): exit 0, a 4-rank world, no wrong element, JSON + PNG + env record;
 #   - test.slurm (mpirun): exit 0 on a subset of the tests, world size asserted inside;
 #   - ring.slurm with a corrupted element (HPCRING_BENCH_CORRUPT): SLURM reports FAILED;
-#   - ring.slurm with srun --mpi=pmi2 (separate singletons, exit 0 on their own): FAILED.
+#   - ring.slurm with srun --mpi=pmi2 (separate singletons, exit 0 on their own): FAILED;
+#   - jobs/scaling.sh at 2 and 4 ranks: its dependent report job writes scaling.txt and .png.
 # The daemons are stopped by PID on every exit (trap). Needs root and apt-get; where the
 # packages cannot be installed it says so and exits 0 (SKIP), never silently.
 # Knobs: HPCRING_VENV (default: the active venv, else .venv), HPCRING_SLURM_KEEP=1 keeps the scratch folder.
@@ -60,8 +61,8 @@ teardown() {
 }
 trap teardown EXIT
 
-# -- configuration: one node that claims 12 CPUs on a small machine (config_overrides keeps it
-# from being drained), so three 4-task jobs run side by side
+# -- configuration: one node that claims 16 CPUs on a small machine (config_overrides keeps it
+# from being drained), so four small jobs run side by side
 node=$(hostname -s)
 export SLURM_CONF=$work/slurm.conf
 cat >"$SLURM_CONF" <<EOF
@@ -87,7 +88,7 @@ SlurmctldPidFile=$work/slurmctld.pid
 SlurmdPidFile=$work/slurmd.pid
 SlurmctldLogFile=$work/slurmctld.log
 SlurmdLogFile=$work/slurmd.log
-NodeName=$node NodeAddr=127.0.0.1 CPUs=12 State=UNKNOWN
+NodeName=$node NodeAddr=127.0.0.1 CPUs=16 State=UNKNOWN
 PartitionName=debug Nodes=$node Default=YES MaxTime=INFINITE State=UP
 EOF
 # The pip Open MPI's PMIx has no munge security component: use its native one.
@@ -155,16 +156,20 @@ expect_state() { # JOBID NAME STATE: the job's outcome must be STATE
   got=$(wait_job "$1")
   echo "   $2 (job $1): $got after $((SECONDS - started)) s"
   [[ ${got%% *} == "$3" ]] || fail "$2 job $1 ended $got, expected $3; output:
-$(cat "$work/$2-$1.out" 2>/dev/null)"
+$(cat "$work/$2-$1.out" "$work"/scaling/*-"$1".out 2>/dev/null)"
   if [[ $3 == COMPLETED ]]; then [[ ${got#* } == 0:0 ]] || fail "$2 job $1 exit code $got"; fi
   if [[ $3 == FAILED ]]; then [[ ${got#* } != 0:0 ]] || fail "$2 job $1 FAILED with exit code 0:0"; fi
 }
 
 # A launcher without PMIx starts 4 singletons that each exit 0: the pre-flight must fail it.
-# Submitted once a slot is free (12 CPUs, 3 jobs running).
+# Submitted once the ring job has freed its slots.
 expect_state "$ring" ring COMPLETED
 singletons=$(HPCRING_SRUN_ARGS=--mpi=pmi2 submit singletons jobs/ring.slurm)
 jobs_submitted+=("$singletons")
+# The scaling sweep at 2 and 4 ranks on this one node, and its dependent report job.
+report=$(HPCRING_SCALING_DIR=$work/scaling HPCRING_ALGORITHMS=ring,mpi HPCRING_MAXBYTES=1K \
+  HPCRING_SBATCH_ARGS="--gpus-per-node=0 --gpus-per-task=0 --time=5" bash jobs/scaling.sh 1x2 1x4 | tail -1)
+jobs_submitted+=("$report")
 
 out=$work/runs/ring-$ring
 for file in bench.txt bench.json busbw.png env.json job.txt; do
@@ -202,5 +207,13 @@ expect_state "$singletons" singletons FAILED
 grep -q 'expected 4' "$work/singletons-$singletons.out" ||
   fail "singletons job $singletons failed, but not at the world-size check:
 $(cat "$work/singletons-$singletons.out")"
+
+expect_state "$report" report COMPLETED
+for ranks in 2 4; do
+  grep -q "$ranks ranks on 1" "$work/scaling/scaling.txt" || fail "scaling report lacks the $ranks-rank run:
+$(cat "$work/scaling/scaling.txt" "$work"/scaling/*.out)"
+done
+[[ -s $work/scaling/scaling.png ]] || fail "scaling report wrote no scaling.png"
+echo "   scaling: 2 and 4 ranks in $work/scaling/scaling.txt and scaling.png"
 
 echo "== SLURM templates OK in $((SECONDS - started)) s"
