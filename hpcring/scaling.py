@@ -93,6 +93,13 @@ def table(points: list[Point]) -> str:
     return "\n".join(lines)
 
 
+def _size_label(nbytes: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift:
+            return f"{nbytes / (1 << shift):g} {unit}"
+    return f"{nbytes} B"
+
+
 def plot(points: list[Point], path: Path) -> None:
     """Left: time vs ranks at the smallest size (latency); right: busbw vs ranks at the largest."""
     import matplotlib
@@ -113,9 +120,11 @@ def plot(points: list[Point], path: Path) -> None:
             if line:
                 axis.plot(*zip(*line, strict=True), marker="o", label=algorithm)
         axis.set_xscale("log", base=2)
+        ranks = sorted({p.ranks for p in points})
+        axis.set_xticks(ranks, [str(r) for r in ranks])  # rank counts, not powers of two
         axis.set_xlabel("ranks")
         axis.set_ylabel(label)
-        axis.set_title(f"{size} B")
+        axis.set_title(_size_label(size))
         axis.grid(True, alpha=0.3)
         axis.legend()
     fig.suptitle("hpcring all-reduce scaling")
