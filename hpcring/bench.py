@@ -582,10 +582,13 @@ def _plot(path: str, header: dict[str, Any], rows: list[Row]) -> None:
         mine = [r for r in rows if r.algorithm == name]
         ax.plot([r.size for r in mine], [r.busbw for r in mine], marker="o", markersize=3, label=name)
     ax.set_xscale("log", base=2)
+    if all(r.busbw > 0 for r in rows):  # one rank has busbw 0 (factor 0): keep that linear
+        ax.set_yscale("log")
     ax.set_xlabel("message size (bytes)")
     ax.set_ylabel("busbw (GB/s)")
     ax.set_title(
-        f"hpcring all-reduce, {header['ranks']} ranks on {header['hosts']} host(s), {header['device']}, "
+        f"hpcring all-reduce, {header['ranks']} ranks on {header['hosts']} "
+        f"host{'s' if header['hosts'] > 1 else ''}, {header['device']}, "
         f"{header['dtype']} {header['op']}"
     )
     ax.grid(True, which="both", alpha=0.3)
