@@ -121,7 +121,7 @@ def sweep(minbytes: int, maxbytes: int, stepfactor: float, itemsize: int) -> lis
         rounded = int(nbytes) // itemsize * itemsize
         if rounded > 0 and (not sizes or rounded > sizes[-1]):
             sizes.append(rounded)
-        nbytes = nbytes * stepfactor if minbytes > 0 else 1.0
+        nbytes = nbytes * stepfactor if nbytes > 0 else 1.0
     return sizes
 
 
@@ -560,14 +560,18 @@ class _Progress:
             filled = 30 * self.done // self.total
             bar = "#" * filled + "." * (30 - filled)
             sys.stderr.write(f"\r[{bar}] {self.done}/{self.total} {label:<22} {elapsed:6.1f} s")
-            if self.done == self.total:
-                sys.stderr.write("\n")
         elif time.monotonic() - self.last >= 2.0 or self.done == self.total:  # a log, not a flood
             self.last = time.monotonic()
             sys.stderr.write(
                 f"hpcring.bench: {self.done}/{self.total} rows, last {label} ({elapsed:.1f} s)\n"
             )
         sys.stderr.flush()
+
+    def clear(self) -> None:
+        """Erase the bar, so the table lines on the same terminal stay clean."""
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
 
 
 def _plot(path: str, header: dict[str, Any], rows: list[Row]) -> None:
@@ -641,12 +645,14 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
             row = _measure(args, comm, dev, nbytes, algorithm, corrupt_rank)
             rows.append(row)
             if rank == 0:
+                progress.clear()
                 print(_format_row(row), flush=True)
             progress.step(f"{algorithm} {format_size(nbytes)}B")
 
     summary = summarize(rows)
     failed = any(r.wrong for r in rows) or not all(r.bytes_match for r in rows)
     if rank == 0:
+        progress.clear()
         print(_format_footer(rows, summary), flush=True)
         if args.json:
             with open(args.json, "w") as stream:

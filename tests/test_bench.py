@@ -79,6 +79,7 @@ def test_sweep_rounds_to_whole_elements_without_repeats() -> None:
     assert len(sweep(8, 16 << 20, 2, 4)) == 22
     assert sweep(10, 40, 1.5, 2) == [10, 14, 22, 32]
     assert sweep(3, 3, 2, 8) == []
+    assert sweep(0, 8, 2, 4) == [4, 8]  # 0 B is skipped, and the sweep still grows
 
 
 @pytest.mark.parametrize("size", range(1, 10))
