@@ -36,6 +36,7 @@ from mpi4py import MPI
 from . import ALGORITHMS, __version__, info
 from .api import allreduce, channel_for
 from .backend import backend_for
+from .errors import abort_on_error
 from .ops import DTYPES, OPS, check_op
 from .partition import segment_bounds
 
@@ -671,4 +672,5 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    with abort_on_error():  # an exception on one rank ends the job instead of hanging the others
+        sys.exit(main())
