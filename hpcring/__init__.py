@@ -9,7 +9,7 @@ __version__ = "0.1.0"
 from .algorithms import REGISTRY as _REGISTRY
 from .api import allreduce
 from .backend import select_device
-from .errors import abort_on_error, aborting
+from .errors import StallError, abort_on_error, aborting
 
 ALGORITHMS: tuple[str, ...] = tuple(_REGISTRY)
 
@@ -41,4 +41,13 @@ def info() -> dict[str, Any]:
     }
 
 
-__all__ = ["ALGORITHMS", "__version__", "abort_on_error", "aborting", "allreduce", "info", "select_device"]
+__all__ = [
+    "ALGORITHMS",
+    "StallError",
+    "__version__",
+    "abort_on_error",
+    "aborting",
+    "allreduce",
+    "info",
+    "select_device",
+]

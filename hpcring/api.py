@@ -8,6 +8,7 @@ and the user's buffers are untouched when it is raised.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -17,6 +18,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms
+from .agreement import agree
 from .backend import Backend, backend_for
 from .channel import Channel
 from .ops import DTYPES, OPS, Op, check_op
@@ -137,14 +139,14 @@ def _validate(x: Any, out: Any, op: str, algorithm: str) -> tuple[Backend, Op, b
 
 _OP_NAMES = list(OPS)
 _ALG_NAMES = list(algorithms.REGISTRY)
-_FIELDS = ("count", "dtype", "op", "algorithm")
 
 
-def _signature(x: Any, op: str, algorithm: str) -> list[int]:
+def _signature(call: int, x: Any, op: str, algorithm: str) -> list[int]:
     """What must agree across ranks, as integers (-1 where a value is not one we know)."""
     count = int(getattr(x, "size", -1)) if hasattr(x, "dtype") else -1
     dtype = getattr(x, "dtype", None)
     return [
+        call,
         count,
         DTYPES.index(dtype) if dtype in DTYPES else -1,
         _OP_NAMES.index(op) if op in _OP_NAMES else -1,
@@ -153,37 +155,23 @@ def _signature(x: Any, op: str, algorithm: str) -> list[int]:
 
 
 def _describe(field: str, value: int) -> str:
+    """A value of the agreement row, as a person would name it."""
     names = {"dtype": [d.name for d in DTYPES], "op": _OP_NAMES, "algorithm": _ALG_NAMES}
-    if field == "count" or value < 0:
-        return str(value) if field == "count" else "?"
-    return names[field][value]
+    if field in names:
+        return names[field][value] if value >= 0 else "?"
+    return str(value)
 
 
-def _agree(comm: MPI.Intracomm, signature: list[int], problem: Exception | None) -> None:
-    """One Allgather of the signatures and local verdicts; raise on every rank if any is off."""
-    mine = np.array([*signature, problem is not None], dtype=np.int64)
-    table = np.empty((comm.Get_size(), mine.size), dtype=np.int64)
-    comm.Allgather(mine, table)
-    failed = np.flatnonzero(table[:, -1])
-    if failed.size:
-        # Everyone knows someone failed, so this second, rarer collective cannot hang.
-        reports = comm.allgather(None if problem is None else (type(problem), str(problem)))
-        if problem is not None:
-            raise problem
-        kind, message = reports[failed[0]]
-        raise kind(f"rank {failed[0]} rejected its input: {message}")
-    for column, field in enumerate(_FIELDS):
-        values = table[:, column]
-        if (values != values[0]).any():
-            groups: dict[int, list[int]] = {}
-            for rank, value in enumerate(values.tolist()):
-                groups.setdefault(value, []).append(rank)
-            detail = "; ".join(
-                f"{_describe(field, value)} on rank{'s' if len(ranks) > 1 else ''} "
-                f"{', '.join(map(str, ranks))}"
-                for value, ranks in groups.items()
-            )
-            raise ValueError(f"hpcring.allreduce: ranks disagree on {field}: {detail}")
+def default_timeout() -> float:
+    """Seconds to wait for every rank to arrive: HPCRING_TIMEOUT, else 300; 0 waits forever."""
+    raw = os.environ.get("HPCRING_TIMEOUT", "300")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"HPCRING_TIMEOUT must be a number of seconds, got {raw!r}") from None
+    if value < 0:
+        raise ValueError(f"HPCRING_TIMEOUT must be >= 0, got {raw!r}")
+    return value
 
 
 def allreduce(
@@ -194,13 +182,16 @@ def allreduce(
     comm: MPI.Intracomm | None = None,
     out: Any = None,
     check: bool = True,
+    timeout: float | None = None,
 ) -> Any:
     """Reduce ``x`` over all ranks of ``comm`` and return the result on every rank.
 
     In place unless ``out`` is given (then ``x`` is left as it was). ``op`` is one of
     sum, mean, max, min, prod; ``algorithm`` one of `hpcring.ALGORITHMS`. With ``check``
     (the default) the ranks first agree on count, dtype, op and algorithm, so a mismatch
-    or a bad argument on any rank raises on every rank before any data moves.
+    or a bad argument on any rank raises on every rank before any data moves, and a rank
+    that does not arrive within ``timeout`` seconds (default `HPCRING_TIMEOUT`, 300; 0 waits
+    forever) makes the others raise `hpcring.StallError` naming it.
     """
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
@@ -215,7 +206,16 @@ def allreduce(
     channel = channel_for(comm, backend)
     with _exclusive(comm):
         if check and channel.size > 1:
-            _agree(channel.comm, _signature(x, op, algorithm), problem)
+            state = _state(comm)
+            state["calls"] = call = state.get("calls", 0) + 1
+            agree(
+                channel.comm,
+                _signature(call, x, op, algorithm),
+                problem,
+                timeout=default_timeout() if timeout is None else timeout,
+                describe=_describe,
+                what=f"allreduce(op={op!r}, algorithm={algorithm!r}) call {call} on this communicator",
+            )
         if problem is not None:  # a single rank: nothing to agree on
             raise problem
         src = x.reshape(-1)

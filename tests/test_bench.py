@@ -1,0 +1,301 @@
+"""The benchmark: size parsing, the busbw factor and byte formulas serially; the bench itself under MPI.
+
+MPI tests run the bench in-process with tiny sizes, and every verdict goes through
+`everywhere`, so a failure on one rank fails the test on all of them instead of
+leaving the others waiting in a collective.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import everywhere
+from mpi4py import MPI
+
+from hpcring import ALGORITHMS
+from hpcring.bench import (
+    busbw_factor,
+    expected_bytes_sent,
+    expected_result,
+    main,
+    parse_size,
+    sweep,
+    verifiable_input,
+)
+from hpcring.ops import DTYPES, OPS, check_op
+
+TINY = ["-b", "8", "-e", "64", "-n", "2", "-w", "1"]  # 4 sizes, a few ms a row
+
+
+# ---------------------------------------------------------------------------------------
+# Serial: pure functions.
+
+
+@pytest.mark.parametrize(
+    ("text", "nbytes"),
+    [
+        ("8", 8),
+        ("0", 0),
+        ("64K", 64 << 10),
+        ("64k", 64 << 10),
+        ("16M", 16 << 20),
+        ("16MB", 16 << 20),
+        ("16MiB", 16 << 20),
+        ("1G", 1 << 30),
+        ("1.5K", 1536),
+        (" 2T ", 2 << 40),
+    ],
+)
+def test_parse_size(text: str, nbytes: int) -> None:
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize("text", ["", "K", "12Q", "-1", "1.3", "1e3", "8 8", "0x10", "16 MB B"])
+def test_parse_size_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="invalid size"):
+        parse_size(text)
+
+
+def test_busbw_factor_is_nccl_tests_all_reduce_factor() -> None:
+    assert busbw_factor(1) == 0.0
+    assert busbw_factor(2) == 1.0
+    assert busbw_factor(4) == 1.5
+    assert busbw_factor(8) == 1.75
+    assert busbw_factor(1000) == pytest.approx(2 * 999 / 1000)
+
+
+def test_sweep_rounds_to_whole_elements_without_repeats() -> None:
+    assert sweep(8, 64, 2, 4) == [8, 16, 32, 64]
+    assert sweep(1, 8, 2, 4) == [4, 8]  # 1 and 2 bytes hold no float32; 4 appears once
+    assert sweep(8, 16 << 20, 2, 4)[-1] == 16 << 20
+    assert len(sweep(8, 16 << 20, 2, 4)) == 22
+    assert sweep(10, 40, 1.5, 2) == [10, 14, 22, 32]
+    assert sweep(3, 3, 2, 8) == []
+    assert sweep(0, 8, 2, 4) == [4, 8]  # 0 B is skipped, and the sweep still grows
+
+
+@pytest.mark.parametrize("size", range(1, 10))
+def test_expected_bytes_sent_closed_forms(size: int) -> None:
+    for itemsize in (1, 2, 8):
+        for count in range(0, 3 * size + 2):
+            nbytes = count * itemsize
+            naive = [expected_bytes_sent("naive", nbytes, size, r, itemsize) for r in range(size)]
+            ps = [expected_bytes_sent("ps", nbytes, size, r, itemsize) for r in range(size)]
+            ring = [expected_bytes_sent("ring", nbytes, size, r, itemsize) for r in range(size)]
+            assert naive == [(size - 1) * nbytes] * size
+            assert ps == [(size - 1) * nbytes] + [nbytes if size > 1 else 0] * (size - 1)
+            # The ring sends every segment 2(G-1) times in all, and each rank within two
+            # elements of its textbook share 2(G-1)/G * N (within one for G <= 4).
+            assert sum(ring) == 2 * (size - 1) * nbytes
+            slack = itemsize if size <= 4 else 2 * itemsize
+            assert all(abs(r - 2 * (size - 1) / size * nbytes) <= slack for r in ring)
+            assert expected_bytes_sent("mpi", nbytes, size, 0, itemsize) is None
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+@pytest.mark.parametrize("op", list(OPS))
+def test_verifiable_data_is_exact_in_any_order(dtype: np.dtype, op: str) -> None:
+    """Inputs reduced forwards, backwards, or pairwise give exactly the expected result."""
+    try:
+        check_op(OPS[op], dtype)
+    except TypeError:
+        pytest.skip(f"{op} does not apply to {dtype}")
+    count = 150
+    ufunc = getattr(np, OPS[op].ufunc)
+    for size in (1, 2, 3, 4, 7, 64, 1024):
+        inputs = [verifiable_input(np, count, dtype, op, r) for r in range(size)]
+        expected = expected_result(np, count, dtype, op, size)
+        assert expected.dtype == dtype and expected.shape == (count,)
+        orders = [inputs, inputs[::-1]]
+        for order in orders:
+            acc = order[0].copy()
+            for other in order[1:]:
+                ufunc(acc, other, out=acc)
+            if op == "mean" and size > 1:
+                np.true_divide(acc, size, out=acc)
+            assert np.array_equal(acc, expected), (size, order is inputs)
+        level = list(inputs)  # a tree, as a recursive-doubling MPI_Allreduce adds
+        while len(level) > 1:
+            level = [ufunc(a, b) for a, b in zip(level[::2], level[1::2], strict=False)] + (
+                [level[-1]] if len(level) % 2 else []
+            )
+        if op == "mean" and size > 1:
+            level[0] = np.true_divide(level[0], size).astype(dtype)
+        assert np.array_equal(level[0], expected)
+
+
+def test_bad_input_in_process_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (["--bogus"], ["-b", "12Q"], ["-b", "1M", "-e", "1K"], ["-a", "ring,foo"], ["-d", "float8"]):
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        if MPI.COMM_WORLD.Get_rank() == 0:
+            assert err.count("error:") == 1, err
+
+
+def test_matplotlib_is_imported_only_for_plot() -> None:
+    code = "import sys, hpcring.bench; print('matplotlib' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def _mpiexec() -> str | None:
+    local = Path(sys.executable).parent / "mpiexec"
+    return str(local) if local.exists() else shutil.which("mpiexec")
+
+
+def _launcher_env() -> dict[str, str]:
+    """This process's environment minus what a running MPI job (or singleton) left in it."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PMIX_", "PRTE_", "OMPI_COMM_", "OMPI_FILE_", "OMPI_MCA_orte", "OMPI_MCA_ess"))
+    }
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env
+
+
+BAD_INPUTS = {
+    "unknown-flag": ["--bogus"],
+    "bad-size": ["-b", "12Q"],
+    "min-gt-max": ["-b", "1M", "-e", "1K"],
+    "unknown-algorithm": ["-a", "naive,foo"],
+    "unknown-dtype": ["-d", "float8"],
+    "op-dtype": ["-o", "mean", "-d", "int32"],
+}
+
+
+@pytest.mark.skipif(_mpiexec() is None, reason="no mpiexec")
+def test_bad_input_exits_2_on_all_ranks_and_says_so_once() -> None:
+    """Each bad command line under mpiexec -n 2: status 2, one usage error, no hang (all run at once)."""
+    command = [_mpiexec() or "mpiexec", "--oversubscribe", "-n", "2", sys.executable, "-m", "hpcring.bench"]
+    jobs = {
+        name: subprocess.Popen(
+            [*command, *bad], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_launcher_env()
+        )
+        for name, bad in BAD_INPUTS.items()
+    }
+    failures = {}
+    for name, job in jobs.items():
+        try:
+            stdout, stderr = job.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            job.kill()
+            stdout, stderr = job.communicate()
+            failures[name] = "hung"
+            continue
+        if (
+            job.returncode != 2
+            or stderr.count("python -m hpcring.bench: error:") != 1
+            or "# hpcring" in stdout  # nothing ran
+        ):
+            failures[name] = f"status {job.returncode}\n{stdout}{stderr}"
+    assert not failures, failures
+
+
+# ---------------------------------------------------------------------------------------
+# MPI: the bench in-process, at whatever rank count the suite runs.
+
+COMM = MPI.COMM_WORLD
+
+
+def _shared_dir() -> str:
+    """One temporary folder named by rank 0, so every rank knows where rank 0 wrote."""
+    return COMM.bcast(tempfile.mkdtemp(prefix="hpcring-bench-") if COMM.Get_rank() == 0 else None)
+
+
+def _run(argv: list[str], **hook: int) -> tuple[int, dict | None]:
+    """main() on every rank; returns its status and, on every rank, rank 0's JSON."""
+    folder = _shared_dir()
+    path = os.path.join(folder, "bench.json")
+    status = main([*argv, "--json", path], **hook)
+    report = None
+    if COMM.Get_rank() == 0 and os.path.exists(path):
+        with open(path) as stream:
+            report = json.load(stream)
+        shutil.rmtree(folder, ignore_errors=True)
+    return status, COMM.bcast(report)
+
+
+@pytest.mark.mpi
+def test_bench_runs_and_writes_every_row() -> None:
+    folder = _shared_dir()
+    plot = os.path.join(folder, "bench.png")
+    status, report = _run([*TINY, "--plot", plot])
+    ok = status == 0 and report is not None
+    if ok:
+        rows = report["rows"]
+        cells = {(r["size"], r["algorithm"]) for r in rows}
+        ok = (
+            len(rows) == 4 * len(ALGORITHMS)
+            and cells == {(s, a) for s in (8, 16, 32, 64) for a in ALGORITHMS}
+            and report["header"]["ranks"] == COMM.Get_size()
+            and all(r["wrong"] == 0 and r["iters"] == 2 for r in rows)
+            and all(r["time_us_min"] <= r["time_us"] <= r["time_us_max"] for r in rows)
+            and all(r["busbw"] == pytest.approx(r["algbw"] * busbw_factor(COMM.Get_size())) for r in rows)
+            and [e["size"] for e in report["summary"]] == [8, 16, 32, 64]
+        )
+    if COMM.Get_rank() == 0:
+        with open(plot, "rb") as stream:
+            ok = ok and stream.read(8) == b"\x89PNG\r\n\x1a\n"
+        shutil.rmtree(folder, ignore_errors=True)
+    assert everywhere(COMM, ok)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_measured_bytes_equal_formulas(dtype: str) -> None:
+    """What the Channel counted equals the textbook formula on every rank, at odd counts too."""
+    status, report = _run(["-b", "2", "-e", "200", "-f", "1.7", "-n", "2", "-w", "0", "-d", dtype])
+    size, itemsize = COMM.Get_size(), np.dtype(dtype).itemsize
+    problems = [] if status == 0 and report else ["bench failed"]
+    for row in (report or {}).get("rows", []):
+        n, measured = row["size"], row["bytes_sent_per_rank"]
+        if row["algorithm"] == "mpi":
+            ok = measured is None and row["bytes_sent"] is None
+        elif row["algorithm"] == "naive":
+            ok = measured == [(size - 1) * n] * size
+        elif row["algorithm"] == "ps":
+            ok = measured == [(size - 1) * n] + [n] * (size - 1)
+        else:
+            textbook = 2 * (size - 1) / size * n
+            ok = sum(measured) == 2 * (size - 1) * n and all(abs(m - textbook) <= itemsize for m in measured)
+        ok = ok and row["bytes_match"] and row["bytes_sent_per_rank"] == row["bytes_expected_per_rank"]
+        if not ok:
+            problems.append(row)
+    assert everywhere(COMM, not problems), problems[:3]
+
+
+@pytest.mark.mpi
+def test_a_corrupted_result_is_counted_and_fails_the_run() -> None:
+    last = COMM.Get_size() - 1
+    status, report = _run(TINY, corrupt_rank=last)
+    ok = status == 1 and report is not None and all(r["wrong"] == 1 for r in report["rows"])
+    assert everywhere(COMM, ok)
+
+
+@pytest.mark.mpi
+def test_check_off_reports_nothing_wrong() -> None:
+    status, report = _run([*TINY, "-c", "0", "-a", "ring,mpi"], corrupt_rank=0)
+    ok = status == 0 and report is not None and all(r["wrong"] is None for r in report["rows"])
+    assert everywhere(COMM, ok and len(report["rows"]) == 8)
+
+
+@pytest.mark.mpi
+def test_bad_input_returns_2_everywhere_printed_by_rank_0_only(capsys: pytest.CaptureFixture[str]) -> None:
+    status = main(["-b", "1M", "-e", "1K"])
+    err = capsys.readouterr().err
+    printed = err.count("error: minbytes") == 1
+    assert everywhere(COMM, status == 2 and printed == (COMM.Get_rank() == 0))
