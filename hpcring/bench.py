@@ -35,7 +35,7 @@ from mpi4py import MPI
 
 from . import ALGORITHMS, __version__, info
 from .api import allreduce, channel_for
-from .backend import backend_for
+from .backend import backend_for, select_device
 from .errors import abort_on_error
 from .ops import DTYPES, OPS, check_op
 from .partition import segment_bounds
@@ -294,7 +294,7 @@ class Device:
             self.xp.cuda.get_current_stream().synchronize()
 
 
-def _device(choice: str, comm: MPI.Intracomm, local_rank: int) -> Device | str:
+def _device(choice: str, comm: MPI.Intracomm) -> Device | str:
     """The device to run on, or the reason it cannot be had (decided together by all ranks)."""
     have_gpu = "cupy" in info()["backends"]
     want_gpu = choice == "gpu" or (choice == "auto" and have_gpu)
@@ -306,7 +306,7 @@ def _device(choice: str, comm: MPI.Intracomm, local_rank: int) -> Device | str:
         return Device("cpu", np)
     import cupy
 
-    cupy.cuda.Device(local_rank % cupy.cuda.runtime.getDeviceCount()).use()
+    select_device(comm)  # node-local rank mod GPUs: one GPU per rank with no per-site wrapper
     return Device("gpu", cupy)
 
 
@@ -626,10 +626,7 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         corrupt_rank = int(os.environ["HPCRING_BENCH_CORRUPT"])
 
     # From here on every rank runs the same collectives in the same order.
-    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    local_rank = local.Get_rank()
-    local.Free()
-    dev = _device(args.device, comm, local_rank)
+    dev = _device(args.device, comm)
     if isinstance(dev, str):
         if rank == 0:
             sys.stderr.write(f"{build_parser().prog}: error: {dev}\n")
