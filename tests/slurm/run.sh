@@ -10,7 +10,9 @@
 #   - jobs/scaling.sh at 2 and 4 ranks: its dependent report job writes scaling.txt and .png.
 # The daemons are stopped by PID on every exit (trap). Needs root and apt-get; where the
 # packages cannot be installed it says so and exits 0 (SKIP), never silently.
-# Knobs: HPCRING_VENV (default: the active venv, else .venv), HPCRING_SLURM_KEEP=1 keeps the scratch folder.
+# Knobs: HPCRING_VENV (default: the active venv, else .venv), HPCRING_SLURM_KEEP=1 keeps the scratch
+# folder, HPCRING_SLURM_TESTS the tests test.slurm runs (default: two small files; "tests" for all),
+# HPCRING_SLURM_WAIT seconds to wait for each job (default 180).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 repo=$PWD
@@ -117,7 +119,7 @@ echo "   up after $((SECONDS - started)) s"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export HPCRING_VENV=$venv HPCRING_OUT=$work/runs HPCRING_DEVICE=cpu
 export HPCRING_MINBYTES=8 HPCRING_MAXBYTES=64K HPCRING_STEPFACTOR=32 HPCRING_ITERS=5 HPCRING_WARMUP=1
-cpu=(--parsable --nodes=1 --ntasks-per-node=4 --gpus-per-node=0 --gpus-per-task=0 --time=5
+cpu=(--parsable --nodes=1 --ntasks-per-node=4 --gpus-per-node=0 --gpus-per-task=0 --time=60
   --output="$work/%x-%j.out")
 submit() { # NAME [sbatch args...] TEMPLATE: prints the job id
   local name=$1
@@ -125,7 +127,7 @@ submit() { # NAME [sbatch args...] TEMPLATE: prints the job id
   sbatch "${cpu[@]}" --job-name="$name" "$@"
 }
 ring=$(submit ring jobs/ring.slurm)
-tests=$(HPCRING_LAUNCHER=mpirun HPCRING_TESTS="tests/test_device.py tests/test_partition.py" \
+tests=$(HPCRING_LAUNCHER=mpirun HPCRING_TESTS=${HPCRING_SLURM_TESTS:-tests/test_device.py tests/test_partition.py} \
   submit tests jobs/test.slurm)
 corrupt=$(HPCRING_BENCH_CORRUPT=1 HPCRING_ALGORITHMS=ring submit corrupt jobs/ring.slurm)
 jobs_submitted=("$ring" "$tests" "$corrupt")
@@ -134,7 +136,7 @@ echo "   submitted ring=$ring tests=$tests corrupt=$corrupt"
 # Poll scontrol every 0.5 s (sbatch --wait backs off to 10 s and more). Prints "STATE EXITCODE".
 wait_job() {
   local id=$1 info state
-  for _ in $(seq 360); do
+  for _ in $(seq $((2 * ${HPCRING_SLURM_WAIT:-180}))); do
     info=$(scontrol show job "$id" 2>/dev/null || true)
     state=$(grep -o 'JobState=[A-Z_]*' <<<"$info" | cut -d= -f2)
     case $state in
