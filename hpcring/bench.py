@@ -242,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="fewer iterations (at least 3) where the warm-up predicts a row would take longer (1.0; 0: off)",
     )
-    add("--no-agree", action="store_true", help="time allreduce(check=False): skip the agreement Allgather")
+    add("--no-agree", action="store_true", help="time allreduce(check=False): skip the agreement step")
     add("--json", metavar="FILE", help="write header and every row to FILE")
     add("--plot", metavar="FILE.png", help="plot busbw vs size to FILE.png (needs matplotlib)")
     return parser
