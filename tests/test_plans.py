@@ -28,10 +28,16 @@ def test_plan_cache_is_bounded_lru() -> None:
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("algorithm", ["ring", "rabenseifner"])
+@pytest.mark.parametrize("algorithm,chunk_bytes", [("ring", ""), ("ring", "16384"), ("rabenseifner", "")])
 @pytest.mark.parametrize("in_place", [True, False])
-def test_warm_call_allocates_nothing_large(algorithm: str, in_place: bool) -> None:
-    """tracemalloc sees NumPy's buffers: a warm call's peak stays far below the 1 MiB payload."""
+def test_warm_call_allocates_nothing_large(
+    monkeypatch: pytest.MonkeyPatch, algorithm: str, chunk_bytes: str, in_place: bool
+) -> None:
+    """tracemalloc sees NumPy's buffers: a warm call's peak stays far below the 1 MiB payload.
+
+    16 KiB chunks make the ring take its pipelined path (16 chunks per segment at 4 ranks).
+    """
+    monkeypatch.setenv("HPCRING_CHUNK_BYTES", chunk_bytes)
     x = np.ones(1 << 18, dtype=np.float32)
     out = None if in_place else np.empty_like(x)
     for _ in range(2):  # cold: builds the plan and the scratch
