@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import tracemalloc
+import weakref
 
 import numpy as np
 import pytest
@@ -10,6 +12,7 @@ from helpers import everywhere
 from mpi4py import MPI
 
 import hpcring
+from hpcring.api import channel_for
 from hpcring.backend import backend_for
 from hpcring.channel import Channel
 
@@ -47,3 +50,16 @@ def test_warm_call_allocates_nothing_large(
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert everywhere(WORLD, peak < 64 << 10), f"warm call peaked at {peak} bytes"
+
+
+@pytest.mark.mpi
+def test_plans_go_with_the_communicator() -> None:
+    """The Channel (and its plans and scratch) lives in the communicator's attribute: Free drops it."""
+    comm = WORLD.Dup()
+    x = np.ones(1000)
+    hpcring.allreduce(x, comm=comm, algorithm="rabenseifner")
+    channel = weakref.ref(channel_for(comm, backend_for(x)))
+    built = channel() is not None and len(channel()._plans) == (WORLD.size > 1)
+    comm.Free()
+    gc.collect()
+    assert everywhere(WORLD, built and channel() is None)
