@@ -28,7 +28,7 @@ from ..partition import chunk_bounds, segment_bounds
 # every message there costs a scheduler round trip; 4 MiB and up tied or won. Machines
 # with a core per rank and a real network may want smaller: set HPCRING_CHUNK_BYTES.
 CHUNK_BYTES = 4 << 20
-DEPTH = 4  # receives posted ahead, and also the most sends in flight
+DEPTH = 4  # at most: receives posted ahead, and sends in flight
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,7 @@ class Plan:
     reduce_scatter: Phase
     all_gather: Phase
     chunk: int  # elements per chunk, and per scratch slot
+    depth: int  # receives posted ahead and sends in flight: DEPTH, or fewer if segments are short
 
 
 def _build(size: int, rank: int, count: int, chunk: int) -> Plan:
@@ -81,6 +82,8 @@ def _build(size: int, rank: int, count: int, chunk: int) -> Plan:
         reduce_scatter=phase(rank, [rank - step - 1 for step in range(size - 1)]),
         all_gather=phase(rank + 1, [rank - step for step in range(size - 1)]),
         chunk=chunk,
+        # Scratch is depth chunks: never much more than one segment, as unpipelined.
+        depth=min(DEPTH, -(-(segments[0][1] - segments[0][0]) // chunk)),
     )
 
 
@@ -89,27 +92,27 @@ def _stream(ch: Channel, plan: Plan, phase: Phase, base: Any, dst: Any, op: Op |
 
     Chunk k of the outgoing stream is sent just before incoming chunk k is waited for: it
     is either part of ``first`` or an incoming chunk < k, already complete. Receives go
-    DEPTH ahead, into scratch slot k % DEPTH when reducing (the slot's last reader, the
-    reduction of chunk k - DEPTH, has run), else straight into ``dst``. At most DEPTH
+    ``depth`` ahead, into scratch slot k % depth when reducing (the slot's last reader, the
+    reduction of chunk k - depth, has run), else straight into ``dst``. At most ``depth``
     sends are in flight; all are finished before returning, so the next phase may receive
     into memory that these sends read (write-after-read).
     """
-    incoming, first = phase.incoming, phase.first
-    slots = ch.scratch("ring", DEPTH * plan.chunk, dst.dtype).reshape(DEPTH, plan.chunk) if op else None
+    incoming, first, depth = phase.incoming, phase.first, plan.depth
+    slots = ch.scratch("ring", depth * plan.chunk, dst.dtype).reshape(depth, plan.chunk) if op else None
     sends: deque[Any] = deque()
     receives: deque[Any] = deque()
 
     def target(k: int) -> Any:
         piece = incoming[k]
-        return slots[k % DEPTH, : piece.stop - piece.start] if op else dst[piece]
+        return slots[k % depth, : piece.stop - piece.start] if op else dst[piece]
 
     def send(k: int) -> None:
-        if len(sends) == DEPTH:
+        if len(sends) == depth:
             ch.wait(sends.popleft())
         piece = base[first[k]] if k < len(first) else dst[incoming[k - len(first)]]
         sends.append(ch.isend(piece, plan.right))
 
-    for k in range(min(DEPTH, len(incoming))):
+    for k in range(min(depth, len(incoming))):
         receives.append(ch.irecv(target(k), plan.left))
     outgoing = len(first) + phase.forward
     for k in range(len(incoming)):
@@ -119,8 +122,8 @@ def _stream(ch: Channel, plan: Plan, phase: Phase, base: Any, dst: Any, op: Op |
         if op:
             piece = incoming[k]
             op.combine(ch.xp, base[piece], target(k), dst[piece])
-        if k + DEPTH < len(incoming):
-            receives.append(ch.irecv(target(k + DEPTH), plan.left))
+        if k + depth < len(incoming):
+            receives.append(ch.irecv(target(k + depth), plan.left))
     for k in range(len(incoming), outgoing):
         send(k)
     ch.waitall(sends)
