@@ -77,6 +77,7 @@ class Backend:
     name = "numpy"
     xp: Any = np
     device = False
+    direct = True  # MPI reads and writes these arrays in place: no staging copy
 
     def owns(self, array: Any) -> bool:
         return isinstance(array, np.ndarray)

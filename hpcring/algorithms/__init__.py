@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from . import mpi, naive, ps, ring
+from . import mpi, naive, ps, rabenseifner, ring
 
 Algorithm = Callable[..., None]
 
@@ -18,6 +18,7 @@ REGISTRY: dict[str, Algorithm] = {
     "naive": naive.allreduce,
     "ps": ps.allreduce,
     "ring": ring.allreduce,
+    "rabenseifner": rabenseifner.allreduce,
     "mpi": mpi.allreduce,
 }
 
