@@ -33,12 +33,11 @@ from typing import Any, NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from . import ALGORITHMS, __version__, info
+from . import ALGORITHMS, __version__, algorithms, info
 from .api import allreduce, channel_for
 from .backend import backend_for
 from .errors import abort_on_error
 from .ops import DTYPES, OPS, check_op
-from .partition import segment_bounds
 
 # nccl-tests names for dtypes and ops, accepted beside NumPy's and hpcring's own.
 DTYPE_ALIASES = {
@@ -92,26 +91,13 @@ def busbw_factor(size: int) -> float:
 def expected_bytes_sent(algorithm: str, nbytes: int, size: int, rank: int, itemsize: int = 1) -> int | None:
     """Bytes rank ``rank`` of ``size`` should hand to MPI for one all-reduce of ``nbytes``.
 
-    naive: (G-1)·N. ps: (G-1)·N at the root (its Bcast), N elsewhere (its Gather row).
-    ring: 2(G-1)/G·N, exactly: rank r sends every segment but (r+1) in the reduce-scatter
-    and every segment but (r+2) in the all-gather, with the segments of
-    `hpcring.partition.segment_bounds`, so when G does not divide the count a rank
-    sends up to a couple of elements more or less than 2(G-1)/G·N. mpi: None, MPI's
-    own traffic is not visible.
+    Each algorithm module states its own formula (`hpcring.algorithms.bytes_sent`): naive
+    (G-1)·N; ps (G-1)·N at the root (its Bcast), N elsewhere (its Gather row); ring
+    2(G-1)/G·N, exactly from the segment bounds, so when G does not divide the count a
+    rank sends up to a couple of elements more or less; rabenseifner 2(G-1)/G·N plus the
+    fold; mpi None, MPI's own traffic is not visible.
     """
-    if algorithm == "mpi":
-        return None
-    if size == 1 or nbytes == 0:
-        return 0
-    if algorithm == "naive":
-        return (size - 1) * nbytes
-    if algorithm == "ps":
-        return (size - 1) * nbytes if rank == 0 else nbytes
-    if algorithm == "ring":
-        bounds = segment_bounds(nbytes // itemsize, size)
-        skipped = sum(stop - start for start, stop in (bounds[(rank + 1) % size], bounds[(rank + 2) % size]))
-        return (2 * (nbytes // itemsize) - skipped) * itemsize
-    raise ValueError(f"no bytes-sent formula for algorithm {algorithm!r}")
+    return algorithms.bytes_sent(algorithm, nbytes // itemsize, itemsize, size, rank)
 
 
 def sweep(minbytes: int, maxbytes: int, stepfactor: float, itemsize: int) -> list[int]:

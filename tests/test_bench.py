@@ -98,6 +98,12 @@ def test_expected_bytes_sent_closed_forms(size: int) -> None:
             slack = itemsize if size <= 4 else 2 * itemsize
             assert all(abs(r - 2 * (size - 1) / size * nbytes) <= slack for r in ring)
             assert expected_bytes_sent("mpi", nbytes, size, 0, itemsize) is None
+            rab = [expected_bytes_sent("rabenseifner", nbytes, size, r, itemsize) for r in range(size)]
+            if size & (size - 1) == 0 and count % size == 0:  # power of two, even split: the textbook
+                assert rab == [2 * (size - 1) * nbytes // size] * size
+            # The 2^k core moves 2(core-1)·N in all; each fold pair sends the buffer once each way.
+            core = 1 << (size.bit_length() - 1)
+            assert sum(rab) == 2 * (core - 1) * nbytes + 2 * (size - core) * nbytes
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)

@@ -108,3 +108,22 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
         ch.sendrecv(dst[step.keep], step.partner, dst[step.give], step.partner)
     if plan.folded_from is not None:
         ch.send(dst, plan.folded_from)
+
+
+def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> int:
+    """Bytes this rank hands to MPI: what its halving gives away and its doubling passes back.
+
+    2(G-1)/G·n for G a power of two; a fold pair adds its whole buffer once each way.
+    """
+    if size == 1 or count == 0:
+        return 0
+    plan = _build(size, rank, count)
+    if plan.folded_into is not None:
+        return count * itemsize
+    moved = sum(step.give.stop - step.give.start + step.keep.stop - step.keep.start for step in plan.steps)
+    return (moved + (count if plan.folded_from is not None else 0)) * itemsize
+
+
+def scratch_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
+    """Scratch this rank needs: half the buffer, or all of it on a rank that takes a fold."""
+    return _build(size, rank, count).scratch * itemsize if size > 1 and count else 0

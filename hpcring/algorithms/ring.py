@@ -175,3 +175,20 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
         _stream(ch, plan, plan.all_gather, dst, dst, None)
     else:
         _blocking(ch, plan, src, dst, op)
+
+
+def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> int:
+    """Bytes this rank hands to MPI: every segment but r+1 in the reduce-scatter, but r+2 after.
+
+    That is 2(G-1)/G·n exactly when G divides n, and within a couple of elements otherwise.
+    """
+    if size == 1 or count == 0:
+        return 0
+    bounds = segment_bounds(count, size)
+    skipped = sum(stop - start for start, stop in (bounds[(rank + 1) % size], bounds[(rank + 2) % size]))
+    return (2 * count - skipped) * itemsize
+
+
+def scratch_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
+    """Scratch this rank needs: about one segment, n/G (a few chunks when pipelined)."""
+    return -(-count // size) * itemsize if size > 1 else 0
