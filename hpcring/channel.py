@@ -56,6 +56,10 @@ class Channel:
             self._plans.move_to_end(key)
         return plan
 
+    def scratch_held(self) -> int:
+        """Bytes of scratch this channel already holds (reused, so not needed again)."""
+        return sum(buf.nbytes for buf in self._scratch.values())
+
     def scratch(self, name: str, count: int, dtype: np.dtype) -> Any:
         """A 1-D array of ``count`` elements, reused across calls (grow-only, one per name)."""
         nbytes = count * dtype.itemsize
