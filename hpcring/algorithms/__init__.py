@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from types import ModuleType
 
-from . import mpi, naive, ps, rabenseifner, ring
+from . import auto, mpi, naive, ps, rabenseifner, ring
 
 Algorithm = Callable[..., None]
 
@@ -28,6 +28,7 @@ MODULES: dict[str, ModuleType] = {
     "ring": ring,
     "rabenseifner": rabenseifner,
     "mpi": mpi,
+    "auto": auto,
 }
 REGISTRY: dict[str, Algorithm] = {name: module.allreduce for name, module in MODULES.items()}
 
