@@ -162,6 +162,40 @@ def _describe(field: str, value: int) -> str:
     return str(value)
 
 
+def _format_bytes(nbytes: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if nbytes < 1024 or unit == "TiB":
+            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
+        nbytes /= 1024
+    raise AssertionError("unreachable")
+
+
+def _check_memory(channel: Channel, algorithm: str, count: int, itemsize: int) -> None:
+    """MemoryError, before anything is allocated, when the algorithm's scratch cannot fit.
+
+    The limit is the memory the backend still has (HPCRING_MEMORY_LIMIT caps it, for a
+    job that shares its node or device with other work).
+    """
+    need = algorithms.scratch_bytes(algorithm, count, itemsize, channel.size, channel.rank)
+    need -= channel.scratch_held()
+    if need <= 0:
+        return
+    available = channel.backend.available_bytes()
+    limit = os.environ.get("HPCRING_MEMORY_LIMIT", "").strip()
+    if limit:
+        if not limit.isdigit():
+            raise ValueError(f"HPCRING_MEMORY_LIMIT must be a number of bytes, got {limit!r}")
+        available = int(limit) if available is None else min(available, int(limit))
+    if available is None or need <= available:
+        return
+    ring = algorithms.scratch_bytes("ring", count, itemsize, channel.size, channel.rank)
+    raise MemoryError(
+        f"hpcring.allreduce: algorithm {algorithm!r} needs {_format_bytes(need)} more scratch on "
+        f"rank {channel.rank} for {count} elements on {channel.size} ranks, but only "
+        f"{_format_bytes(available)} is available; algorithm='ring' needs {_format_bytes(ring)}"
+    )
+
+
 def default_timeout() -> float:
     """Seconds to wait for every rank to arrive: HPCRING_TIMEOUT, else 300; 0 waits forever."""
     raw = os.environ.get("HPCRING_TIMEOUT", "300")
@@ -204,6 +238,13 @@ def allreduce(
             raise
         problem, backend = error, backend_for(np.empty(0))
     channel = channel_for(comm, backend)
+    if problem is None:
+        try:
+            _check_memory(channel, algorithm, x.size, x.dtype.itemsize)
+        except (MemoryError, ValueError) as error:
+            if not check:
+                raise
+            problem = error
     with _exclusive(comm):
         if check and channel.size > 1:
             state = _state(comm)

@@ -77,6 +77,7 @@ class Backend:
     name = "numpy"
     xp: Any = np
     device = False
+    direct = True  # MPI reads and writes these arrays in place: no staging copy
 
     def owns(self, array: Any) -> bool:
         return isinstance(array, np.ndarray)
@@ -92,6 +93,17 @@ class Backend:
 
     def empty(self, count: int, dtype: np.dtype) -> Any:
         return self.xp.empty(count, dtype=dtype)
+
+    def available_bytes(self) -> int | None:
+        """Memory that a new allocation may still take (Linux MemAvailable); None if unknown."""
+        try:
+            with open("/proc/meminfo") as meminfo:
+                for line in meminfo:
+                    if line.startswith("MemAvailable:"):
+                        return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return None
 
     @contextmanager
     def mpi_view(self, array: Any, *, copy_in: bool, copy_out: bool, slot: int = 0) -> Iterator[Any]:
@@ -121,6 +133,11 @@ class CupyBackend(Backend):
 
     def shares_memory(self, a: Any, b: Any) -> bool:
         return bool(cupy.shares_memory(a, b))
+
+    def available_bytes(self) -> int | None:
+        """Free device memory, counting what CuPy's pool holds but does not use."""
+        free, _ = cupy.cuda.runtime.memGetInfo()
+        return int(free) + int(cupy.get_default_memory_pool().free_bytes())
 
     def _host(self, nbytes: int, slot: int) -> np.ndarray:
         """Grow-only pinned host buffer for staging slot ``slot``."""

@@ -28,17 +28,18 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
 from mpi4py import MPI
 
-from . import ALGORITHMS, __version__, info
+from . import ALGORITHMS, __version__, algorithms, info
+from .algorithms import auto
 from .api import allreduce, channel_for
 from .backend import backend_for, select_device
 from .errors import abort_on_error
 from .ops import DTYPES, OPS, check_op
-from .partition import segment_bounds
 
 # nccl-tests names for dtypes and ops, accepted beside NumPy's and hpcring's own.
 DTYPE_ALIASES = {
@@ -92,26 +93,13 @@ def busbw_factor(size: int) -> float:
 def expected_bytes_sent(algorithm: str, nbytes: int, size: int, rank: int, itemsize: int = 1) -> int | None:
     """Bytes rank ``rank`` of ``size`` should hand to MPI for one all-reduce of ``nbytes``.
 
-    naive: (G-1)·N. ps: (G-1)·N at the root (its Bcast), N elsewhere (its Gather row).
-    ring: 2(G-1)/G·N, exactly: rank r sends every segment but (r+1) in the reduce-scatter
-    and every segment but (r+2) in the all-gather, with the segments of
-    `hpcring.partition.segment_bounds`, so when G does not divide the count a rank
-    sends up to a couple of elements more or less than 2(G-1)/G·N. mpi: None, MPI's
-    own traffic is not visible.
+    Each algorithm module states its own formula (`hpcring.algorithms.bytes_sent`): naive
+    (G-1)·N; ps (G-1)·N at the root (its Bcast), N elsewhere (its Gather row); ring
+    2(G-1)/G·N, exactly from the segment bounds, so when G does not divide the count a
+    rank sends up to a couple of elements more or less; rabenseifner 2(G-1)/G·N plus the
+    fold; mpi None, MPI's own traffic is not visible.
     """
-    if algorithm == "mpi":
-        return None
-    if size == 1 or nbytes == 0:
-        return 0
-    if algorithm == "naive":
-        return (size - 1) * nbytes
-    if algorithm == "ps":
-        return (size - 1) * nbytes if rank == 0 else nbytes
-    if algorithm == "ring":
-        bounds = segment_bounds(nbytes // itemsize, size)
-        skipped = sum(stop - start for start, stop in (bounds[(rank + 1) % size], bounds[(rank + 2) % size]))
-        return (2 * (nbytes // itemsize) - skipped) * itemsize
-    raise ValueError(f"no bytes-sent formula for algorithm {algorithm!r}")
+    return algorithms.bytes_sent(algorithm, nbytes // itemsize, itemsize, size, rank)
 
 
 def sweep(minbytes: int, maxbytes: int, stepfactor: float, itemsize: int) -> list[int]:
@@ -242,7 +230,12 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="fewer iterations (at least 3) where the warm-up predicts a row would take longer (1.0; 0: off)",
     )
-    add("--no-agree", action="store_true", help="time allreduce(check=False): skip the agreement Allgather")
+    add("--no-agree", action="store_true", help="time allreduce(check=False): skip the agreement step")
+    add(
+        "--tune",
+        action="store_true",
+        help="write the fastest algorithm per size to the tuning file that algorithm 'auto' reads",
+    )
     add("--json", metavar="FILE", help="write header and every row to FILE")
     add("--plot", metavar="FILE.png", help="plot busbw vs size to FILE.png (needs matplotlib)")
     return parser
@@ -335,6 +328,11 @@ class Row:
     bytes_expected_per_rank: list[int] | None
     wrong: int | None  # None when not checked
     bytes_match: bool = field(default=True)
+    chosen: str | None = None  # what `auto` ran
+
+    @property
+    def label(self) -> str:
+        return f"auto:{self.chosen}" if self.chosen else self.algorithm
 
 
 def _measure(
@@ -352,6 +350,7 @@ def _measure(
     out = dev.xp.empty_like(x)
     agree = not args.no_agree
     channel = channel_for(comm, backend_for(x))
+    chosen = auto.chosen(channel, nbytes) if algorithm == "auto" else None  # collective on first use
 
     def call() -> None:
         allreduce(x, op=args.op, algorithm=algorithm, comm=comm, out=out, check=agree)
@@ -388,12 +387,13 @@ def _measure(
 
     median = statistics.median(times.tolist())
     algbw = nbytes / median / 1e9 if median > 0 else 0.0
-    if algorithm == "mpi":
+    if (chosen or algorithm) == "mpi":
         measured: list[int] | None = None
         formula: list[int] | None = None
     else:
         measured = [int(s) if s == int(s) else s for s in comm.allgather(sent)]
-        formula = [expected_bytes_sent(algorithm, nbytes, size, r, dtype.itemsize) or 0 for r in range(size)]
+        ran = chosen or algorithm
+        formula = [expected_bytes_sent(ran, nbytes, size, r, dtype.itemsize) or 0 for r in range(size)]
     return Row(
         size=nbytes,
         count=count,
@@ -412,6 +412,7 @@ def _measure(
         bytes_expected_per_rank=formula,
         wrong=wrong,
         bytes_match=measured == formula,
+        chosen=chosen,
     )
 
 
@@ -457,7 +458,7 @@ _COLUMNS = (
     ("count", ">11", "(elements)"),
     ("type", ">10", ""),
     ("redop", ">6", ""),
-    ("algorithm", ">9", ""),
+    ("algorithm", ">17", ""),
     ("time", ">10", "(us)"),
     ("algbw", ">8", "(GB/s)"),
     ("busbw", ">8", "(GB/s)"),
@@ -494,7 +495,7 @@ def _format_row(row: Row) -> str:
         row.count,
         row.dtype,
         row.op,
-        row.algorithm,
+        row.label,
         f"{row.time_us:.1f}",
         f"{row.algbw:.3f}",
         f"{row.busbw:.3f}",
@@ -503,6 +504,41 @@ def _format_row(row: Row) -> str:
         "N/A" if row.wrong is None else row.wrong,
     )
     return " ".join(f"{cell:{spec}}" for cell, (_, spec, _) in zip(cells, _COLUMNS, strict=True))
+
+
+def tuning_table(rows: list[Row]) -> list[list[Any]]:
+    """Thresholds for `auto` from measured rows: per size the fastest algorithm, runs merged.
+
+    Each entry is [largest size in bytes, algorithm]; the last one is open-ended (None),
+    so sizes beyond the sweep take the algorithm that won its largest size.
+    """
+    table: list[list[Any]] = []
+    for entry in summarize([r for r in rows if r.algorithm != "auto"]):
+        if table and table[-1][1] == entry["best"]:
+            table[-1][0] = entry["size"]
+        else:
+            table.append([entry["size"], entry["best"]])
+    if table:
+        table[-1][0] = None
+    return table
+
+
+def write_tuning(rows: list[Row], *, size: int, header: dict[str, Any]) -> Path:
+    """Merge this rank count's thresholds into the tuning file (other rank counts are kept)."""
+    path = auto.tuning_path()
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != auto.FORMAT or not isinstance(data.get("tables"), dict):
+            raise ValueError
+    except (OSError, ValueError):
+        data = {"format": auto.FORMAT, "tables": {}, "measured": {}}
+    data["tables"][str(size)] = tuning_table(rows)
+    data.setdefault("measured", {})[str(size)] = {
+        k: header[k] for k in ("mpi_library", "hosts", "device", "dtype", "op") if k in header
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path
 
 
 def summarize(rows: list[Row]) -> list[dict[str, Any]]:
@@ -524,12 +560,14 @@ def _format_footer(rows: list[Row], summary: list[dict[str, Any]]) -> str:
     lines = [
         "#",
         "# best algorithm per size, and busbw relative to mpi (>1: faster than MPI_Allreduce)",
-        "# " + f"{'size':>8} {'best':>6}  " + " ".join(f"{n:>7}" for n in names),
+        "# " + f"{'size':>8} {'best':>12}  " + " ".join(f"{n:>{max(7, len(n))}}" for n in names),
     ]
     for entry in summary:
         rel = entry["busbw_vs_mpi"]
-        cells = " ".join(f"{'-' if rel.get(n) is None else format(rel[n], '.2f'):>7}" for n in names)
-        lines.append(f"# {format_size(entry['size']):>8} {entry['best']:>6}  {cells}")
+        cells = " ".join(
+            f"{'-' if rel.get(n) is None else format(rel[n], '.2f'):>{max(7, len(n))}}" for n in names
+        )
+        lines.append(f"# {format_size(entry['size']):>8} {entry['best']:>12}  {cells}")
     checked = [r.wrong for r in rows if r.wrong is not None]
     wrong = sum(checked)
     mismatched = sum(not r.bytes_match for r in rows)
@@ -661,6 +699,9 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
                 )
         if args.plot:
             _plot(args.plot, header, rows)
+        if args.tune:
+            path = write_tuning(rows, size=comm.Get_size(), header=header)
+            print(f"# tuning for {comm.Get_size()} ranks written to {path}", flush=True)
         if failed:
             sys.stderr.write(
                 "hpcring.bench: FAILED: wrong elements or bytes sent off the formula (see table)\n"

@@ -14,6 +14,8 @@ G-1 times. How MPI routes that payload inside (trees, pipelines) is its own busi
 
 from __future__ import annotations
 
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import numpy as np
@@ -34,6 +36,29 @@ class Channel:
         self.bytes_sent = 0  # cumulative; the bench reads differences
         self.bytes_unknown = False  # set once an opaque MPI collective ran
         self._scratch: dict[str, Any] = {}
+        self._plans: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+
+    PLANS = 16  # plans kept per channel; a training loop reuses a handful of bucket sizes
+
+    def plan(self, key: tuple[Any, ...], build: Callable[[], Any]) -> Any:
+        """The cached plan for ``key``, built once by ``build()`` (least recently used ones go first).
+
+        Plans hold what an algorithm can work out before any data moves (bounds,
+        neighbours, schedules), so a warm call only reads them. They live as long as this
+        Channel, which lives in the communicator's attribute: freeing the communicator frees them.
+        """
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = self._plans[key] = build()
+            if len(self._plans) > self.PLANS:
+                self._plans.popitem(last=False)
+        else:
+            self._plans.move_to_end(key)
+        return plan
+
+    def scratch_held(self) -> int:
+        """Bytes of scratch this channel already holds (reused, so not needed again)."""
+        return sum(buf.nbytes for buf in self._scratch.values())
 
     def scratch(self, name: str, count: int, dtype: np.dtype) -> Any:
         """A 1-D array of ``count`` elements, reused across calls (grow-only, one per name)."""
@@ -57,6 +82,49 @@ class Channel:
             view(recv, copy_in=False, copy_out=True, slot=1) as r,
         ):
             self.comm.Sendrecv(_raw(s), dest, 0, _raw(r), source, 0)
+
+    def send(self, send: Any, dest: int) -> None:
+        """Blocking send of ``send`` to ``dest``."""
+        if dest != self.rank:
+            self.bytes_sent += send.nbytes
+        with self.backend.mpi_view(send, copy_in=True, copy_out=False) as s:
+            self.comm.Send(_raw(s), dest, 0)
+
+    def recv(self, recv: Any, source: int) -> None:
+        """Blocking receive into ``recv`` from ``source``."""
+        with self.backend.mpi_view(recv, copy_in=False, copy_out=True) as r:
+            self.comm.Recv(_raw(r), source, 0)
+
+    # Non-blocking calls hand MPI the array's own memory until the request completes, so
+    # they exist only where MPI reads the array directly (host memory, CUDA-aware MPI):
+    # a staged copy would have to outlive the call. The view still synchronizes the
+    # device stream first, so earlier kernels have written (or stopped reading) the buffer.
+
+    def isend(self, send: Any, dest: int) -> MPI.Request:
+        """Start sending ``send`` to ``dest``; do not write ``send`` until the request is waited on."""
+        if not self.backend.direct:
+            raise RuntimeError("Channel.isend needs a buffer MPI can read directly (host or CUDA-aware)")
+        if dest != self.rank:
+            self.bytes_sent += send.nbytes
+        with self.backend.mpi_view(send, copy_in=True, copy_out=False) as s:
+            return self.comm.Isend(_raw(s), dest, 0)
+
+    def irecv(self, recv: Any, source: int) -> MPI.Request:
+        """Start receiving into ``recv`` from ``source``; read it only after the request is waited on."""
+        if not self.backend.direct:
+            raise RuntimeError("Channel.irecv needs a buffer MPI can write directly (host or CUDA-aware)")
+        with self.backend.mpi_view(recv, copy_in=False, copy_out=False) as r:
+            return self.comm.Irecv(_raw(r), source, 0)
+
+    @staticmethod
+    def wait(request: MPI.Request) -> None:
+        """Block until ``request`` completes."""
+        request.Wait()
+
+    @staticmethod
+    def waitall(requests: Iterable[MPI.Request]) -> None:
+        """Block until every request in ``requests`` completes."""
+        MPI.Request.Waitall(list(requests))
 
     def gather(self, send: Any, stack: Any, root: int) -> None:
         """Gather ``send`` of every rank into row r of ``stack`` (G x n) at ``root``.

@@ -29,6 +29,10 @@ class Op:
         """acc <- acc (op) other, element-wise, in place."""
         getattr(xp, self.ufunc)(acc, other, out=acc)
 
+    def combine(self, xp: Any, left: Any, right: Any, out: Any) -> None:
+        """out <- left (op) right, element-wise; ``out`` may be ``left`` or ``right``."""
+        getattr(xp, self.ufunc)(left, right, out=out)
+
     def mpi_op(self) -> Any:
         from mpi4py import MPI
 

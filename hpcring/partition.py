@@ -22,3 +22,18 @@ def chunk(count: int, size: int, index: int) -> tuple[int, int]:
 def segment_bounds(count: int, size: int) -> list[tuple[int, int]]:
     """Bounds of all ``size`` segments, in order; they tile ``range(count)`` exactly."""
     return [chunk(count, size, index) for index in range(size)]
+
+
+def chunk_bounds(start: int, stop: int, chunk: int) -> list[tuple[int, int]]:
+    """``[start, stop)`` cut into pieces of ``chunk`` elements (the last one shorter).
+
+    An empty range still gives one empty piece: the pipelined ring sends one message per
+    piece, and a segment that is empty (count < size) must still take its turn.
+    """
+    if chunk < 1 or not 0 <= start <= stop:
+        raise ValueError(
+            f"chunk_bounds: need 0 <= start <= stop and chunk >= 1; got {start}, {stop}, {chunk}"
+        )
+    if start == stop:
+        return [(start, stop)]
+    return [(lo, min(lo + chunk, stop)) for lo in range(start, stop, chunk)]

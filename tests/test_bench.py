@@ -98,6 +98,12 @@ def test_expected_bytes_sent_closed_forms(size: int) -> None:
             slack = itemsize if size <= 4 else 2 * itemsize
             assert all(abs(r - 2 * (size - 1) / size * nbytes) <= slack for r in ring)
             assert expected_bytes_sent("mpi", nbytes, size, 0, itemsize) is None
+            rab = [expected_bytes_sent("rabenseifner", nbytes, size, r, itemsize) for r in range(size)]
+            if size & (size - 1) == 0 and count % size == 0:  # power of two, even split: the textbook
+                assert rab == [2 * (size - 1) * nbytes // size] * size
+            # The 2^k core moves 2(core-1)·N in all; each fold pair sends the buffer once each way.
+            core = 1 << (size.bit_length() - 1)
+            assert sum(rab) == 2 * (core - 1) * nbytes + 2 * (size - core) * nbytes
 
 
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
@@ -263,12 +269,16 @@ def test_measured_bytes_equal_formulas(dtype: str) -> None:
     problems = [] if status == 0 and report else ["bench failed"]
     for row in (report or {}).get("rows", []):
         n, measured = row["size"], row["bytes_sent_per_rank"]
-        if row["algorithm"] == "mpi":
+        ran = row["chosen"] or row["algorithm"]  # what auto picked, else the algorithm itself
+        core = 1 << (size.bit_length() - 1)
+        if ran == "mpi":
             ok = measured is None and row["bytes_sent"] is None
-        elif row["algorithm"] == "naive":
+        elif ran == "naive":
             ok = measured == [(size - 1) * n] * size
-        elif row["algorithm"] == "ps":
+        elif ran == "ps":
             ok = measured == [(size - 1) * n] + [n] * (size - 1)
+        elif ran == "rabenseifner" and core != size:  # each fold pair moves the buffer both ways
+            ok = sum(measured) == 2 * (core - 1) * n + 2 * (size - core) * n
         else:
             textbook = 2 * (size - 1) / size * n
             ok = sum(measured) == 2 * (size - 1) * n and all(abs(m - textbook) <= itemsize for m in measured)

@@ -150,3 +150,21 @@ def test_info() -> None:
     assert info["mpi_library"] and "numpy" in info["backends"]
     assert set(info["algorithms"]) >= {"naive", "ps", "ring", "mpi"}
     assert isinstance(info["cuda_aware"], bool) and info["cuda_aware_reason"]
+
+
+@pytest.mark.parametrize("algorithm", ["naive", "ps"])
+def test_scratch_that_cannot_fit_raises_memory_error_everywhere(algorithm: str, monkeypatch) -> None:
+    """naive needs G copies on every rank, ps on the root only: either way every rank is told."""
+    if WORLD.size == 1:
+        pytest.skip("one rank needs no scratch")
+    monkeypatch.setenv("HPCRING_MEMORY_LIMIT", str(64 << 10))
+    comm = WORLD.Dup()  # a fresh channel: no scratch held from earlier tests
+    x = np.ones(8192)  # 64 KiB: G copies cannot fit in 64 KiB, one segment can
+    kept = x.copy()
+    raises_everywhere(
+        MemoryError, "algorithm='ring' needs", lambda: hpcring.allreduce(x, algorithm=algorithm, comm=comm)
+    )
+    assert everywhere(WORLD, np.array_equal(x, kept))
+    hpcring.allreduce(x, algorithm="ring", comm=comm)  # the suggestion works
+    assert everywhere(WORLD, (x == WORLD.size).all())
+    comm.Free()

@@ -11,6 +11,7 @@ from helpers import everywhere
 from mpi4py import MPI
 
 import hpcring
+from hpcring.api import _state
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
@@ -46,20 +47,25 @@ def test_second_thread_on_busy_communicator_is_refused() -> None:
     if WORLD.size == 1:
         pytest.skip("a single rank never waits")
     comm = WORLD.Dup()
+    hpcring.allreduce(np.ones(1), comm=comm)  # the private duplicate exists: no Dup in the way
+    busy = _state(comm)["busy"]
     x = np.full(100, float(WORLD.rank))
     refused: list[str] = []
 
     def intruder() -> None:
+        deadline = time.monotonic() + 10
+        while not busy.locked() and time.monotonic() < deadline:
+            time.sleep(0.001)  # until the main thread's call is under way
         try:
-            hpcring.allreduce(np.ones(100), comm=comm)
-        except RuntimeError as error:
+            hpcring.allreduce(np.ones(100), comm=comm, timeout=5)
+        except (RuntimeError, hpcring.StallError) as error:
             refused.append(str(error))
 
     if WORLD.rank == 0:
-        time.sleep(1.0)
+        time.sleep(2.0)
         hpcring.allreduce(x, comm=comm)
     else:
-        second = threading.Timer(0.3, intruder)
+        second = threading.Thread(target=intruder)
         second.start()
         hpcring.allreduce(x, comm=comm)
         second.join()

@@ -1,35 +1,61 @@
 """All-reduce algorithms, one module each, registered here by name.
 
-Each module exposes ``allreduce(ch, src, dst, op)``: ``ch`` is a `hpcring.channel.Channel`,
-``src`` and ``dst`` are flat arrays of equal length (``dst`` may be ``src``: in place),
-``op`` a `hpcring.ops.Op` other than mean. On return ``dst`` holds the reduction of
-every rank's ``src``, bitwise identical on all ranks.
+Each module exposes the same three functions (nccl-tests' small contract per collective):
+
+- ``allreduce(ch, src, dst, op)``: ``ch`` is a `hpcring.channel.Channel`, ``src`` and
+  ``dst`` flat arrays of equal length (``dst`` may be ``src``: in place), ``op`` a
+  `hpcring.ops.Op` other than mean. On return ``dst`` holds the reduction of every
+  rank's ``src``, bitwise identical on all ranks.
+- ``bytes_sent(count, itemsize, size, rank)``: the bytes that rank hands to MPI in one
+  call, by the algorithm's formula (None where MPI's own traffic is not visible); the
+  bench compares it with what the Channel counted.
+- ``scratch_bytes(count, itemsize, size, rank)``: the scratch memory that rank needs,
+  so an impossible allocation is refused before any data moves.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from types import ModuleType
 
-from . import mpi, naive, ps, ring
+from . import auto, mpi, naive, ps, rabenseifner, ring
 
 Algorithm = Callable[..., None]
 
-REGISTRY: dict[str, Algorithm] = {
-    "naive": naive.allreduce,
-    "ps": ps.allreduce,
-    "ring": ring.allreduce,
-    "mpi": mpi.allreduce,
+MODULES: dict[str, ModuleType] = {
+    "naive": naive,
+    "ps": ps,
+    "ring": ring,
+    "rabenseifner": rabenseifner,
+    "mpi": mpi,
+    "auto": auto,
 }
+REGISTRY: dict[str, Algorithm] = {name: module.allreduce for name, module in MODULES.items()}
 
 
-def get(name: str) -> Algorithm:
-    """The algorithm called ``name``; ValueError listing the valid names otherwise."""
+def module(name: str) -> ModuleType:
+    """The module of the algorithm called ``name``; ValueError listing the valid names otherwise."""
     try:
-        return REGISTRY[name]
+        return MODULES[name]
     except (KeyError, TypeError):
         raise ValueError(
-            f"hpcring.allreduce: unknown algorithm {name!r}; choose one of {', '.join(REGISTRY)}"
+            f"hpcring.allreduce: unknown algorithm {name!r}; choose one of {', '.join(MODULES)}"
         ) from None
 
 
-__all__ = ["REGISTRY", "Algorithm", "get"]
+def get(name: str) -> Algorithm:
+    """The all-reduce function of the algorithm called ``name``."""
+    return module(name).allreduce
+
+
+def bytes_sent(name: str, count: int, itemsize: int, size: int, rank: int) -> int | None:
+    """Bytes rank ``rank`` of ``size`` hands to MPI for one call, by the algorithm's formula."""
+    return module(name).bytes_sent(count, itemsize, size, rank)
+
+
+def scratch_bytes(name: str, count: int, itemsize: int, size: int, rank: int) -> int:
+    """Scratch memory rank ``rank`` of ``size`` needs for one call of ``count`` elements."""
+    return module(name).scratch_bytes(count, itemsize, size, rank)
+
+
+__all__ = ["MODULES", "REGISTRY", "Algorithm", "bytes_sent", "get", "module", "scratch_bytes"]

@@ -28,3 +28,13 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     dst[...] = copies[0]
     for row in range(1, size):
         op.reduce(ch.xp, dst, copies[row])
+
+
+def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> int:
+    """Bytes this rank hands to MPI: its whole buffer to each of the G-1 others."""
+    return (size - 1) * count * itemsize if size > 1 else 0
+
+
+def scratch_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
+    """Scratch this rank needs: all G copies, G·n."""
+    return size * count * itemsize if size > 1 else 0

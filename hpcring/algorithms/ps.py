@@ -31,3 +31,15 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     else:
         ch.gather(src, None, ROOT)
     ch.bcast(dst, ROOT)
+
+
+def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> int:
+    """Bytes this rank hands to MPI: the root broadcasts to G-1 ranks, the others send one row."""
+    if size == 1:
+        return 0
+    return (size - 1) * count * itemsize if rank == ROOT else count * itemsize
+
+
+def scratch_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
+    """Scratch this rank needs: the root holds all G rows, the others nothing."""
+    return size * count * itemsize if rank == ROOT and size > 1 else 0

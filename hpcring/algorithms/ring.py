@@ -1,41 +1,194 @@
-"""Ring all-reduce: reduce-scatter, then all-gather, around a ring of G ranks.
+"""Ring all-reduce: reduce-scatter, then all-gather, around a ring of G ranks, pipelined in chunks.
 
 Cost (Thakur, Rabenseifner & Gropp 2005): 2(G-1)·alpha + 2(G-1)/G·n·beta + (G-1)/G·n·gamma.
 Each rank sends 2(G-1)/G·n bytes, whatever G is: the bandwidth-optimal all-reduce.
+
+Segments larger than ``HPCRING_CHUNK_BYTES`` (read per call; every rank must use the
+same value) travel as chunks of that size, smaller ones as one Sendrecv per step. Chunks
+are received a few ahead into a small reused scratch, so while chunk k is being reduced
+chunk k+1 is already on its way, and a reduced chunk is sent on at once instead of
+waiting for its whole segment. Out of place, step 0 sends straight from the input and
+the first reduction writes the output, so the input is never copied; the all-gather
+receives straight into the output.
 """
 
 from __future__ import annotations
 
+import os
+from collections import deque
+from dataclasses import dataclass
 from typing import Any
 
 from ..channel import Channel
 from ..ops import Op
-from ..partition import segment_bounds
+from ..partition import chunk_bounds, segment_bounds
+
+# Default chunk, by measurement (tools/time_ring.py, 2 and 4 ranks on 2 shared cores):
+# 16-256 KiB chunks were 2-12x slower at 16 MiB than one message per segment, because
+# every message there costs a scheduler round trip; 4 MiB and up tied or won. Machines
+# with a core per rank and a real network may want smaller: set HPCRING_CHUNK_BYTES.
+CHUNK_BYTES = 4 << 20
+DEPTH = 4  # at most: receives posted ahead, and sends in flight
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One half of the ring as a stream of chunks (all slices of the flat buffer).
+
+    The rank first sends ``first`` (a segment it already holds), then every incoming
+    chunk in turn, once it has arrived (and been reduced), except those of the last segment.
+    """
+
+    first: tuple[slice, ...]
+    incoming: tuple[slice, ...]
+    forward: int  # how many incoming chunks are passed on to the right
+
+
+@dataclass(frozen=True)
+class Plan:
+    rank: int
+    left: int
+    right: int
+    segments: tuple[slice, ...]
+    pipelined: bool  # some segment is more than one chunk: worth streaming
+    reduce_scatter: Phase
+    all_gather: Phase
+    chunk: int  # elements per chunk, and per scratch slot
+    depth: int  # receives posted ahead and sends in flight: DEPTH, or fewer if segments are short
+
+
+def _build(size: int, rank: int, count: int, chunk: int) -> Plan:
+    segments = segment_bounds(count, size)
+
+    def chunks(segment: int) -> tuple[slice, ...]:
+        return tuple(slice(*b) for b in chunk_bounds(*segments[segment % size], chunk))
+
+    def phase(first: int, incoming: list[int]) -> Phase:
+        pieces = [chunks(segment) for segment in incoming]
+        return Phase(chunks(first), sum(pieces, ()), sum(map(len, pieces[:-1])))
+
+    # Reduce-scatter: at step s rank r sends its partial sum of segment r - s and receives
+    # the left neighbour's partial sum of segment r - s - 1, which it reduces and sends on
+    # at step s + 1. After G-1 steps rank r holds the complete segment r + 1.
+    # All-gather: rank r starts with segment r + 1 and receives r, r - 1, ..., r - G + 2,
+    # passing each on, straight into place: no reduction, so every rank ends with the very
+    # bits the segment's owner computed.
+    return Plan(
+        rank=rank,
+        left=(rank - 1) % size,
+        right=(rank + 1) % size,
+        segments=tuple(slice(*b) for b in segments),
+        pipelined=segments[0][1] - segments[0][0] > chunk,
+        reduce_scatter=phase(rank, [rank - step - 1 for step in range(size - 1)]),
+        all_gather=phase(rank + 1, [rank - step for step in range(size - 1)]),
+        chunk=chunk,
+        # Scratch is depth chunks: never much more than one segment, as unpipelined.
+        depth=min(DEPTH, -(-(segments[0][1] - segments[0][0]) // chunk)),
+    )
+
+
+def _stream(ch: Channel, plan: Plan, phase: Phase, base: Any, dst: Any, op: Op | None) -> None:
+    """Run one phase: reduce ``base`` (op given) or copy (op None) the incoming chunks into ``dst``.
+
+    Chunk k of the outgoing stream is sent just before incoming chunk k is waited for: it
+    is either part of ``first`` or an incoming chunk < k, already complete. Receives go
+    ``depth`` ahead, into scratch slot k % depth when reducing (the slot's last reader, the
+    reduction of chunk k - depth, has run), else straight into ``dst``. At most ``depth``
+    sends are in flight; all are finished before returning, so the next phase may receive
+    into memory that these sends read (write-after-read).
+    """
+    incoming, first, depth = phase.incoming, phase.first, plan.depth
+    slots = ch.scratch("ring", depth * plan.chunk, dst.dtype).reshape(depth, plan.chunk) if op else None
+    sends: deque[Any] = deque()
+    receives: deque[Any] = deque()
+
+    def target(k: int) -> Any:
+        piece = incoming[k]
+        return slots[k % depth, : piece.stop - piece.start] if op else dst[piece]
+
+    def send(k: int) -> None:
+        if len(sends) == depth:
+            ch.wait(sends.popleft())
+        piece = base[first[k]] if k < len(first) else dst[incoming[k - len(first)]]
+        sends.append(ch.isend(piece, plan.right))
+
+    for k in range(min(depth, len(incoming))):
+        receives.append(ch.irecv(target(k), plan.left))
+    outgoing = len(first) + phase.forward
+    for k in range(len(incoming)):
+        if k < outgoing:
+            send(k)
+        ch.wait(receives.popleft())
+        if op:
+            piece = incoming[k]
+            op.combine(ch.xp, base[piece], target(k), dst[piece])
+        if k + depth < len(incoming):
+            receives.append(ch.irecv(target(k + depth), plan.left))
+    for k in range(len(incoming), outgoing):
+        send(k)
+    ch.waitall(sends)
+
+
+def _blocking(ch: Channel, plan: Plan, src: Any, dst: Any, op: Op) -> None:
+    """One Sendrecv per step, whole segments: the ring when there is nothing to pipeline.
+
+    Same schedule as the streams above with one chunk per segment. Step 0 sends from
+    ``src`` and each reduction reads ``src`` and writes ``dst``: every segment is reduced
+    at most once per rank, and sent only after that, so out of place needs no copy.
+    """
+    size, rank, seg = len(plan.segments), plan.rank, plan.segments
+    incoming = ch.scratch("ring", seg[0].stop - seg[0].start, dst.dtype)  # segment 0 is largest
+    for step in range(size - 1):
+        out_seg, in_seg = seg[(rank - step) % size], seg[(rank - step - 1) % size]
+        buf = incoming[: in_seg.stop - in_seg.start]
+        ch.sendrecv((src if step == 0 else dst)[out_seg], plan.right, buf, plan.left)
+        op.combine(ch.xp, src[in_seg], buf, dst[in_seg])
+    for step in range(size - 1):
+        out_seg, in_seg = seg[(rank + 1 - step) % size], seg[(rank - step) % size]
+        ch.sendrecv(dst[out_seg], plan.right, dst[in_seg], plan.left)
+
+
+def chunk_elements(itemsize: int) -> int:
+    """Elements per chunk: ``HPCRING_CHUNK_BYTES`` (else CHUNK_BYTES) over the item size, at least 1."""
+    text = os.environ.get("HPCRING_CHUNK_BYTES", "").strip()
+    if not text:
+        return max(1, CHUNK_BYTES // itemsize)
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"HPCRING_CHUNK_BYTES must be a positive integer, got {text!r}")
+    return max(1, int(text) // itemsize)
 
 
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     """dst <- op over all ranks of src (dst may be src)."""
-    if dst is not src:
-        dst[...] = src
-    size, rank = ch.size, ch.rank
-    if size == 1 or dst.size == 0:
+    size, n = ch.size, src.size
+    if size == 1 or n == 0:
+        if dst is not src:
+            dst[...] = src
         return
-    seg = [slice(start, stop) for start, stop in segment_bounds(dst.size, size)]
-    right, left = (rank + 1) % size, (rank - 1) % size
-    incoming = ch.scratch("ring", seg[0].stop - seg[0].start, dst.dtype)  # segment 0 is largest
+    chunk = chunk_elements(src.dtype.itemsize)
+    plan = ch.plan(("ring", src.dtype, n, dst is src, chunk), lambda: _build(size, ch.rank, n, chunk))
+    # Non-blocking MPI needs the array's own memory for the life of the request. A staged
+    # device buffer (CuPy without CUDA-aware MPI) is a shared pinned copy valid for one
+    # blocking call only, so that case keeps the blocking ring.
+    if plan.pipelined and ch.backend.direct:
+        _stream(ch, plan, plan.reduce_scatter, src, dst, op)
+        _stream(ch, plan, plan.all_gather, dst, dst, None)
+    else:
+        _blocking(ch, plan, src, dst, op)
 
-    # Reduce-scatter. At step s rank r sends its partial sum of segment (r - s) to the
-    # right and adds the left neighbour's partial sum of segment (r - s - 1) into its own.
-    # After G-1 steps rank r holds the complete sum of segment (r + 1) mod G.
-    for step in range(size - 1):
-        out_seg, in_seg = seg[(rank - step) % size], seg[(rank - step - 1) % size]
-        buf = incoming[: in_seg.stop - in_seg.start]
-        ch.sendrecv(dst[out_seg], right, buf, left)
-        op.reduce(ch.xp, dst[in_seg], buf)
 
-    # All-gather. At step s rank r passes on the complete segment (r + 1 - s) and
-    # receives segment (r - s) straight into place: no reduction, so every rank ends
-    # with the very bits its owner computed.
-    for step in range(size - 1):
-        out_seg, in_seg = seg[(rank + 1 - step) % size], seg[(rank - step) % size]
-        ch.sendrecv(dst[out_seg], right, dst[in_seg], left)
+def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> int:
+    """Bytes this rank hands to MPI: every segment but r+1 in the reduce-scatter, but r+2 after.
+
+    That is 2(G-1)/G·n exactly when G divides n, and within a couple of elements otherwise.
+    """
+    if size == 1 or count == 0:
+        return 0
+    bounds = segment_bounds(count, size)
+    skipped = sum(stop - start for start, stop in (bounds[(rank + 1) % size], bounds[(rank + 2) % size]))
+    return (2 * count - skipped) * itemsize
+
+
+def scratch_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
+    """Scratch this rank needs: about one segment, n/G (a few chunks when pipelined)."""
+    return -(-count // size) * itemsize if size > 1 else 0

@@ -1,0 +1,105 @@
+"""auto: the algorithm measured fastest on this machine for the message size and rank count.
+
+Cost: that of the algorithm it picks. The choice comes from a tuning file written by
+`python -m hpcring.bench --tune` (path: HPCRING_TUNING, else ~/.cache/hpcring/tuning.json):
+for each rank count, a list of (up to this many bytes, algorithm) thresholds. Without
+a file, or without an entry for this rank count, built-in defaults apply: the library's
+own Allreduce for tiny messages (latency), Rabenseifner for medium ones (log2 G steps),
+the ring for large ones (bandwidth). Rank 0 reads the file once per communicator and
+broadcasts the table, so every rank makes the same choice even if their files differ.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from ..channel import Channel
+from ..ops import Op
+
+# (largest message in bytes, algorithm); None: no upper bound. Chosen so that an untuned
+# machine gets the textbook shape; `bench --tune` replaces them with measured crossovers.
+DEFAULT: tuple[tuple[int | None, str], ...] = ((4 << 10, "mpi"), (256 << 10, "rabenseifner"), (None, "ring"))
+FORMAT = 1
+
+
+def tuning_path() -> Path:
+    """Where the tuning file is read and written: HPCRING_TUNING, else the user's cache."""
+    env = os.environ.get("HPCRING_TUNING", "").strip()
+    return Path(env) if env else Path.home() / ".cache" / "hpcring" / "tuning.json"
+
+
+def load(size: int, path: Path | None = None) -> tuple[tuple[int | None, str], ...]:
+    """The thresholds for ``size`` ranks from the tuning file; DEFAULT (with one warning) otherwise."""
+    from . import MODULES  # late: this module is one of them
+
+    path = tuning_path() if path is None else path
+    if not path.exists():
+        return DEFAULT
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT:
+            raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
+        rows = data["tables"][str(size)]
+        table = tuple((None if limit is None else int(limit), str(name)) for limit, name in rows)
+        if not table or table[-1][0] is not None:
+            raise ValueError("the last threshold must be open-ended (null)")
+        unknown = [name for _, name in table if name not in MODULES or name == "auto"]
+        if unknown:
+            raise ValueError(f"unknown algorithms {unknown}")
+        return table
+    except KeyError:
+        warnings.warn(
+            f"hpcring: tuning file {path} has no entry for {size} ranks; using the defaults "
+            f"(run `mpiexec -n {size} python -m hpcring.bench --tune`)",
+            stacklevel=2,
+        )
+    except (OSError, ValueError, TypeError, AttributeError) as error:
+        warnings.warn(f"hpcring: ignoring tuning file {path} ({error}); using the defaults", stacklevel=2)
+    return DEFAULT
+
+
+def choose(nbytes: int, table: tuple[tuple[int | None, str], ...] = DEFAULT) -> str:
+    """The algorithm for an ``nbytes`` message under ``table``."""
+    for limit, name in table:
+        if limit is None or nbytes <= limit:
+            return name
+    return table[-1][1]
+
+
+def _table(ch: Channel) -> tuple[tuple[int | None, str], ...]:
+    """The table of this communicator: read by rank 0 once, broadcast, then cached as a plan."""
+
+    def build() -> tuple[tuple[int | None, str], ...]:
+        return ch.comm.bcast(load(ch.size) if ch.rank == 0 else None, root=0)
+
+    return ch.plan(("auto-table",), build)
+
+
+def chosen(ch: Channel, nbytes: int) -> str:
+    """What `allreduce` below runs for an ``nbytes`` message on this channel (collective on first use)."""
+    return choose(nbytes, _table(ch))
+
+
+def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
+    """dst <- op over all ranks of src, by the algorithm tuned for this size."""
+    from . import get
+
+    get(chosen(ch, src.nbytes))(ch, src, dst, op)
+
+
+def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> int | None:
+    """Those of the default choice (the bench asks the channel which one really ran)."""
+    from . import bytes_sent as of
+
+    return of(choose(count * itemsize), count, itemsize, size, rank)
+
+
+def scratch_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
+    """Those of the default choice: the guard runs before the ranks agree, so it cannot read the table."""
+    from . import scratch_bytes as of
+
+    return of(choose(count * itemsize), count, itemsize, size, rank)

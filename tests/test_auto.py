@@ -1,0 +1,87 @@
+"""auto: thresholds from the tuning file, defaults with one warning when it is unusable."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import numpy as np
+import pytest
+from helpers import everywhere, identical_everywhere
+from mpi4py import MPI
+
+import hpcring
+from hpcring.algorithms import auto
+from hpcring.api import channel_for
+from hpcring.backend import backend_for
+
+
+def write(path, tables, fmt=auto.FORMAT) -> None:
+    path.write_text(json.dumps({"format": fmt, "tables": tables}))
+
+
+def test_choose() -> None:
+    table = ((100, "mpi"), (1000, "rabenseifner"), (None, "ring"))
+    assert [auto.choose(n, table) for n in (0, 100, 101, 1000, 1001, 10**12)] == [
+        "mpi",
+        "mpi",
+        "rabenseifner",
+        "rabenseifner",
+        "ring",
+        "ring",
+    ]
+
+
+def test_missing_file_is_silent(tmp_path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert auto.load(4, tmp_path / "none.json") == auto.DEFAULT
+
+
+def test_valid_file(tmp_path) -> None:
+    path = tmp_path / "t.json"
+    write(path, {"4": [[4096, "naive"], [None, "ps"]]})
+    assert auto.load(4, path) == ((4096, "naive"), (None, "ps"))
+
+
+@pytest.mark.parametrize(
+    ("content", "match"),
+    [
+        ("{not json", "ignoring tuning file"),
+        (json.dumps({"format": 99, "tables": {}}), "format 99"),
+        (json.dumps({"format": auto.FORMAT, "tables": {"4": [[10, "tree"], [None, "ring"]]}}), "unknown"),
+        (json.dumps({"format": auto.FORMAT, "tables": {"4": [[10, "ring"]]}}), "open-ended"),
+        (json.dumps({"format": auto.FORMAT, "tables": {"8": [[None, "ring"]]}}), "no entry for 4 ranks"),
+        (json.dumps([1, 2]), "ignoring tuning file"),
+    ],
+)
+def test_unusable_file_warns_once_and_falls_back(tmp_path, content: str, match: str) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(content)
+    with pytest.warns(UserWarning, match=match) as caught:
+        assert auto.load(4, path) == auto.DEFAULT
+    assert len(caught) == 1
+
+
+@pytest.mark.mpi
+def test_auto_follows_the_tuning_file(tmp_path_factory, monkeypatch) -> None:
+    """Every size band runs the algorithm the file names, with correct, identical results."""
+    comm = MPI.COMM_WORLD
+    folder = comm.bcast(str(tmp_path_factory.mktemp("tune")) if comm.rank == 0 else None)
+    path = f"{folder}/tuning.json"
+    table = [[64, "naive"], [512, "ps"], [4096, "rabenseifner"], [32768, "mpi"], [None, "ring"]]
+    if comm.rank == 0:
+        with open(path, "w") as stream:
+            json.dump({"format": auto.FORMAT, "tables": {str(comm.size): table}}, stream)
+    comm.Barrier()
+    monkeypatch.setenv("HPCRING_TUNING", path)
+    private = comm.Dup()  # a fresh channel reads the file
+    ok = True
+    for count, want in ((8, "naive"), (64, "ps"), (1000, "mpi"), (100_000, "ring"), (500, "rabenseifner")):
+        x = np.full(count, comm.rank + 1, dtype=np.float64)
+        hpcring.allreduce(x, algorithm="auto", comm=private)
+        same = identical_everywhere(comm, x)
+        ran = auto.chosen(channel_for(private, backend_for(x)), x.nbytes)
+        ok &= ran == want and same and bool((x == comm.size * (comm.size + 1) / 2).all())
+    assert everywhere(comm, ok)
+    private.Free()

@@ -1,0 +1,65 @@
+"""Plans: one per (channel, dtype, count, algorithm, in place), bounded; warm calls allocate nothing large."""
+
+from __future__ import annotations
+
+import gc
+import tracemalloc
+import weakref
+
+import numpy as np
+import pytest
+from helpers import everywhere
+from mpi4py import MPI
+
+import hpcring
+from hpcring.api import channel_for
+from hpcring.backend import backend_for
+from hpcring.channel import Channel
+
+WORLD = MPI.COMM_WORLD
+
+
+def test_plan_cache_is_bounded_lru() -> None:
+    ch = Channel(MPI.COMM_SELF, backend_for(np.empty(0)))
+    built = []
+    for key in range(Channel.PLANS):
+        ch.plan((key,), lambda key=key: built.append(key) or key)
+    assert ch.plan((0,), lambda: built.append("again")) == 0  # a hit; 0 is now the most recent
+    ch.plan(("new",), lambda: "new")  # evicts the least recently used: key 1
+    assert len(ch._plans) == Channel.PLANS and (1,) not in ch._plans and (0,) in ch._plans
+    assert built == list(range(Channel.PLANS))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm,chunk_bytes", [("ring", ""), ("ring", "16384"), ("rabenseifner", "")])
+@pytest.mark.parametrize("in_place", [True, False])
+def test_warm_call_allocates_nothing_large(
+    monkeypatch: pytest.MonkeyPatch, algorithm: str, chunk_bytes: str, in_place: bool
+) -> None:
+    """tracemalloc sees NumPy's buffers: a warm call's peak stays far below the 1 MiB payload.
+
+    16 KiB chunks make the ring take its pipelined path (16 chunks per segment at 4 ranks).
+    """
+    monkeypatch.setenv("HPCRING_CHUNK_BYTES", chunk_bytes)
+    x = np.ones(1 << 18, dtype=np.float32)
+    out = None if in_place else np.empty_like(x)
+    for _ in range(2):  # cold: builds the plan and the scratch
+        hpcring.allreduce(x, algorithm=algorithm, out=out, op="max")
+    tracemalloc.start()
+    hpcring.allreduce(x, algorithm=algorithm, out=out, op="max")
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert everywhere(WORLD, peak < 64 << 10), f"warm call peaked at {peak} bytes"
+
+
+@pytest.mark.mpi
+def test_plans_go_with_the_communicator() -> None:
+    """The Channel (and its plans and scratch) lives in the communicator's attribute: Free drops it."""
+    comm = WORLD.Dup()
+    x = np.ones(1000)
+    hpcring.allreduce(x, comm=comm, algorithm="rabenseifner")
+    channel = weakref.ref(channel_for(comm, backend_for(x)))
+    built = channel() is not None and len(channel()._plans) == (WORLD.size > 1)
+    comm.Free()
+    gc.collect()
+    assert everywhere(WORLD, built and channel() is None)
