@@ -51,6 +51,7 @@ import os
 import socket
 import statistics
 import sys
+import textwrap
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -691,13 +692,17 @@ def _plot(
         for j, algorithm in enumerate(a for a in algorithms if a != "mpi"):
             times = [predict(algorithm, nbytes, p, machine, gamma=gamma, bcast=bcast) for p in grid]
             ax.plot(
-                grid, times, styles[i % len(styles)], color=f"C{j}", label=f"{algorithm}, {human(nbytes)}B"
+                grid,
+                times,
+                styles[i % len(styles)],
+                color=f"C{j}",
+                label=f"{algorithm}, {human(nbytes)}{'iB' if nbytes >= 1024 else ' B'}",
             )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("ranks")
     ax.set_ylabel("predicted time per all-reduce (s)")
-    ax.set_title(where, fontsize=7)
+    ax.set_title(textwrap.fill(where, 110), fontsize=7)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
