@@ -141,7 +141,8 @@ class Phase:
 
     ``distance`` is the rank distance of the partner (to find the link on a machine of
     nodes); ``pattern`` says who sends at once: "shift" (every rank r to r+d), "xor" (every
-    rank r to r^d), "single" (one rank alone, as a root does), "local" (no message).
+    rank r to r^d), "single" (one rank alone, as a root does), "local" (every rank computes,
+    no message), "root" (the root alone computes).
     """
 
     messages: float
@@ -195,7 +196,7 @@ def _ps(n: float, p: int, bcast: str) -> list[Phase]:
     if p == 1:
         return []
     gather = [Phase(1, n, 0.0, d, "single") for d in range(1, p)]
-    reduce = [Phase(0, 0.0, (p - 1) * n, 0, "local")]
+    reduce = [Phase(0, 0.0, (p - 1) * n, 0, "root")]
     if bcast == "linear":
         back = [Phase(1, n, 0.0, d, "single") for d in range(1, p)]
     else:  # binomial tree: at step s every rank that has the data sends to r + 2^s
@@ -220,10 +221,13 @@ def phases(algorithm: str, nbytes: float, ranks: int, *, bcast: str = "binomial"
 # Evaluation on a flat machine or a machine of nodes
 
 
+CONCURRENT = ("shift", "xor", "local")  # patterns in which every rank works at once
+
+
 def _crossing(distance: int, pattern: str, per_node: int, ranks: int) -> int:
     """How many ranks of node 0 send off-node at once in this phase (0: it stays inside)."""
-    if pattern == "local" or per_node <= 1:
-        return 0 if pattern == "local" else 1
+    if pattern in ("local", "root") or per_node <= 1:
+        return 0 if pattern in ("local", "root") else 1
     if pattern == "single":
         return int(distance // per_node != 0)
     partners = (
@@ -234,20 +238,23 @@ def _crossing(distance: int, pattern: str, per_node: int, ranks: int) -> int:
     return sum(1 for q in partners if q // per_node != 0)
 
 
-def seconds(steps: Iterable[Phase], machine: Link | Nodes, gamma: float, ranks: int) -> float:
-    """The time of ``steps``: each phase on the link its messages cross, the slowest one if shared."""
+def seconds(
+    steps: Iterable[Phase], machine: Link | Nodes, gamma: float, ranks: int, slowdown: float = 1.0
+) -> float:
+    """The time of ``steps``: each phase on the link its messages cross, shared by the flows that
+    cross at once; phases in which every rank works are ``slowdown`` times slower (`oversubscription`)."""
     total = 0.0
     for step in steps:
-        total += step.reduced * gamma
-        if step.messages == 0:
-            continue
-        if isinstance(machine, Link):
-            link, share = machine, 1
-        else:
-            flows = _crossing(step.distance, step.pattern, machine.per_node, ranks)
-            link = machine.inter if flows else machine.intra
-            share = flows if (flows and machine.nic_shared) else 1
-        total += step.messages * (link.alpha + step.nbytes * link.beta * share)
+        cost = step.reduced * gamma
+        if step.messages:
+            if isinstance(machine, Link):
+                link, share = machine, 1
+            else:
+                flows = _crossing(step.distance, step.pattern, machine.per_node, ranks)
+                link = machine.inter if flows else machine.intra
+                share = flows if (flows and machine.nic_shared) else 1
+            cost += step.messages * (link.alpha + step.nbytes * link.beta * share)
+        total += cost * (slowdown if step.pattern in CONCURRENT else 1.0)
     return total
 
 
@@ -276,30 +283,33 @@ def predict(
     _check_size(nbytes, ranks)
     if bcast not in BCAST_FORMS:
         raise ModelError(f"unknown bcast form {bcast!r}; choose one of {', '.join(BCAST_FORMS)}")
+    slowdown = 1.0
     if isinstance(params, Params):
+        machine: Link | Nodes = params.link
         gamma = params.gamma if gamma is None else gamma
-        return predict(algorithm, nbytes, ranks, params.link, gamma=gamma, bcast=bcast) * oversubscription(
-            ranks, params.cores
-        )
+        slowdown = oversubscription(ranks, params.cores)
     else:
-        machine: Link | Nodes = params
+        machine = params
         if gamma is None:
             raise ModelError("predict: gamma is needed with a Link or Nodes")
     if algorithm == "mpi":
-        return min(predict(a, nbytes, ranks, machine, gamma=gamma) for a in ("ring", "rabenseifner"))
+        return min(
+            seconds(phases(a, nbytes, ranks), machine, gamma, ranks, slowdown)
+            for a in ("ring", "rabenseifner")
+        )
     if algorithm == "hierarchical":
         if not isinstance(machine, Nodes):
             raise ModelError("hierarchical needs a machine of nodes (--gpus-per-node)")
         return _hierarchical(nbytes, ranks, machine, gamma)
-    return seconds(phases(algorithm, nbytes, ranks, bcast=bcast), machine, gamma, ranks)
+    return seconds(phases(algorithm, nbytes, ranks, bcast=bcast), machine, gamma, ranks, slowdown)
 
 
 def oversubscription(ranks: int, cores: int | None) -> float:
-    """How much slower every step gets when ``ranks`` ranks time-share ``cores`` cores.
+    """How much slower a step in which every rank works gets when ``ranks`` ranks share ``cores``.
 
-    Every step of these algorithms waits for a peer, and a peer without a core of its own
-    runs only ranks/cores of the time; the copies and reductions of ranks sharing a core
-    share its memory bandwidth the same way. None: one core (or GPU) per rank.
+    Such a step waits for its slowest peer, and a rank without a core of its own runs only
+    cores/ranks of the time. Steps of one rank alone (the root of ps gathering and reducing)
+    keep their speed: the others sleep in MPI. None: one core (or GPU) per rank.
     """
     return max(1.0, ranks / cores) if cores else 1.0
 

@@ -109,6 +109,9 @@ def test_oversubscribed_ranks_share_cores() -> None:
     assert predict("ring", N, 2, params) == pytest.approx(t("ring", 2))
     assert predict("ring", N, 4, params) == pytest.approx(2 * t("ring", 4))
     assert predict("ring", N, 4, Params(1.0, 0.01, GAMMA)) == pytest.approx(t("ring", 4))
+    # ps at 4 ranks on 2 cores: the root gathers (33) and reduces (3) alone, at full speed;
+    # the binomial Bcast (2 steps of 11) involves every rank, so it runs at half speed.
+    assert predict("ps", N, 4, params) == pytest.approx(33 + 3 + 2 * 22)
 
 
 @pytest.mark.parametrize(
