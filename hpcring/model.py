@@ -5,7 +5,7 @@ A message of n bytes costs alpha + n*beta on a link; reducing n bytes locally co
 once, as the list of `Phase`s it really performs, so the same description gives the flat
 closed forms below, the per-link cost on a machine of nodes (`Nodes`), and the table and plot.
 
-For n bytes on p ranks (p' = 2^floor(log2 p), ceil/log2 for p > 1; every cost is 0 at p = 1):
+For n bytes on p ranks (p' = 2^floor(log2 p); every cost is 0 at p = 1):
 
 - ring:         2(p-1)a + 2(p-1)/p n b + (p-1)/p n g
 - rabenseifner: 2 log2(p) a + 2(p-1)/p n b + (p-1)/p n g                      (p a power of two)
@@ -31,7 +31,9 @@ Used by other modules (the bench's ``predicted (us)`` column, ``auto``)::
     seconds = model.predict("ring", nbytes, ranks, params)
 
 `load_params` raises `ModelError` (a ValueError) for a missing or corrupt file; `predict`
-raises it for an unknown algorithm or a non-positive size or rank count.
+raises it for an unknown algorithm or a non-positive size or rank count. With calibrated
+`Params`, steps in which every rank works are slowed by ranks/cores when the ranks outnumber
+the calibrated cores (`oversubscription`); `Link` and `Nodes` assume a core or GPU per rank.
 
 Command line (only rank 0 prints; user errors exit 2 with one line, no traceback)::
 
