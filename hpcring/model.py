@@ -375,7 +375,6 @@ def load_params(path: str | os.PathLike[str] | None = None) -> Params:
 
 def save_params(params: Params, path: Path) -> None:
     """Write ``params`` atomically (a reader never sees half a file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
     record = {
         "version": FORMAT_VERSION,
         "alpha": params.alpha,
@@ -385,8 +384,12 @@ def save_params(params: Params, path: Path) -> None:
     }
     record.update({k: v for k, v in params.meta.items() if k != "path"})
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    tmp.write_text(json.dumps(record, indent=2) + "\n")
-    tmp.replace(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(record, indent=2) + "\n")
+        tmp.replace(path)
+    except OSError as error:
+        raise ModelError(f"cannot write the calibration file {path}: {error.strerror or error}") from None
 
 
 # ---------------------------------------------------------------------------------------------

@@ -137,6 +137,13 @@ def test_params_round_trip(tmp_path: Path) -> None:
     assert loaded.meta["host"] == "h"
 
 
+def test_unwritable_output_is_a_user_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ModelError, match="cannot write the calibration file"):
+        model.save_params(Params(1e-6, 1e-10, 1e-11), blocker / "model.json")
+
+
 def test_default_path_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HPCRING_MODEL", str(tmp_path / "m.json"))
     assert model.default_path() == tmp_path / "m.json"
