@@ -2,16 +2,36 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from .algorithms import REGISTRY as _REGISTRY
-from .api import allreduce
-from .backend import select_device
-from .errors import StallError, abort_on_error, aborting
+from .errors import StallError, abort_on_error, aborting  # no MPI needed to import these
 
-ALGORITHMS: tuple[str, ...] = tuple(_REGISTRY)
+if TYPE_CHECKING:
+    from .api import allreduce
+    from .backend import select_device
+
+    ALGORITHMS: tuple[str, ...]
+
+
+def __getattr__(name: str) -> Any:
+    """`allreduce` and `ALGORITHMS` load on first use: importing mpi4py.MPI initializes MPI
+    (over a second as a singleton), which ``python -m hpcring.model`` predictions must not pay."""
+    if name == "allreduce":
+        from .api import allreduce
+
+        return allreduce
+    if name == "select_device":  # imports CuPy where it is installed: also on first use
+        from .backend import select_device
+
+        return select_device
+    if name == "ALGORITHMS":
+        from .algorithms import REGISTRY
+
+        globals()["ALGORITHMS"] = names = tuple(REGISTRY)
+        return names
+    raise AttributeError(f"module 'hpcring' has no attribute {name!r}")
 
 
 def info() -> dict[str, Any]:
@@ -37,7 +57,7 @@ def info() -> dict[str, Any]:
         "backends": available_backends(),
         "cuda_aware": aware,
         "cuda_aware_reason": reason,
-        "algorithms": list(ALGORITHMS),
+        "algorithms": list(__getattr__("ALGORITHMS")),
     }
 
 

@@ -105,6 +105,9 @@ class Backend:
             pass
         return None
 
+    def synchronize(self) -> None:
+        """Wait for the work queued on the device (timing needs it); nothing to wait for on the host."""
+
     @contextmanager
     def mpi_view(self, array: Any, *, copy_in: bool, copy_out: bool, slot: int = 0) -> Iterator[Any]:
         """A buffer for one MPI call on ``array``: read by MPI (copy_in), written (copy_out)."""
@@ -138,6 +141,9 @@ class CupyBackend(Backend):
         """Free device memory, counting what CuPy's pool holds but does not use."""
         free, _ = cupy.cuda.runtime.memGetInfo()
         return int(free) + int(cupy.get_default_memory_pool().free_bytes())
+
+    def synchronize(self) -> None:
+        cupy.cuda.get_current_stream().synchronize()
 
     def _host(self, nbytes: int, slot: int) -> np.ndarray:
         """Grow-only pinned host buffer for staging slot ``slot``."""
@@ -228,3 +234,12 @@ def backend_for(array: Any) -> Backend:
         return _cupy_backend()
     kinds = "numpy.ndarray or cupy.ndarray" if cupy is not None else "numpy.ndarray"
     raise TypeError(f"hpcring.allreduce: x must be a {kinds}, got {type(array).__name__}")
+
+
+def backend_named(name: str) -> Backend:
+    """The backend called ``name`` (one of `available_backends`), for code that has no array yet."""
+    if name not in available_backends():
+        raise ValueError(
+            f"array backend {name!r} is not available here; choose one of {available_backends()}"
+        )
+    return _cupy_backend() if name == "cupy" else _NUMPY

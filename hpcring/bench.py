@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from . import ALGORITHMS, __version__, algorithms, info
+from . import ALGORITHMS, __version__, algorithms, info, model
 from .algorithms import auto
 from .api import allreduce, channel_for
 from .backend import backend_for, select_device
@@ -329,6 +329,7 @@ class Row:
     wrong: int | None  # None when not checked
     bytes_match: bool = field(default=True)
     chosen: str | None = None  # what `auto` ran
+    predicted_us: float | None = None  # the calibrated cost model's time (hpcring.model)
 
     @property
     def label(self) -> str:
@@ -460,6 +461,7 @@ _COLUMNS = (
     ("redop", ">6", ""),
     ("algorithm", ">17", ""),
     ("time", ">10", "(us)"),
+    ("predicted", ">10", "(us)"),
     ("algbw", ">8", "(GB/s)"),
     ("busbw", ">8", "(GB/s)"),
     ("sent/rank", ">11", "measured"),
@@ -497,6 +499,7 @@ def _format_row(row: Row) -> str:
         row.op,
         row.label,
         f"{row.time_us:.1f}",
+        "-" if row.predicted_us is None else f"{row.predicted_us:.1f}",
         f"{row.algbw:.3f}",
         f"{row.busbw:.3f}",
         measured,
@@ -504,6 +507,14 @@ def _format_row(row: Row) -> str:
         "N/A" if row.wrong is None else row.wrong,
     )
     return " ".join(f"{cell:{spec}}" for cell, (_, spec, _) in zip(cells, _COLUMNS, strict=True))
+
+
+def _model_params() -> model.Params | None:
+    """The calibrated cost model (`python -m hpcring.model --calibrate`), or None: no column then."""
+    try:
+        return model.load_params()
+    except model.ModelError:
+        return None
 
 
 def tuning_table(rows: list[Row]) -> list[list[Any]]:
@@ -671,6 +682,8 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         return USAGE_EXIT
 
     header = _header(args, argv, comm, dev)
+    params = comm.bcast(_model_params() if rank == 0 else None)
+    header["model"] = None if params is None else params.meta.get("path", "calibrated")
     sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor, args.dtype.itemsize)
     if rank == 0:
         print(_format_header(header), flush=True)
@@ -679,6 +692,10 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
     for nbytes in sizes:
         for algorithm in args.algorithms:
             row = _measure(args, comm, dev, nbytes, algorithm, corrupt_rank)
+            if params is not None:
+                row.predicted_us = (
+                    model.predict(row.chosen or algorithm, nbytes, comm.Get_size(), params) * 1e6
+                )
             rows.append(row)
             if rank == 0:
                 progress.clear()

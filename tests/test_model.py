@@ -1,0 +1,245 @@
+"""Serial tests of the cost model: the formulas against hand-computed values, scaling, the CLI's errors.
+
+Hand values use alpha = 1, beta = 0.01, gamma = 0.001 and n = 1000 bytes, so a message of
+the whole buffer costs 1 + 10 and reducing it costs 1.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcring import model
+from hpcring.model import Link, ModelError, Nodes, Params, busbw, predict
+
+LINK = Link(alpha=1.0, beta=0.01)
+GAMMA = 1e-3
+N = 1000
+
+
+def t(algorithm: str, p: int, **kwargs) -> float:
+    return predict(algorithm, N, p, LINK, gamma=GAMMA, **kwargs)
+
+
+# ring: 2(p-1) + 2(p-1)/p * 10 + (p-1)/p * 1; rabenseifner (p' = 2^floor(log2 p) < p):
+# (2 log2 p' + 3) + (2(p'-1)/p' + 2) * 10 + ((p'-1)/p' + 1/2) * 1; naive: (p-1)(11) + (p-1);
+# ps: (p-1)(11) + (p-1) + ceil(log2 p)(11) binomial or (p-1)(11) linear.
+HAND = {
+    "ring": {1: 0.0, 2: 12.5, 3: 4 + 40 / 3 + 2 / 3, 4: 21.75, 1000: 1998 + 19.98 + 0.999},
+    "rabenseifner": {1: 0.0, 2: 12.5, 3: 36.0, 4: 19.75, 1000: 21 + 39.9609375 + 1.498046875},
+    "naive": {1: 0.0, 2: 12.0, 3: 24.0, 4: 36.0, 1000: 11988.0},
+    "ps": {1: 0.0, 2: 23.0, 3: 46.0, 4: 58.0, 1000: 10989 + 999 + 110.0},
+}
+
+
+@pytest.mark.parametrize("algorithm", list(HAND))
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 1000])
+def test_formulas_match_hand_values(algorithm: str, p: int) -> None:
+    assert t(algorithm, p) == pytest.approx(HAND[algorithm][p], rel=1e-12, abs=1e-12)
+
+
+@pytest.mark.parametrize(("p", "expected"), [(2, 23.0), (3, 46.0), (4, 69.0), (1000, 22977.0)])
+def test_ps_with_a_linear_bcast(p: int, expected: float) -> None:
+    assert t("ps", p, bcast="linear") == pytest.approx(expected)
+
+
+def test_rabenseifner_power_of_two_is_the_closed_form() -> None:
+    for p in (2, 8, 64, 1024):
+        k = math.log2(p)
+        closed = 2 * k * 1.0 + 2 * (p - 1) / p * N * 0.01 + (p - 1) / p * N * GAMMA
+        assert t("rabenseifner", p) == pytest.approx(closed)
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 7, 1000])
+def test_mpi_is_the_cheaper_of_ring_and_rabenseifner(p: int) -> None:
+    assert t("mpi", p) == min(t("ring", p), t("rabenseifner", p))
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 1000])
+def test_busbw_identity(p: int) -> None:
+    assert busbw(N, p, 2.0) == pytest.approx(N / 2.0 * 2 * (p - 1) / p)
+    # With no latency and no arithmetic the ring moves 2(p-1)/p n bytes over each link,
+    # so its busbw is exactly the link bandwidth, whatever p is.
+    pure = Link(alpha=0.0, beta=1e-9)
+    assert busbw(N, p, predict("ring", N, p, pure, gamma=0.0)) == pytest.approx(1e9)
+
+
+def test_ring_stays_bounded_and_ps_grows_linearly() -> None:
+    no_latency = Link(alpha=0.0, beta=0.01)
+    bound = 2 * N * 0.01 + N * GAMMA
+    ranks = [2, 16, 128, 1024, 8192]
+    ring = [predict("ring", N, p, no_latency, gamma=GAMMA) for p in ranks]
+    ps = [predict("ps", N, p, no_latency, gamma=GAMMA) for p in ranks]
+    assert all(x < bound for x in ring)
+    assert ring[-1] / ring[1] < 1.1
+    # ps: each extra rank adds one buffer through the root's link and one reduction there.
+    slope = (ps[-1] - ps[-2]) / (ranks[-1] - ranks[-2])
+    assert slope == pytest.approx(N * 0.01 + N * GAMMA, rel=0.01)
+    assert ps[-1] / ps[-2] == pytest.approx(ranks[-1] / ranks[-2], rel=0.01)
+
+
+def test_hierarchical_by_hand() -> None:
+    intra, inter = Link(1.0, 0.001), Link(10.0, 0.01)
+    # 2 nodes of 4: intra RS and AG 3 * (1 + 250 * 0.001) each; inter ring of 250 bytes
+    # over 2 nodes: 2 * (10 + 125 * 0.01), or 125 * 0.04 with 4 flows through one NIC.
+    per_gpu = Nodes(4, intra, inter, nic_shared=False)
+    shared = Nodes(4, intra, inter, nic_shared=True)
+    assert predict("hierarchical", N, 8, per_gpu, gamma=0.0) == pytest.approx(30.0)
+    assert predict("hierarchical", N, 8, shared, gamma=0.0) == pytest.approx(37.5)
+    # A flat ring over 8 ranks crosses the node boundary at every step: 14 steps of 125 bytes.
+    assert predict("ring", N, 8, per_gpu, gamma=0.0) == pytest.approx(14 * (10 + 1.25))
+    with pytest.raises(ModelError, match="do not fill nodes"):
+        predict("hierarchical", N, 6, per_gpu, gamma=0.0)
+
+
+def test_hierarchical_beats_flat_ring_at_1000_gpus() -> None:
+    nodes = Nodes(8, Link(1.5e-6, 1 / 450e9), Link(3e-6, 1 / 50e9), nic_shared=False)
+    flat = predict("ring", 2**30, 1000, nodes, gamma=1e-12)
+    assert predict("hierarchical", 2**30, 1000, nodes, gamma=1e-12) < flat
+
+
+def test_oversubscribed_ranks_share_cores() -> None:
+    params = Params(1.0, 0.01, GAMMA, cores=2)
+    assert predict("ring", N, 2, params) == pytest.approx(t("ring", 2))
+    assert predict("ring", N, 4, params) == pytest.approx(2 * t("ring", 4))
+    assert predict("ring", N, 4, Params(1.0, 0.01, GAMMA)) == pytest.approx(t("ring", 4))
+    # ps at 4 ranks on 2 cores: the root gathers (33) and reduces (3) alone, at full speed;
+    # the binomial Bcast (2 steps of 11) involves every rank, so it runs at half speed.
+    assert predict("ps", N, 4, params) == pytest.approx(33 + 3 + 2 * 22)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (("ring", N, 0), "ranks must be a positive"),
+        (("ring", N, -3), "ranks must be a positive"),
+        (("ring", 0, 4), "size must be positive"),
+        (("tree", N, 4), "unknown algorithm 'tree'"),
+        (("hierarchical", N, 4), "needs a machine of nodes"),
+    ],
+)
+def test_predict_rejects_bad_input(args: tuple, match: str) -> None:
+    with pytest.raises(ModelError, match=match):
+        predict(*args, Params(1.0, 0.01, GAMMA))
+
+
+def test_params_round_trip(tmp_path: Path) -> None:
+    path = tmp_path / "deep" / "model.json"
+    model.save_params(Params(1e-6, 1e-10, 1e-11, cores=2, meta={"host": "h"}), path)
+    loaded = model.load_params(path)
+    assert (loaded.alpha, loaded.beta, loaded.gamma, loaded.cores) == (1e-6, 1e-10, 1e-11, 2)
+    assert loaded.meta["host"] == "h"
+
+
+def test_unwritable_output_is_a_user_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(ModelError, match="cannot write the calibration file"):
+        model.save_params(Params(1e-6, 1e-10, 1e-11), blocker / "model.json")
+
+
+def test_default_path_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("HPCRING_MODEL", str(tmp_path / "m.json"))
+    assert model.default_path() == tmp_path / "m.json"
+    monkeypatch.delenv("HPCRING_MODEL")
+    assert model.default_path() == Path.home() / ".cache" / "hpcring" / "model.json"
+
+
+@pytest.mark.parametrize(("text", "nbytes"), [("1", 1), ("4K", 4096), ("100M", 100 << 20), ("1GiB", 1 << 30)])
+def test_sizes_are_binary(text: str, nbytes: int) -> None:
+    assert model.parse_size(text) == nbytes
+
+
+def test_predictions_at_1000_ranks_are_fast(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    start = time.perf_counter()
+    assert model.main(["--ranks", "8,64,512,1000", "--bytes", "100M,1G", "--link", "ndr400"]) == 0
+    assert time.perf_counter() - start < 1.0
+    out = capsys.readouterr().out
+    assert out.count("\n") == 2 + 4 * 2 * len(model.ALGORITHMS)
+    assert "rabenseifner" in out
+
+
+def test_hierarchical_table_and_plot(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    plot = tmp_path / "t.png"
+    args = [
+        "--ranks",
+        "8,1000",
+        "--bytes",
+        "1G",
+        "--gpus-per-node",
+        "8",
+        "--link",
+        "ndr400",
+        "--plot",
+        str(plot),
+    ]
+    assert model.main(args) == 0
+    assert "hierarchical" in capsys.readouterr().out
+    assert plot.read_bytes()[:4] == b"\x89PNG"
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "hpcring.model", *args], capture_output=True, text=True, timeout=60, env=env
+    )
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("bad")
+    files = {
+        "truncated": '{"alpha": 1e-6, "beta": ',
+        "negative": json.dumps({"alpha": -1e-6, "beta": 1e-10, "gamma": 1e-11}),
+        "missing": json.dumps({"alpha": 1e-6, "beta": 1e-10}),
+        "list": "[1, 2, 3]",
+    }
+    for name, text in files.items():
+        (root / f"{name}.json").write_text(text)
+    return {name: root / f"{name}.json" for name in files} | {"absent": root / "absent.json"}
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--ranks", "0", "--link", "ndr400"], "ranks must be positive"),
+        (["--ranks", "8,-1", "--link", "ndr400"], "ranks must be positive"),
+        (["--ranks", "eight", "--link", "ndr400"], "bad rank list"),
+        (["--bytes", "0", "--link", "ndr400"], "sizes must be positive"),
+        (["--bytes", "lots", "--link", "ndr400"], "bad size"),
+        (["--link", "token-ring"], "unknown link preset 'token-ring'"),
+        (["--link", "ndr400", "--algorithms", "tree"], "unknown algorithm 'tree'"),
+        (["--link", "ndr400", "--gpus-per-node", "8", "--ranks", "12"], "do not fill nodes"),
+        (["--alpha", "-1", "--beta", "1e-9"], "--alpha must be a positive"),
+        (["--no-such-flag"], "unrecognized arguments"),
+    ],
+)
+def test_cli_bad_input_exits_2(args: list[str], match: str) -> None:
+    result = cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert match in result.stderr
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "match"),
+    [
+        ("truncated", "corrupt calibration file"),
+        ("negative", "alpha must be a positive number"),
+        ("missing", "gamma must be a positive number"),
+        ("list", "not a JSON object"),
+        ("absent", "no calibration file"),
+    ],
+)
+def test_cli_bad_calibration_file_exits_2(bad_files: dict[str, Path], name: str, match: str) -> None:
+    result = cli("--params", str(bad_files[name]))
+    assert result.returncode == 2, result.stderr
+    assert match in result.stderr and "Traceback" not in result.stderr
+    with pytest.raises(ModelError, match=match):
+        model.load_params(bad_files[name])

@@ -1,0 +1,60 @@
+"""Calibration and validation under mpiexec, at any rank count: the file they write is valid.
+
+One rank cannot ping-pong: there the calibration must fail clearly (exit status 2, no
+file), on every rank alike. Every verdict is agreed across ranks so no rank hangs.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from helpers import everywhere
+from mpi4py import MPI
+
+from hpcring import model
+
+pytestmark = pytest.mark.mpi
+
+WORLD = MPI.COMM_WORLD
+
+
+@pytest.fixture
+def shared_dir():
+    """A temporary directory, the same path on every rank (they share one file system here)."""
+    path = WORLD.bcast(tempfile.mkdtemp(prefix="hpcring-model-") if WORLD.rank == 0 else None)
+    yield Path(path)
+    WORLD.Barrier()
+    if WORLD.rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def test_calibration_writes_a_valid_file(shared_dir: Path) -> None:
+    output = shared_dir / "model.json"
+    start = time.monotonic()
+    code = model.main(["--calibrate", "--quick", "--output", str(output)])
+    assert everywhere(WORLD, time.monotonic() - start < 10), "quick calibration took over 10 s"
+    if WORLD.size == 1:
+        assert everywhere(WORLD, code == 2 and not output.exists()), "1 rank: expected exit 2 and no file"
+        return
+    assert everywhere(WORLD, code == 0), "calibration failed"
+    try:
+        params = model.load_params(output)
+        ok = all(0 < v < 1 for v in (params.alpha, params.beta, params.gamma)) and params.cores >= 1
+    except model.ModelError:
+        ok = False
+    assert everywhere(WORLD, ok), "the calibration file does not load as valid parameters"
+
+
+def test_validate_runs_and_agrees_on_errors(shared_dir: Path) -> None:
+    params = shared_dir / "given.json"
+    if WORLD.rank == 0:
+        model.save_params(model.Params(1e-6, 1e-10, 1e-10, cores=2), params)
+    WORLD.Barrier()
+    code = model.main(["--validate", "--params", str(params), "--sizes", "64K", "--iterations", "1"])
+    assert everywhere(WORLD, code == 0)
+    code = model.main(["--validate", "--params", str(shared_dir / "absent.json")])
+    assert everywhere(WORLD, code == 2)
