@@ -1,0 +1,49 @@
+"""Median of several bench runs: one table of busbw per (size, algorithm), and ratios to mpi.
+
+    for i in 1 2 3 4 5; do mpiexec -n 4 python -m hpcring.bench --json run$i.json ...; done
+    python tools/median_of_runs.py run*.json
+
+On a shared, noisy machine one run's rows jump by 2x from minute to minute; the median
+over separate runs (each itself a median over iterations) is what the docs quote.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+from collections import defaultdict
+
+
+def main(paths: list[str]) -> None:
+    times: dict[tuple[int, str], list[float]] = defaultdict(list)
+    busbw: dict[tuple[int, str], list[float]] = defaultdict(list)
+    ranks = set()
+    for path in paths:
+        with open(path) as stream:
+            report = json.load(stream)
+        ranks.add(report["header"]["ranks"])
+        for row in report["rows"]:
+            name = f"auto:{row['chosen']}" if row.get("chosen") else row["algorithm"]
+            key = (row["size"], name.split(":")[0])
+            times[key].append(row["time_us"])
+            busbw[key].append(row["busbw"])
+    names = list(dict.fromkeys(name for _, name in times))
+    sizes = sorted({size for size, _ in times})
+    print(f"# {len(paths)} runs, ranks {sorted(ranks)}: median busbw (GB/s), and x mpi")
+    print(f"# {'size':>10} " + " ".join(f"{n:>18}" for n in names))
+    for size in sizes:
+        base = statistics.median(busbw[(size, "mpi")]) if (size, "mpi") in busbw else None
+        cells = []
+        for name in names:
+            if (size, name) not in busbw:
+                cells.append(f"{'-':>18}")
+                continue
+            value = statistics.median(busbw[(size, name)])
+            ratio = f" ({value / base:4.2f}x)" if base else ""
+            cells.append(f"{value:>10.3f}{ratio:>8}")
+        print(f"  {size:>10} " + " ".join(cells))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
