@@ -37,7 +37,15 @@ def info() -> dict[str, Any]:
         "cuda_aware": aware,
         "cuda_aware_reason": reason,
         "algorithms": list(ALGORITHMS),
+        "iallreduce_progress": _progress_mode(),
     }
 
 
 __all__ = ["ALGORITHMS", "StallError", "__version__", "abort_on_error", "aborting", "allreduce", "info"]
+
+# --- training layer (issue 8): non-blocking all-reduce and bucketed gradient sync ---
+from .nonblocking import Request, iallreduce  # noqa: E402
+from .nonblocking import progress_mode as _progress_mode  # noqa: E402
+from .training import GradientSync  # noqa: E402
+
+__all__ += ["GradientSync", "Request", "iallreduce"]
