@@ -17,6 +17,7 @@ last layers' buckets are reduced while the first layers' gradients are still com
 from __future__ import annotations
 
 import argparse
+import hashlib
 import itertools
 import statistics
 import sys
@@ -136,6 +137,7 @@ class Result:
     """What a run produced: per-step global losses (if recorded), per-epoch summaries, timings."""
 
     losses: list[float] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)  # hash of the weights after each step (if recorded)
     epochs: list[dict[str, float]] = field(default_factory=list)
     steps: list[dict[str, float]] = field(default_factory=list)  # seconds per step on this rank
     params: list[Any] = field(default_factory=list)
@@ -216,6 +218,7 @@ def train(
             )
             if record_losses:
                 result.losses.append(comm.allreduce(loss, op=MPI.SUM))
+                result.digests.append(_digest(params, xp))
             local_loss += loss
             epoch_steps += 1
             step += 1
@@ -235,6 +238,14 @@ def train(
             report(summary)
     result.params = params
     return result
+
+
+def _digest(params: list[Any], xp: Any) -> str:
+    """A hash of every weight's bytes: equal hashes on all ranks mean bitwise-identical models."""
+    sha = hashlib.sha256()
+    for p in params:
+        sha.update((p if xp is np else xp.asnumpy(p)).tobytes())
+    return sha.hexdigest()
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
