@@ -269,7 +269,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _limit_threads(threads: int) -> Any:
+def limit_threads(threads: int) -> Any:
     """Cap BLAS threads per rank (ranks share the cores); threadpoolctl comes with scikit-learn."""
     try:
         from threadpoolctl import threadpool_limits
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
-    _limit_threads(args.threads)
+    limit_threads(args.threads)
     say = print if rank == 0 else (lambda *a, **k: None)
     lr = args.lr if args.lr is not None else (1e-3 if args.optimizer == "adam" else 0.05)
     width, depth = args.width, args.depth
