@@ -170,6 +170,9 @@ def train(
             import cupy as xp
         except ImportError:
             raise SystemExit("--device gpu needs CuPy: pip install 'hpcring[gpu]'") from None
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)  # one GPU per rank: local rank mod #GPUs
+        xp.cuda.Device(node.Get_rank() % xp.cuda.runtime.getDeviceCount()).use()
+        node.Free()
     size, rank = comm.Get_size(), comm.Get_rank()
     np_dtype = np.dtype(dtype)
     x_train, y_train, x_test, y_test = load_digits_split()
