@@ -6,6 +6,7 @@ assertion through `everywhere` so that no rank hangs while another fails.
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -128,6 +129,15 @@ def test_iallreduce_single_rank() -> None:
     request = hpcring.iallreduce(x, comm=SELF)
     assert request.wait() is x and request.test()
     assert np.array_equal(x, np.arange(5.0))
+
+
+def test_example_without_sklearn_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hpcring.examples import train
+
+    monkeypatch.setitem(sys.modules, "sklearn", None)  # makes `import sklearn...` raise ImportError
+    monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
+    with pytest.raises(SystemExit, match=r"pip install 'hpcring\[train\]'"):
+        train.load_digits_split()
 
 
 def test_info_reports_progress_mode() -> None:
