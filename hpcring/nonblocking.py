@@ -92,6 +92,7 @@ class Engine:
 
     def __init__(self, comm: MPI.Intracomm) -> None:
         self.comm = comm.Dup()
+        api._state(self.comm)  # allreduce's own duplicate, made here: the worker runs no Dup
         self.threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -141,10 +142,20 @@ def engine_for(comm: MPI.Intracomm | None) -> Engine:
         if _keyval is None:
             _keyval = MPI.Comm.Create_keyval(delete_fn=_release)
         engine = comm.Get_attr(_keyval)
+        if engine is not None:
+            return engine
+        creating = _creating.setdefault(MPI._handleof(comm), threading.Lock())
+    with creating:  # the Dup is collective: no process-wide lock across it (see api._state)
+        engine = comm.Get_attr(_keyval)
         if engine is None:
             engine = Engine(comm)
-            comm.Set_attr(_keyval, engine)
+            with _lock:
+                comm.Set_attr(_keyval, engine)
+                _creating.pop(MPI._handleof(comm), None)
         return engine
+
+
+_creating: dict[int, threading.Lock] = {}
 
 
 def _handoff(x: Any) -> Callable[[], AbstractContextManager[None]]:
