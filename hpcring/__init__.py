@@ -11,12 +11,14 @@ from .errors import StallError, abort_on_error, aborting  # no MPI needed to imp
 if TYPE_CHECKING:
     from .api import allreduce
     from .backend import select_device
+    from .nonblocking import Request, iallreduce
+    from .training import GradientSync
 
     ALGORITHMS: tuple[str, ...]
 
 
 def __getattr__(name: str) -> Any:
-    """`allreduce` and `ALGORITHMS` load on first use: importing mpi4py.MPI initializes MPI
+    """The public names that need MPI load on first use: importing mpi4py.MPI initializes MPI
     (over a second as a singleton), which ``python -m hpcring.model`` predictions must not pay."""
     if name == "allreduce":
         from .api import allreduce
@@ -26,6 +28,14 @@ def __getattr__(name: str) -> Any:
         from .backend import select_device
 
         return select_device
+    if name in ("iallreduce", "Request", "_progress_mode"):  # the training layer (MPI, threads)
+        from . import nonblocking
+
+        return nonblocking.progress_mode if name == "_progress_mode" else getattr(nonblocking, name)
+    if name == "GradientSync":
+        from .training import GradientSync
+
+        return GradientSync
     if name == "ALGORITHMS":
         from .algorithms import REGISTRY
 
@@ -58,16 +68,20 @@ def info() -> dict[str, Any]:
         "cuda_aware": aware,
         "cuda_aware_reason": reason,
         "algorithms": list(__getattr__("ALGORITHMS")),
+        "iallreduce_progress": __getattr__("_progress_mode")(),
     }
 
 
 __all__ = [
     "ALGORITHMS",
+    "GradientSync",
+    "Request",
     "StallError",
     "__version__",
     "abort_on_error",
     "aborting",
     "allreduce",
+    "iallreduce",
     "info",
     "select_device",
 ]

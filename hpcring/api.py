@@ -47,10 +47,23 @@ def _state(comm: MPI.Intracomm) -> dict[str, Any]:
         if _keyval is None:
             _keyval = MPI.Comm.Create_keyval(delete_fn=_release)
         state = comm.Get_attr(_keyval)
+        if state is not None:
+            return state
+        creating = _creating.setdefault(MPI._handleof(comm), threading.Lock())
+    # The Dup is collective: hold only this communicator's lock across it. A process-wide lock
+    # here deadlocks two threads that set up two communicators, when ranks take them in
+    # opposite orders (each rank's Dup waits for a rank whose other thread holds the lock).
+    with creating:
+        state = comm.Get_attr(_keyval)
         if state is None:
             state = {"comm": comm.Dup(), "busy": threading.Lock()}
-            comm.Set_attr(_keyval, state)
+            with _lock:
+                comm.Set_attr(_keyval, state)
+                _creating.pop(MPI._handleof(comm), None)
         return state
+
+
+_creating: dict[int, threading.Lock] = {}  # communicator handle -> lock held while it is duplicated
 
 
 def channel_for(comm: MPI.Intracomm, backend: Backend) -> Channel:

@@ -12,8 +12,8 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 import numpy as np
@@ -113,6 +113,11 @@ class Backend:
         """A buffer for one MPI call on ``array``: read by MPI (copy_in), written (copy_out)."""
         yield array
 
+    def handoff(self, array: Any) -> Callable[[], AbstractContextManager[None]]:
+        """Called by the thread that wrote ``array``; the returned context, entered by another
+        thread, makes that thread see those writes. Host memory needs nothing."""
+        return nullcontext
+
 
 class CupyBackend(Backend):
     """CuPy arrays on the current device: synchronize, then MPI directly or through pinned host memory."""
@@ -170,6 +175,21 @@ class CupyBackend(Backend):
         if copy_out:
             array.set(host, stream=stream)
             stream.synchronize()  # the pinned buffer is reused by the next call
+
+    def handoff(self, array: Any) -> Callable[[], AbstractContextManager[None]]:
+        """Record the writer's stream now; the worker thread enters the array's device and waits
+        for that event, so kernels queued later by the writer are not waited for."""
+        device = array.device
+        event = cupy.cuda.Event(block=False, disable_timing=True)
+        event.record(cupy.cuda.get_current_stream())
+
+        @contextmanager
+        def entered() -> Iterator[None]:
+            with device:
+                event.synchronize()
+                yield
+
+        return entered
 
 
 _NUMPY = Backend()

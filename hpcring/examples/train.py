@@ -1,0 +1,346 @@
+"""Data-parallel training of an MLP on scikit-learn's digits, with hpcring underneath.
+
+    mpiexec -n 4 python -m hpcring.examples.train [--epochs 20] [--algorithm auto] ...
+
+Everything is written out in NumPy (or CuPy with ``--device gpu``): forward, backward,
+SGD or Adam. Every rank starts from the same seeded weights and walks the same global
+batches; each rank takes its slice of every global batch. Each rank's gradient is the
+gradient of its share of the *global* mean loss (its samples' loss summed, divided by
+the global batch size), so an all-reduce with op="sum" gives exactly the single-process
+gradient, even when the ranks do not divide the global batch evenly.
+
+Backward runs last layer first and hands each gradient to `GradientSync.ready`, so the
+last layers' buckets are reduced while the first layers' gradients are still computed;
+``--no-overlap`` marks them all ready only after the whole backward pass.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import itertools
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+import hpcring
+from hpcring.training import GradientSync
+
+TEST_SIZE = 297  # 1500 training images, 297 held out; the split is fixed (seed 0), not the run's seed
+
+
+def load_digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Digits (8x8 images, 10 classes) scaled to [0, 1], split into train and test."""
+    try:
+        from sklearn.datasets import load_digits
+    except ImportError:
+        raise SystemExit(
+            "hpcring.examples.train needs scikit-learn for the digits data set (bundled with it, no "
+            "download): pip install 'hpcring[train]'"
+        ) from None
+    data = load_digits()
+    x = data.data.astype(np.float64) / 16.0
+    y = data.target.astype(np.int64)
+    order = np.random.default_rng(0).permutation(len(y))
+    test, train = order[:TEST_SIZE], order[TEST_SIZE:]
+    return x[train], y[train], x[test], y[test]
+
+
+def init_params(sizes: list[int], seed: int, dtype: np.dtype, xp: Any) -> list[Any]:
+    """He-initialised weights and zero biases, [W1, b1, W2, b2, ...]: the same on every rank."""
+    rng = np.random.default_rng(seed)
+    params = []
+    for fan_in, fan_out in itertools.pairwise(sizes):
+        w = rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)
+        params += [xp.asarray(w.astype(dtype)), xp.zeros(fan_out, dtype=dtype)]
+    return params
+
+
+def forward(params: list[Any], x: Any, xp: Any) -> list[Any]:
+    """Activations of every layer, input first, logits last (ReLU between layers)."""
+    acts = [x]
+    layers = len(params) // 2
+    for layer in range(layers):
+        z = acts[-1] @ params[2 * layer] + params[2 * layer + 1]
+        acts.append(xp.maximum(z, 0) if layer < layers - 1 else z)
+    return acts
+
+
+def loss_and_backward(
+    params: list[Any],
+    grads: list[Any],
+    x: Any,
+    y: Any,
+    scale: float,
+    xp: Any,
+    ready: Callable[[int], None],
+) -> float:
+    """Cross-entropy summed over the local samples times ``scale``; gradients written into ``grads``.
+
+    ``ready(i)`` is called the moment gradient ``i`` is final, last layer first.
+    """
+    acts = forward(params, x, xp)
+    logits = acts[-1]
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    exp = xp.exp(shifted)
+    total = exp.sum(axis=1, keepdims=True)
+    rows = xp.arange(len(y))
+    loss = float((xp.log(total[:, 0]) - shifted[rows, y]).sum()) * scale
+    delta = exp / total
+    delta[rows, y] -= 1
+    delta *= scale
+    for layer in reversed(range(len(params) // 2)):
+        xp.matmul(acts[layer].T, delta, out=grads[2 * layer])
+        ready(2 * layer)
+        delta.sum(axis=0, out=grads[2 * layer + 1])
+        ready(2 * layer + 1)
+        if layer:
+            delta = delta @ params[2 * layer].T
+            delta *= acts[layer] > 0
+    return loss
+
+
+class Optimizer:
+    """SGD (with momentum) or Adam, element-wise and deterministic: same gradients, same weights."""
+
+    def __init__(self, kind: str, params: list[Any], lr: float, xp: Any) -> None:
+        self.kind, self.params, self.lr, self.xp, self.t = kind, params, lr, xp, 0
+        self.m = [xp.zeros_like(p) for p in params]
+        self.v = [xp.zeros_like(p) for p in params] if kind == "adam" else []
+
+    def step(self, grads: list[Any]) -> None:
+        self.t += 1
+        if self.kind == "sgd":
+            for p, g, m in zip(self.params, grads, self.m, strict=True):
+                m *= 0.9
+                m += g
+                p -= self.lr * m
+            return
+        b1, b2, eps = 0.9, 0.999, 1e-8
+        c1, c2 = 1 - b1**self.t, 1 - b2**self.t
+        for p, g, m, v in zip(self.params, grads, self.m, self.v, strict=True):
+            m *= b1
+            m += (1 - b1) * g
+            v *= b2
+            v += (1 - b2) * g * g
+            p -= (self.lr / c1) * m / (self.xp.sqrt(v / c2) + eps)
+
+
+@dataclass
+class Result:
+    """What a run produced: per-step global losses (if recorded), per-epoch summaries, timings."""
+
+    losses: list[float] = field(default_factory=list)
+    digests: list[str] = field(default_factory=list)  # hash of the weights after each step (if recorded)
+    epochs: list[dict[str, float]] = field(default_factory=list)
+    steps: list[dict[str, float]] = field(default_factory=list)  # seconds per step on this rank
+    params: list[Any] = field(default_factory=list)
+    buckets: list[tuple[str, int]] = field(default_factory=list)  # (dtype, bytes) in launch order
+
+
+def train(
+    comm: MPI.Intracomm,
+    *,
+    epochs: int = 20,
+    batch: int = 64,
+    width: int = 128,
+    depth: int = 2,
+    optimizer: str = "adam",
+    lr: float = 1e-3,
+    algorithm: str = "auto",
+    bucket_mb: float = 25.0,
+    overlap: bool = True,
+    device: str = "cpu",
+    dtype: str = "float32",
+    seed: int = 0,
+    max_steps: int | None = None,
+    record_losses: bool = False,
+    report: Callable[[dict[str, float]], None] | None = None,
+) -> Result:
+    """Train on ``comm``; every rank returns the same weights (bitwise) and the same losses."""
+    xp = np
+    if device == "gpu":
+        try:
+            import cupy as xp
+        except ImportError:
+            raise SystemExit("--device gpu needs CuPy: pip install 'hpcring[gpu]'") from None
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)  # one GPU per rank: local rank mod #GPUs
+        xp.cuda.Device(node.Get_rank() % xp.cuda.runtime.getDeviceCount()).use()
+        node.Free()
+    size, rank = comm.Get_size(), comm.Get_rank()
+    np_dtype = np.dtype(dtype)
+    x_train, y_train, x_test, y_test = load_digits_split()
+    sizes = [x_train.shape[1], *[width] * depth, 10]
+    params = init_params(sizes, seed, np_dtype, xp)
+    sync = GradientSync(
+        [xp.zeros_like(p) for p in params],
+        comm=comm,
+        bucket_bytes=max(int(bucket_mb * (1 << 20)), 1),
+        algorithm=algorithm,
+        op="sum",  # each rank's gradient is already its share of the global mean
+    )
+    grads = sync.grads
+    opt = Optimizer(optimizer, params, lr, xp)
+    x_test_dev, y_test_dev = xp.asarray(x_test.astype(np_dtype)), xp.asarray(y_test)
+    result = Result(buckets=[(b.dtype.name, b.nbytes) for b in sync.buckets])
+    ready = sync.ready if overlap else (lambda i: None)
+    order_rng = np.random.default_rng(seed + 1)
+    step = 0
+    for epoch in range(epochs):
+        order = order_rng.permutation(len(y_train))
+        local_loss, epoch_steps = 0.0, 0
+        for start in range(0, len(order) - batch + 1, batch):  # fixed global batch: drop the tail
+            if max_steps is not None and step >= max_steps:
+                break
+            mine = np.array_split(order[start : start + batch], size)[rank]
+            xb = xp.asarray(x_train[mine].astype(np_dtype))
+            yb = xp.asarray(y_train[mine])
+            began = time.perf_counter()
+            loss = loss_and_backward(params, grads, xb, yb, 1.0 / batch, xp, ready)
+            if not overlap:
+                sync.ready_all()
+            sync.wait()
+            opt.step(grads)
+            if xp is not np:
+                xp.cuda.get_current_stream().synchronize()
+            elapsed = time.perf_counter() - began
+            result.steps.append(
+                {
+                    "step": elapsed,
+                    "compute": elapsed - sync.stats.exposed,
+                    "communication": sync.stats.communication,
+                    "exposed": sync.stats.exposed,
+                    "hidden": sync.stats.hidden,
+                }
+            )
+            if record_losses:
+                result.losses.append(comm.allreduce(loss, op=MPI.SUM))
+                result.digests.append(_digest(params, xp))
+            local_loss += loss
+            epoch_steps += 1
+            step += 1
+        if epoch_steps == 0:
+            break
+        predicted = forward(params, x_test_dev, xp)[-1].argmax(axis=1)
+        accuracy = float((predicted == y_test_dev).mean())
+        recent = result.steps[-epoch_steps:]
+        summary = {
+            "epoch": epoch + 1,
+            "loss": comm.allreduce(local_loss, op=MPI.SUM) / epoch_steps,
+            "accuracy": accuracy,
+            **{key: statistics.median(s[key] for s in recent) for key in recent[0]},
+        }
+        result.epochs.append(summary)
+        if report is not None:
+            report(summary)
+    result.params = params
+    return result
+
+
+def _digest(params: list[Any], xp: Any) -> str:
+    """A hash of every weight's bytes: equal hashes on all ranks mean bitwise-identical models."""
+    sha = hashlib.sha256()
+    for p in params:
+        sha.update((p if xp is np else xp.asnumpy(p)).tobytes())
+    return sha.hexdigest()
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m hpcring.examples.train", description=(__doc__ or "").split("\n")[0]
+    )
+    parser.add_argument("--algorithm", default="auto", choices=hpcring.ALGORITHMS)
+    parser.add_argument("--bucket-mb", type=float, default=25.0, help="bucket size limit in MiB (default 25)")
+    parser.add_argument("--no-overlap", action="store_true", help="all-reduce only after the whole backward")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
+    parser.add_argument("--epochs", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default="float32", choices=("float32", "float64"))
+    parser.add_argument("--batch", type=int, default=64, help="global batch size, split over the ranks")
+    parser.add_argument("--width", type=int, default=128, help="hidden layer width (large: comms matter)")
+    parser.add_argument("--depth", type=int, default=2, help="number of hidden layers")
+    parser.add_argument("--optimizer", default="adam", choices=("adam", "sgd"))
+    parser.add_argument("--lr", type=float, default=None, help="learning rate (adam 1e-3, sgd 0.05)")
+    parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in all")
+    parser.add_argument("--threads", type=int, default=1, help="BLAS threads per rank (default 1)")
+    return parser.parse_args(argv)
+
+
+def limit_threads(threads: int) -> Any:
+    """Cap BLAS threads per rank (ranks share the cores); threadpoolctl comes with scikit-learn."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        return None
+    return threadpool_limits(limits=threads)
+
+
+@hpcring.aborting
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    limit_threads(args.threads)
+    say = print if rank == 0 else (lambda *a, **k: None)
+    lr = args.lr if args.lr is not None else (1e-3 if args.optimizer == "adam" else 0.05)
+    width, depth = args.width, args.depth
+    count = 64 * width + width + (depth - 1) * (width * width + width) + width * 10 + 10
+    info = hpcring.info()
+    say(
+        f"# hpcring {info['hpcring']} | {size} ranks | MLP 64-{'-'.join([str(width)] * depth)}-10, "
+        f"{count:,} parameters, {args.dtype} on {args.device} | global batch {args.batch} | "
+        f"{args.optimizer} lr {lr:g} | algorithm {args.algorithm} | "
+        f"overlap {'off' if args.no_overlap else 'on'} "
+        f"| progress {info['iallreduce_progress']} (MPI thread level {info['thread_level']})"
+    )
+
+    def report(e: dict[str, float]) -> None:
+        ms = {k: 1e3 * e[k] for k in ("step", "compute", "communication", "exposed", "hidden")}
+        share = 100 * ms["hidden"] / ms["communication"] if ms["communication"] > 0 else 0.0
+        say(
+            f"epoch {int(e['epoch']):3d}  loss {e['loss']:.4f}  test acc {100 * e['accuracy']:5.1f}%  "
+            f"step {ms['step']:7.2f} ms = compute {ms['compute']:7.2f} + waiting {ms['exposed']:6.2f} | "
+            f"comm {ms['communication']:6.2f} ms, hidden {ms['hidden']:6.2f} ms ({share:3.0f}%)",
+            flush=True,
+        )
+
+    result = train(
+        comm,
+        epochs=args.epochs,
+        batch=args.batch,
+        width=width,
+        depth=depth,
+        optimizer=args.optimizer,
+        lr=lr,
+        algorithm=args.algorithm,
+        bucket_mb=args.bucket_mb,
+        overlap=not args.no_overlap,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        max_steps=args.max_steps,
+        report=report,
+    )
+    buckets = ", ".join(f"{nbytes / 1024:.0f} KiB {name}" for name, nbytes in result.buckets)
+    say(f"# {len(result.buckets)} buckets in launch order: {buckets}")
+    if result.steps:
+        warm = result.steps[min(5, len(result.steps) - 1) :]
+        med = {k: 1e3 * statistics.median(s[k] for s in warm) for k in warm[0]}
+        say(
+            f"# median per step (rank 0, after 5 warm-up steps): step {med['step']:.2f} ms, compute "
+            f"{med['compute']:.2f} ms, communication {med['communication']:.2f} ms of which hidden "
+            f"{med['hidden']:.2f} ms and exposed {med['exposed']:.2f} ms"
+        )
+    if result.epochs:
+        say(f"# final test accuracy {100 * result.epochs[-1]['accuracy']:.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,193 @@
+"""`iallreduce`: an all-reduce that runs while the caller goes on computing.
+
+Each user communicator gets one worker thread and its own duplicate of the communicator,
+both made collectively on the first `iallreduce` on it. The worker runs the submitted
+all-reduces one after another, in submission order, through `hpcring.allreduce` (so
+validation, the agreement step and every algorithm come along unchanged). Because the
+worker owns its duplicate, the main thread may still call the blocking `allreduce` on the
+same communicator while requests are in flight.
+
+Why a thread and not MPI_Iallreduce: the algorithms are written in Python over
+point-to-point calls, and a request must make progress while Python computes. mpi4py
+releases the GIL inside every MPI call, and NumPy releases it inside matmul and large
+element-wise kernels, so the worker's messages move while the main thread computes.
+
+Rules: every rank submits the same sequence of calls on a communicator (a mismatch is
+caught by the agreement step and raised by `Request.wait` on every rank); the buffer
+belongs to hpcring until `wait()` returns. Under an MPI thread level below
+MPI_THREAD_MULTIPLE no thread is started: each call runs at once, in the caller, and its
+request is already complete (`progress_mode()` says which; so does `hpcring.info()`).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+from mpi4py import MPI
+
+from . import api
+from .backend import backend_for
+
+
+class Request:
+    """A submitted all-reduce: `test()` polls, `wait()` blocks and returns the result (or raises)."""
+
+    def __init__(self) -> None:
+        self._done = threading.Event()
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self.started: float | None = None  # time.perf_counter() when the worker began it
+        self.finished: float | None = None
+
+    def test(self) -> bool:
+        """True once the all-reduce has finished (successfully or not); never blocks, never raises."""
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until finished; return what `hpcring.allreduce` returned, or raise what it raised.
+
+        ``timeout`` (seconds) bounds this wait only: TimeoutError leaves the request running.
+        """
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"hpcring: request not finished after {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    @property
+    def seconds(self) -> float:
+        """How long the all-reduce itself ran (0 until finished)."""
+        if self.started is None or self.finished is None:
+            return 0.0
+        return self.finished - self.started
+
+    def _run(self, call: Callable[[], Any]) -> None:
+        self.started = time.perf_counter()
+        try:
+            self._result = call()
+        except BaseException as error:  # handed to wait(), on the caller's thread
+            self._error = error
+        finally:
+            self.finished = time.perf_counter()
+            self._done.set()
+
+
+def progress_mode() -> str:
+    """How requests progress in this process: 'thread' (overlap) or 'inline' (no overlap)."""
+    if not MPI.Is_initialized():
+        return "unknown (MPI not initialized)"
+    return "thread" if MPI.Query_thread() >= MPI.THREAD_MULTIPLE else "inline"
+
+
+_Job = tuple[Request, Callable[[], Any]]
+
+
+class Engine:
+    """One worker thread and one private communicator per user communicator (made collectively)."""
+
+    def __init__(self, comm: MPI.Intracomm) -> None:
+        self.comm = comm.Dup()
+        api._state(self.comm)  # allreduce's own duplicate, made here: the worker runs no Dup
+        self.threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        if self.threaded:
+            self._thread = threading.Thread(target=self._work, name="hpcring-progress", daemon=True)
+            self._thread.start()
+
+    def _work(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            request, call = job
+            request._run(call)
+
+    def submit(self, call: Callable[[], Any]) -> Request:
+        request = Request()
+        if self._thread is None:
+            request._run(call)
+        else:
+            self._jobs.put((request, call))
+        return request
+
+    def close(self) -> None:
+        """Stop the worker after the requests already submitted, and free the communicator."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join(timeout=30)
+            self._thread = None
+        if not MPI.Is_finalized() and self.comm != MPI.COMM_NULL:
+            self.comm.Free()
+
+
+_lock = threading.Lock()
+_keyval: int | None = None
+
+
+def _release(comm: MPI.Comm, keyval: int, engine: Engine) -> None:
+    """Attribute delete callback: the user's communicator goes away, so does its engine."""
+    engine.close()
+
+
+def engine_for(comm: MPI.Intracomm | None) -> Engine:
+    """The engine of ``comm`` (COMM_WORLD if None); collective the first time on a communicator."""
+    global _keyval
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"hpcring.iallreduce: comm must be an mpi4py intracommunicator, got {comm!r}")
+    with _lock:
+        if _keyval is None:
+            _keyval = MPI.Comm.Create_keyval(delete_fn=_release)
+        engine = comm.Get_attr(_keyval)
+        if engine is not None:
+            return engine
+        creating = _creating.setdefault(MPI._handleof(comm), threading.Lock())
+    with creating:  # the Dup is collective: no process-wide lock across it (see api._state)
+        engine = comm.Get_attr(_keyval)
+        if engine is None:
+            engine = Engine(comm)
+            with _lock:
+                comm.Set_attr(_keyval, engine)
+                _creating.pop(MPI._handleof(comm), None)
+        return engine
+
+
+_creating: dict[int, threading.Lock] = {}
+
+
+def _handoff(x: Any) -> Callable[[], AbstractContextManager[None]]:
+    try:
+        return backend_for(x).handoff(x)
+    except TypeError:  # not an array: let allreduce's validation report it on every rank
+        return nullcontext
+
+
+def iallreduce(
+    x: Any,
+    *,
+    op: str = "sum",
+    algorithm: str = "ring",
+    comm: MPI.Intracomm | None = None,
+    out: Any = None,
+    check: bool = True,
+    timeout: float | None = None,
+) -> Request:
+    """Start `hpcring.allreduce(x, ...)` and return at once with a `Request`.
+
+    Same arguments and guarantees as `allreduce`; errors (bad input, disagreement between
+    ranks, a stall) are raised by `Request.wait()`, on every rank. Do not touch ``x`` (or
+    ``out``) until `wait()` returns, and submit the same calls in the same order on every rank.
+    """
+    engine = engine_for(comm)
+    entered = _handoff(x)
+
+    def call() -> Any:
+        with entered():
+            return api.allreduce(
+                x, op=op, algorithm=algorithm, comm=engine.comm, out=out, check=check, timeout=timeout
+            )
+
+    return engine.submit(call)
