@@ -14,6 +14,7 @@
 # folder, HPCRING_SLURM_TESTS the tests test.slurm runs (default: two small files; "tests" for all),
 # HPCRING_SLURM_WAIT seconds to wait for each job (default 180).
 set -euo pipefail
+export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"  # runuser, slurmctld, slurmd live there
 cd "$(dirname "$0")/../.."
 repo=$PWD
 started=$SECONDS
