@@ -9,6 +9,8 @@ __version__ = "0.1.0"
 from .algorithms import REGISTRY as _REGISTRY
 from .api import allreduce
 from .errors import StallError, abort_on_error, aborting
+from .trace import from_environment as _trace_from_environment
+from .trace import trace
 
 ALGORITHMS: tuple[str, ...] = tuple(_REGISTRY)
 
@@ -40,4 +42,15 @@ def info() -> dict[str, Any]:
     }
 
 
-__all__ = ["ALGORITHMS", "StallError", "__version__", "abort_on_error", "aborting", "allreduce", "info"]
+__all__ = [
+    "ALGORITHMS",
+    "StallError",
+    "__version__",
+    "abort_on_error",
+    "aborting",
+    "allreduce",
+    "info",
+    "trace",
+]
+
+_trace_from_environment()  # HPCRING_TRACE=path: trace this process, write the file at exit
