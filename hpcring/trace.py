@@ -193,13 +193,37 @@ class Tracer(NullTracer):
         merged: list[dict[str, Any]] = []
         for rank, events in enumerate(parts):
             pid = events[0]["pid"] if events else rank
-            merged.append({"name": "process_name", "ph": "M", "ts": 0, "pid": pid, "tid": 0,
-                           "args": {"name": f"rank {pid}"}})  # fmt: skip
-            merged.append({"name": "process_sort_index", "ph": "M", "ts": 0, "pid": pid, "tid": 0,
-                           "args": {"sort_index": pid}})  # fmt: skip
+            merged.append(
+                {
+                    "name": "process_name",
+                    "ph": "M",
+                    "ts": 0,
+                    "pid": pid,
+                    "tid": 0,
+                    "args": {"name": f"rank {pid}"},
+                }
+            )
+            merged.append(
+                {
+                    "name": "process_sort_index",
+                    "ph": "M",
+                    "ts": 0,
+                    "pid": pid,
+                    "tid": 0,
+                    "args": {"sort_index": pid},
+                }
+            )
             for tid, label in _THREAD_NAMES.items():
-                merged.append({"name": "thread_name", "ph": "M", "ts": 0, "pid": pid, "tid": tid,
-                               "args": {"name": label}})  # fmt: skip
+                merged.append(
+                    {
+                        "name": "thread_name",
+                        "ph": "M",
+                        "ts": 0,
+                        "pid": pid,
+                        "tid": tid,
+                        "args": {"name": label},
+                    }
+                )
             merged.extend(events)
         return merged
 
