@@ -111,6 +111,8 @@ class Tracer(NullTracer):
             address = self._pointer(array)
         except Exception:  # an array of another backend (a staging buffer): still describe it
             address = _pointer(array)
+        # An empty view may not point where its slice starts (NumPy points it at the base),
+        # so the offset of an empty buffer says nothing: its "bytes" (0) do.
         for name, base, length in self._bases:
             if base <= address < base + length or (nbytes == 0 and address == base + length):
                 return {"buffer": name, "offset": address - base, "bytes": nbytes}

@@ -134,16 +134,21 @@ def replay(algorithm: str, per_rank: dict[int, list[dict[str, Any]]]) -> Replay:
             for key, mask in zip(_keys(args, itemsize), messages[link][taken[link]], strict=False):
                 here[key] = mask
             taken[link] += 1
-        elif event["name"] == "wait":
-            for peer, index, kind, keys in list(pending[rank]):
-                if not any(r.get("kind") == "recv" and r.get("peer") == peer for r in args["requests"]):
+        elif event["name"] == "wait":  # the receives it completes land now (the first match each)
+            for request in args["requests"]:
+                if request.get("kind") != "recv":
                     continue
+                wanted = (request["peer"], _keys(request, itemsize))
+                entry = next((p for p in pending[rank] if (p[0], p[3]) == wanted), None)
+                if entry is None:
+                    continue  # completed by an earlier try of this same wait
+                peer, index, kind, keys = entry
                 link = (peer, rank, kind)
                 if len(messages[link]) <= index:
                     return False
                 for key, mask in zip(keys, messages[link][index], strict=False):
                     here[key] = mask
-                pending[rank].remove((peer, index, kind, keys))
+                pending[rank].remove(entry)
         elif event["name"] == "reduce":
             left, right = _keys(args["left"], itemsize), _keys(args["right"], itemsize)
             masks = [here.get(a, 0) | here.get(b, 0) for a, b in zip(left, right, strict=False)]
@@ -158,25 +163,30 @@ def replay(algorithm: str, per_rank: dict[int, list[dict[str, Any]]]) -> Replay:
                 here[key] = (1 << size) - 1
         return True
 
-    position = {rank: 0 for rank in range(size)}  # events done within the current group
+    # Each rank runs as far as its messages allow (non-blocking receives complete at their
+    # wait, possibly a call later than the sender's), and its memory is copied at the end of
+    # each of its own MPI calls: step k shows every rank after its k-th call and local work.
+    snapshots: list[list[dict[Key, int]]] = [[] for _ in range(size)]
+    cursor = {rank: (0, 0) for rank in range(size)}  # (group, event within it)
+    while any(cursor[rank][0] < len(grouped[rank]) for rank in range(size)):
+        progress = False
+        for rank in range(size):
+            group, at = cursor[rank]
+            while group < len(grouped[rank]):
+                if at == len(grouped[rank][group]):
+                    snapshots[rank].append(dict(state[rank]))
+                    group, at = group + 1, 0
+                    continue
+                if not run(rank, grouped[rank][group][at]):
+                    break
+                at, progress = at + 1, True
+            cursor[rank] = (group, at)
+        if not progress and any(cursor[rank][0] < len(grouped[rank]) for rank in range(size)):
+            raise ValueError(f"{algorithm}: the trace does not replay (a receive has no matching send)")
     for index in range(total):
-        done = {rank: index >= len(grouped[rank]) for rank in range(size)}
-        while not all(done.values()):
-            progress = False
-            for rank in range(size):
-                while not done[rank]:
-                    group = grouped[rank][index]
-                    if position[rank] == len(group):
-                        done[rank], position[rank] = True, 0
-                        break
-                    if not run(rank, group[position[rank]]):
-                        break
-                    position[rank] += 1
-                    progress = True
-            if not progress and not all(done.values()):
-                raise ValueError(f"{algorithm}: the trace does not replay (a receive has no matching send)")
+        memory = [snapshots[rank][min(index, len(snapshots[rank]) - 1)] for rank in range(size)]
         if index == 0:
-            result.steps.append(Step([], [], None, [dict(s) for s in state]))
+            result.steps.append(Step([], [], None, memory))
             continue
         sends, receives, collective = [], [], None
         for rank in range(size):
@@ -188,7 +198,7 @@ def replay(algorithm: str, per_rank: dict[int, list[dict[str, Any]]]) -> Replay:
                         sends.append((rank, args["peer"], args, payloads[id(event)]))
                     elif event["name"] == "recv":
                         receives.append((rank, args["peer"], args))
-        result.steps.append(Step(sends, receives, collective, [dict(s) for s in state]))
+        result.steps.append(Step(sends, receives, collective, memory))
     return result
 
 
