@@ -122,14 +122,14 @@ class Channel:
         with self.backend.mpi_view(recv, copy_in=False, copy_out=False) as r:
             return self.comm.Irecv(_raw(r), source, 0)
 
-    @staticmethod
     @channel_wait
+    @staticmethod
     def wait(request: MPI.Request) -> None:
         """Block until ``request`` completes."""
         request.Wait()
 
-    @staticmethod
     @channel_wait
+    @staticmethod
     def waitall(requests: Iterable[MPI.Request]) -> None:
         """Block until every request in ``requests`` completes."""
         MPI.Request.Waitall(list(requests))

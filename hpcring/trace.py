@@ -11,9 +11,11 @@ Every buffer is described relative to the user's flat buffer when it is a view o
 (``buffer`` "src", "dst" or "buf" for in place, ``offset`` and ``bytes``), so a reader (and
 `hpcring.viz`) can tell which segment moved; other memory is "scratch", with its address.
 
-Off by default, and then free: `TRACER` is a `NullTracer` whose methods do nothing, and
-the wrappers around Channel and Op methods check one attribute (``TRACER.on``) before
-calling straight through, so the hot path formats nothing and allocates nothing.
+Off by default, and then free: the Channel and Op methods marked as hooks are the plain
+functions (the traced versions replace them on their classes only while a tracer is on),
+and the few other hooks (api's call context, naive's and ps's local copies, CuPy staging)
+check one attribute (``TRACER.on``) of a `NullTracer`. The hot path formats nothing and
+allocates nothing.
 """
 
 from __future__ import annotations
@@ -252,6 +254,7 @@ def start(comm: Any = None) -> Tracer:
         from mpi4py import MPI
 
         TRACER = Tracer((comm or MPI.COMM_WORLD).Get_rank())
+        _install(True)
     assert isinstance(TRACER, Tracer)
     return TRACER
 
@@ -264,6 +267,7 @@ def stop(path: str | os.PathLike[str], comm: Any = None) -> None:
     """
     global TRACER
     tracer, TRACER = TRACER, NullTracer()
+    _install(False)
     if not isinstance(tracer, Tracer):
         return
     from mpi4py import MPI
@@ -387,7 +391,37 @@ _RECORDERS: dict[str, Callable[..., None]] = {
 }
 
 
-def channel_call(method: Callable[..., Any]) -> Callable[..., Any]:
+class _Hook:
+    """A traced method's two versions; the class holds the plain one while tracing is off.
+
+    As a decorator's result it lives in the class body only until the class is created:
+    ``__set_name__`` puts the undecorated function back, so an off hook is not even a
+    wrapper call, and `_install` swaps the traced version in for as long as tracing is on.
+    """
+
+    def __init__(self, plain: Any, traced: Any) -> None:
+        self.plain, self.traced = plain, traced
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        setattr(owner, name, self.traced if TRACER.on else self.plain)
+        _HOOKS.append((owner, name, self.plain, self.traced))
+
+
+_HOOKS: list[tuple[type, str, Any, Any]] = []
+
+
+def _install(on: bool) -> None:
+    """Put the traced (on) or the plain (off) version of every hooked method on its class."""
+    for owner, name, plain, traced in _HOOKS:
+        setattr(owner, name, traced if on else plain)
+
+
+def hooked() -> bool:
+    """Whether the traced versions are in place (only while a tracer is on)."""
+    return any(getattr(owner, name) is traced for owner, name, _, traced in _HOOKS)
+
+
+def channel_call(method: Callable[..., Any]) -> Any:
     """Trace a blocking `Channel` method: one event per message it sends or receives."""
     record = _RECORDERS[method.__name__]
 
@@ -401,7 +435,7 @@ def channel_call(method: Callable[..., Any]) -> Callable[..., Any]:
         record(tracer, start, ch, *args)
         return result
 
-    return traced
+    return _Hook(method, traced)
 
 
 def channel_start(method: Callable[..., Any]) -> Callable[..., Any]:
@@ -419,11 +453,12 @@ def channel_start(method: Callable[..., Any]) -> Callable[..., Any]:
         tracer.request(request, kind, array, peer)
         return request
 
-    return traced
+    return _Hook(method, traced)
 
 
-def channel_wait(method: Callable[..., Any]) -> Callable[..., Any]:
-    """Trace `Channel.wait`/`waitall`: how long the rank blocked, and for which transfers."""
+def channel_wait(static: staticmethod) -> Any:
+    """Trace `Channel.wait`/`waitall` (static methods): how long the rank blocked, and for what."""
+    method = static.__func__
 
     @functools.wraps(method)
     def traced(requests: Any) -> Any:
@@ -437,10 +472,10 @@ def channel_wait(method: Callable[..., Any]) -> Callable[..., Any]:
         tracer.waited(start, pending)
         return result
 
-    return traced
+    return _Hook(static, staticmethod(traced))
 
 
-def reduction(method: Callable[..., Any]) -> Callable[..., Any]:
+def reduction(method: Callable[..., Any]) -> Any:
     """Trace `Op.reduce` (acc, other) and `Op.combine` (left, right, out)."""
 
     @functools.wraps(method)
@@ -453,4 +488,4 @@ def reduction(method: Callable[..., Any]) -> Callable[..., Any]:
         tracer.reduce(start, left, right, out[0] if out else left)
         return result
 
-    return traced
+    return _Hook(method, traced)

@@ -160,14 +160,16 @@ def test_viz_draws_every_ring_step(shared_dir: Path) -> None:
 @pytest.mark.mpi
 def test_off_records_nothing(shared_dir: Path) -> None:
     comm = MPI.COMM_WORLD
-    assert everywhere(comm, not TRACE.TRACER.on and os.environ.get(TRACE.ENV) is None)
+    # off: the Channel and Op methods are the plain functions, not even a wrapper call
+    assert everywhere(comm, not TRACE.TRACER.on and not TRACE.hooked() and os.environ.get(TRACE.ENV) is None)
     x = np.ones(7)
     hpcring.allreduce(x)
     assert everywhere(comm, not TRACE.TRACER.on and not any(shared_dir.iterdir()))
     with hpcring.trace(shared_dir / "on.json") as tracer:
         hpcring.allreduce(x)
         recorded = bool(tracer.events)
-    assert everywhere(comm, recorded and not TRACE.TRACER.on)
+        hooked = TRACE.hooked()
+    assert everywhere(comm, recorded and hooked and not TRACE.TRACER.on and not TRACE.hooked())
 
 
 def test_viz_on_committed_trace(tmp_path: Path) -> None:

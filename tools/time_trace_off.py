@@ -27,6 +27,24 @@ def per_call(x: np.ndarray, out: np.ndarray, check: bool, calls: int) -> float:
     return (time.perf_counter() - start) / calls
 
 
+def traced_cost(x: np.ndarray, out: np.ndarray, calls: int) -> None:
+    """For comparison: the same call with tracing on (events dropped after each run)."""
+    trace = sys.modules.get("hpcring.trace")
+    if trace is None or not hasattr(trace, "hooked"):
+        return  # the code before tracing
+    assert not trace.hooked(), "tracing is off, yet a traced method is installed"
+    tracer = trace.start()
+    times = []
+    for _ in range(7):
+        times.append(per_call(x, out, False, calls))
+        tracer.events.clear()
+    trace._install(False)
+    trace.TRACER = trace.NullTracer()
+    if MPI.COMM_WORLD.rank == 0:
+        print(f"tracing on: check=False: median {statistics.median(times) * 1e6:.2f} us/call")
+        print("tracing off: Channel/Op methods are the plain functions:", not trace.hooked())
+
+
 def main() -> None:
     calls = int(sys.argv[1]) if len(sys.argv) > 1 else 2000
     x, out = np.ones(16, dtype=np.float32), np.empty(16, dtype=np.float32)
@@ -38,6 +56,7 @@ def main() -> None:
                 f"{hpcring.__file__}: check={check}: median {statistics.median(times) * 1e6:.2f} us/call, "
                 f"min {min(times) * 1e6:.2f} us/call ({calls} calls x 7, {MPI.COMM_WORLD.size} ranks)"
             )
+    traced_cost(x, out, max(1, calls // 10))
 
 
 if __name__ == "__main__":
