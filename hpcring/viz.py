@@ -267,7 +267,7 @@ def draw(ax: Any, replay_: Replay, index: int) -> None:
     step = replay_.steps[index]
     bounds = segment_bounds(count, size)
     letters = string.ascii_lowercase
-    width, height, gap = 3.0, 0.7, 1.5
+    width, height, gap = 3.0, 0.7, 2.4
     full = (1 << size) - 1
     scratch = {rank: _scratch_rows(replay_, step.state[rank]) for rank in range(size)}
     deepest = max((len(rows) for rows in scratch.values()), default=0)
@@ -362,6 +362,8 @@ def draw(ax: Any, replay_: Replay, index: int) -> None:
             rad = -bow
         dx, dy = end[0] - start[0], end[1] - start[1]
         middle = ((start[0] + end[0]) / 2 + rad * dy / 2, (start[1] + end[1]) / 2 - rad * dx / 2)
+        if hops == 1:  # above a straight arrow, not on it
+            middle = (middle[0], max(start[1], end[1]) + 0.22)
         if hops > 1:
             reach_up = max(reach_up, bow * dx / 2)
         elif hops < 0:
@@ -416,7 +418,7 @@ def render(trace_path: str | Path, out: str | Path, algorithms: list[str] | None
         if algorithms and algorithm not in algorithms:
             continue
         result = replay(algorithm, per_rank)
-        panel = (1.0 + 0.95 * result.size, 0.9 + 0.45 * result.size)
+        panel = (1.0 + 1.25 * result.size, 0.9 + 0.45 * result.size)
         scratch = 1.0 if algorithm in ("naive", "ps") else 0.0
         for index in range(len(result.steps)):
             fig, ax = plt.subplots(figsize=(panel[0], panel[1] + scratch * result.size * 0.35))
