@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-for algorithm in ring naive ps; do
+for algorithm in ring naive ps rabenseifner; do
   HPCRING_TRACE="$work/$algorithm.json" mpiexec --oversubscribe -n 4 python -c "
 import numpy as np, hpcring
 from mpi4py import MPI

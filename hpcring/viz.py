@@ -249,6 +249,14 @@ def describe(replay_: Replay, index: int) -> str:
         phase = "reduce-scatter" if index <= size - 1 else "all-gather"
         what = "adds it in" if phase == "reduce-scatter" else "keeps it"
         return f"ring {phase}, step {index}/{steps}: each rank sends one segment right, the receiver {what}"
+    if name == "rabenseifner" and size & (size - 1) == 0:
+        halving = index <= steps // 2
+        what = (
+            "recursive halving: swap half the range with a partner, add the half kept"
+            if halving
+            else "recursive doubling: swap the complete ranges back"
+        )
+        return f"rabenseifner step {index}/{steps}, {what}"
     if step.collective:
         return f"{name} step {index}/{steps}: {step.collective}" + (
             " (then the root sums the rows)" if step.collective == "gather" else ""
@@ -380,13 +388,11 @@ def draw(ax: Any, replay_: Replay, index: int) -> None:
             )
         )
         n = desc.get("bytes", 0) // itemsize
-        if n >= count and count:  # a whole buffer: name its first and last segments
-            first, last = _label(letters[0], payload, size), _label(letters[size - 1], payload, size)
-            what = f"{first}..{last}" if bin(payload).count("1") == 1 or payload == full else "buffer"
-        else:
-            offset = desc.get("offset", 0) // itemsize
-            segment = next((s for s, (lo, hi) in enumerate(bounds) if lo <= offset < hi), 0)
-            what = _label(letters[segment], payload, size)
+        offset = desc.get("offset", 0) // itemsize
+        covered = [s for s, (lo, hi) in enumerate(bounds) if hi > lo and offset <= lo and hi <= offset + n]
+        covered = covered or [next((s for s, (lo, hi) in enumerate(bounds) if lo <= offset < hi), 0)]
+        first, last = _label(letters[covered[0]], payload, size), _label(letters[covered[-1]], payload, size)
+        what = first if len(covered) == 1 else f"{first}..{last}"  # a range of segments: its ends
         ax.text(
             middle[0],
             middle[1],
