@@ -23,6 +23,7 @@ from mpi4py import MPI
 
 import hpcring
 from hpcring import viz
+from hpcring.backend import available_backends, backend_for
 from hpcring.partition import segment_bounds
 
 TRACE = sys.modules["hpcring.trace"]  # the module; hpcring.trace is its context manager
@@ -184,6 +185,47 @@ def test_viz_on_committed_trace(tmp_path: Path) -> None:
         lo, _ = bounds[(rank + 1) % 4]
         assert after_reduce_scatter[rank][("buf", lo)] == 0b1111
         assert result.steps[2].state[rank][("buf", lo)] != 0b1111
+
+
+def test_merge_joins_rank_files(tmp_path: Path) -> None:
+    """Per-rank files (written when MPI was finalized first) merge into one event list."""
+    paths = []
+    for rank in range(2):
+        path = tmp_path / f"t.json.rank{rank}.json"
+        TRACE.write(path, [{"name": "send", "ph": "X", "ts": 1.0, "dur": 2.0, "pid": rank, "tid": 0}])
+        paths.append(str(path))
+    TRACE.merge(paths, str(tmp_path / "t.json"))
+    assert [e["pid"] for e in events_of(tmp_path / "t.json")] == [0, 1]
+
+
+@pytest.mark.mpi
+@pytest.mark.gpu
+@pytest.mark.skipif("cupy" not in available_backends(), reason="needs CuPy and a GPU")
+def test_staging_copies_are_traced(shared_dir: Path) -> None:
+    """Without CUDA-aware MPI every device buffer crosses to the host and back: both are events."""
+    import cupy
+
+    comm = MPI.COMM_WORLD
+    x = cupy.arange(13, dtype=cupy.float32) + comm.rank
+    if backend_for(x).direct:
+        pytest.skip("CUDA-aware MPI: device buffers go to MPI directly, nothing is staged")
+    path = shared_dir / "gpu.json"
+    with hpcring.trace(path):
+        hpcring.allreduce(x)
+
+    def check() -> bool:
+        events = events_of(path)
+        names = {e["name"] for e in events if e["ph"] == "X"}
+        if comm.size == 1:
+            return True
+        assert {"d2h", "h2d", "send", "recv", "reduce"} <= names, names
+        result = viz.replay("ring", viz.calls(viz.load(path))["ring"])
+        full = (1 << comm.size) - 1
+        return all(
+            result.steps[-1].state[r].get(("buf", i)) == full for r in range(comm.size) for i in range(13)
+        )
+
+    assert everywhere(comm, on_root(check))
 
 
 def test_environment_variable_writes_file(tmp_path: Path) -> None:
