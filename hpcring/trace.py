@@ -101,6 +101,8 @@ class Tracer(NullTracer):
     def end(self) -> None:
         start = self._call_start
         self._emit(f"allreduce {self._context.get('algorithm')}", "call", start, self.now() - start, TID_SEND)
+        # Channel use outside a call (none in hpcring today) must not borrow this call's labels.
+        self._context, self._bases = {}, ()
 
     # --- buffers -------------------------------------------------------------------------
 

@@ -68,7 +68,7 @@ def calls(events: list[dict[str, Any]]) -> dict[str, dict[int, list[dict[str, An
     for event in events:
         args = event["args"]
         key = (args.get("algorithm", ""), event["pid"])
-        if first.get(key) == args.get("call") and event["name"] != f"allreduce {key[0]}":
+        if "call" in args and first.get(key) == args["call"] and event["name"] != f"allreduce {key[0]}":
             chosen[key[0]][args["rank"]].append(event)
     return chosen
 
