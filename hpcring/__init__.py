@@ -7,6 +7,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 from .errors import StallError, abort_on_error, aborting  # no MPI needed to import these
+from .trace import from_environment as _trace_from_environment
+from .trace import trace
 
 if TYPE_CHECKING:
     from .api import allreduce
@@ -84,4 +86,7 @@ __all__ = [
     "iallreduce",
     "info",
     "select_device",
+    "trace",
 ]
+
+_trace_from_environment()  # HPCRING_TRACE=path: trace this process, write the file at exit

@@ -22,6 +22,7 @@ from .agreement import agree
 from .backend import Backend, backend_for
 from .channel import Channel
 from .ops import DTYPES, OPS, Op, check_op
+from .trace import call_begin, call_end
 
 _lock = threading.Lock()
 
@@ -274,7 +275,9 @@ def allreduce(
             raise problem
         src = x.reshape(-1)
         dst = src if in_place else out.reshape(-1)
+        call_begin(algorithm, channel, src, dst)
         algorithms.get(algorithm)(channel, src, dst, reduction)
         if reduction.name == "mean" and channel.size > 1:
             channel.xp.true_divide(dst, channel.size, out=dst)
+        call_end()
     return x if in_place else out

@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from .trace import clock, staging
+
 try:  # CuPy is optional: without it (or without a GPU) only the NumPy backend exists.
     import cupy
 except Exception:  # ImportError, or a CUDA library that fails to load
@@ -169,12 +171,16 @@ class CupyBackend(Backend):
             return
         host = self._host(array.nbytes, slot).view(array.dtype).reshape(array.shape)
         if copy_in:
+            start = clock()
             array.get(out=host, stream=stream)
             stream.synchronize()
+            staging("d2h", start, array, host)
         yield host
         if copy_out:
+            start = clock()
             array.set(host, stream=stream)
             stream.synchronize()  # the pinned buffer is reused by the next call
+            staging("h2d", start, array, host)
 
     def handoff(self, array: Any) -> Callable[[], AbstractContextManager[None]]:
         """Record the writer's stream now; the worker thread enters the array's device and waits

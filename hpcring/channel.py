@@ -22,6 +22,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .backend import Backend
+from .trace import channel_call, channel_start, channel_wait
 
 
 class Channel:
@@ -72,6 +73,7 @@ class Channel:
     # Point-to-point and collectives move raw bytes: any dtype travels, even one
     # the MPI library has no datatype for (float16, bfloat16).
 
+    @channel_call
     def sendrecv(self, send: Any, dest: int, recv: Any, source: int) -> None:
         """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``."""
         if dest != self.rank:
@@ -83,6 +85,7 @@ class Channel:
         ):
             self.comm.Sendrecv(_raw(s), dest, 0, _raw(r), source, 0)
 
+    @channel_call
     def send(self, send: Any, dest: int) -> None:
         """Blocking send of ``send`` to ``dest``."""
         if dest != self.rank:
@@ -90,6 +93,7 @@ class Channel:
         with self.backend.mpi_view(send, copy_in=True, copy_out=False) as s:
             self.comm.Send(_raw(s), dest, 0)
 
+    @channel_call
     def recv(self, recv: Any, source: int) -> None:
         """Blocking receive into ``recv`` from ``source``."""
         with self.backend.mpi_view(recv, copy_in=False, copy_out=True) as r:
@@ -100,6 +104,7 @@ class Channel:
     # a staged copy would have to outlive the call. The view still synchronizes the
     # device stream first, so earlier kernels have written (or stopped reading) the buffer.
 
+    @channel_start
     def isend(self, send: Any, dest: int) -> MPI.Request:
         """Start sending ``send`` to ``dest``; do not write ``send`` until the request is waited on."""
         if not self.backend.direct:
@@ -109,6 +114,7 @@ class Channel:
         with self.backend.mpi_view(send, copy_in=True, copy_out=False) as s:
             return self.comm.Isend(_raw(s), dest, 0)
 
+    @channel_start
     def irecv(self, recv: Any, source: int) -> MPI.Request:
         """Start receiving into ``recv`` from ``source``; read it only after the request is waited on."""
         if not self.backend.direct:
@@ -116,16 +122,19 @@ class Channel:
         with self.backend.mpi_view(recv, copy_in=False, copy_out=False) as r:
             return self.comm.Irecv(_raw(r), source, 0)
 
+    @channel_wait
     @staticmethod
     def wait(request: MPI.Request) -> None:
         """Block until ``request`` completes."""
         request.Wait()
 
+    @channel_wait
     @staticmethod
     def waitall(requests: Iterable[MPI.Request]) -> None:
         """Block until every request in ``requests`` completes."""
         MPI.Request.Waitall(list(requests))
 
+    @channel_call
     def gather(self, send: Any, stack: Any, root: int) -> None:
         """Gather ``send`` of every rank into row r of ``stack`` (G x n) at ``root``.
 
@@ -140,6 +149,7 @@ class Channel:
             with view(send, copy_in=True, copy_out=False) as s:
                 self.comm.Gather(_raw(s), None, root)
 
+    @channel_call
     def bcast(self, buf: Any, root: int) -> None:
         """Broadcast ``buf`` from ``root`` to every rank."""
         is_root = self.rank == root
@@ -148,6 +158,7 @@ class Channel:
         with self.backend.mpi_view(buf, copy_in=is_root, copy_out=not is_root) as b:
             self.comm.Bcast(_raw(b), root)
 
+    @channel_call
     def allreduce(self, src: Any, dst: Any, op: Any) -> None:
         """MPI_Allreduce with a typed buffer (the MPI library must know the dtype)."""
         self.bytes_unknown = True

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .trace import reduction
+
 DTYPES: tuple[np.dtype, ...] = tuple(
     np.dtype(name) for name in ("float16", "float32", "float64", "int32", "int64", "complex64", "complex128")
 )
@@ -25,10 +27,12 @@ class Op:
     mpi_name: str
     kinds: str  # numpy dtype kinds it applies to: f float, i int, c complex
 
+    @reduction
     def reduce(self, xp: Any, acc: Any, other: Any) -> None:
         """acc <- acc (op) other, element-wise, in place."""
         getattr(xp, self.ufunc)(acc, other, out=acc)
 
+    @reduction
     def combine(self, xp: Any, left: Any, right: Any, out: Any) -> None:
         """out <- left (op) right, element-wise; ``out`` may be ``left`` or ``right``."""
         getattr(xp, self.ufunc)(left, right, out=out)

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..channel import Channel
 from ..ops import Op
+from ..trace import local_copy
 
 
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
@@ -23,9 +24,11 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
         return
     copies = ch.scratch("naive", size * n, src.dtype).reshape(size, n)  # row r: rank r's buffer
     copies[rank] = src
+    local_copy(copies[rank], src)
     for step in range(1, size):
         ch.sendrecv(src, (rank + step) % size, copies[(rank - step) % size], (rank - step) % size)
     dst[...] = copies[0]
+    local_copy(dst, copies[0])
     for row in range(1, size):
         op.reduce(ch.xp, dst, copies[row])
 

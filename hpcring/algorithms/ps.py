@@ -10,6 +10,7 @@ from typing import Any
 
 from ..channel import Channel
 from ..ops import Op
+from ..trace import local_copy
 
 ROOT = 0
 
@@ -24,8 +25,10 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     if ch.rank == ROOT:
         stack = ch.scratch("ps", size * n, src.dtype).reshape(size, n)
         stack[ROOT] = src
+        local_copy(stack[ROOT], src)
         ch.gather(None, stack, ROOT)
         dst[...] = stack[0]  # summed in rank order, as every algorithm here does
+        local_copy(dst, stack[0])
         for row in range(1, size):
             op.reduce(ch.xp, dst, stack[row])
     else:

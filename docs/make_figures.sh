@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Regenerate the step-by-step pictures of docs/algorithms.md from real traced runs:
+# 4 ranks, 8 float32 (4 segments a-d of 2 elements), one in-place call per algorithm.
+#   bash docs/make_figures.sh        (needs the mpi and docs extras: mpiexec, matplotlib)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+for algorithm in ring naive ps rabenseifner; do
+  HPCRING_TRACE="$work/$algorithm.json" mpiexec --oversubscribe -n 4 python -c "
+import numpy as np, hpcring
+from mpi4py import MPI
+x = np.full(8, MPI.COMM_WORLD.rank + 1, dtype=np.float32)
+hpcring.allreduce(x, algorithm='$algorithm')
+assert (x == 10).all(), x
+"
+  python -m hpcring.viz "$work/$algorithm.json" --out docs/img --algorithms "$algorithm"
+done
+cp "$work/ring.json" docs/img/trace-ring-4ranks.json  # a sample to open in Perfetto
