@@ -22,7 +22,7 @@ from .agreement import agree
 from .backend import Backend, backend_for
 from .channel import Channel
 from .ops import DTYPES, OPS, Op, check_op
-from .trace import call_begin, call_end
+from .trace import call_begin, call_end, local_copy
 
 _lock = threading.Lock()
 
@@ -276,8 +276,12 @@ def allreduce(
         src = x.reshape(-1)
         dst = src if in_place else out.reshape(-1)
         call_begin(algorithm, channel, src, dst)
-        algorithms.get(algorithm)(channel, src, dst, reduction)
-        if reduction.name == "mean" and channel.size > 1:
-            channel.xp.true_divide(dst, channel.size, out=dst)
+        if channel.size > 1 and src.size > 0:
+            algorithms.get(algorithm)(channel, src, dst, reduction)
+            if reduction.name == "mean":
+                channel.xp.true_divide(dst, channel.size, out=dst)
+        elif dst is not src:  # nothing to exchange: every algorithm would only copy
+            dst[...] = src
+            local_copy(dst, src)
         call_end()
     return x if in_place else out

@@ -5,7 +5,8 @@ Each module exposes the same three functions (nccl-tests' small contract per col
 - ``allreduce(ch, src, dst, op)``: ``ch`` is a `hpcring.channel.Channel`, ``src`` and
   ``dst`` flat arrays of equal length (``dst`` may be ``src``: in place), ``op`` a
   `hpcring.ops.Op` other than mean. On return ``dst`` holds the reduction of every
-  rank's ``src``, bitwise identical on all ranks.
+  rank's ``src``, bitwise identical on all ranks. It is only called with G > 1 and a
+  non-empty buffer: `hpcring.api` handles the cases with nothing to exchange.
 - ``bytes_sent(count, itemsize, size, rank)``: the bytes that rank hands to MPI in one
   call, by the algorithm's formula (None where MPI's own traffic is not visible); the
   bench compares it with what the Channel counted.

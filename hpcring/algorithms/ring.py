@@ -161,10 +161,6 @@ def chunk_elements(itemsize: int) -> int:
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     """dst <- op over all ranks of src (dst may be src)."""
     size, n = ch.size, src.size
-    if size == 1 or n == 0:
-        if dst is not src:
-            dst[...] = src
-        return
     chunk = chunk_elements(src.dtype.itemsize)
     plan = ch.plan(("ring", src.dtype, n, dst is src, chunk), lambda: _build(size, ch.rank, n, chunk))
     # Non-blocking MPI needs the array's own memory for the life of the request. A staged
