@@ -1,10 +1,11 @@
-"""Ring all-reduce: reduce-scatter, then all-gather, around a ring of G ranks, pipelined in chunks.
+"""Ring all-reduce: reduce-scatter, then all-gather, around a ring of G ranks, optionally pipelined.
 
 Cost (Thakur, Rabenseifner & Gropp 2005): 2(G-1)·alpha + 2(G-1)/G·n·beta + (G-1)/G·n·gamma.
 Each rank sends 2(G-1)/G·n bytes, whatever G is: the bandwidth-optimal all-reduce.
 
-Segments larger than ``HPCRING_CHUNK_BYTES`` (read per call; every rank must use the
-same value) travel as chunks of that size, smaller ones as one Sendrecv per step. Chunks
+With ``HPCRING_CHUNK_BYTES`` set (read per call; every rank must use the same value),
+segments larger than that travel as chunks of that size; otherwise, and by default
+(see CHUNK_BYTES), each step is one Sendrecv of a whole segment. Chunks
 are received a few ahead into a small reused scratch, so while chunk k is being reduced
 chunk k+1 is already on its way, and a reduced chunk is sent on at once instead of
 waiting for its whole segment. Out of place, step 0 sends straight from the input and
@@ -23,11 +24,16 @@ from ..channel import Channel
 from ..ops import Op
 from ..partition import chunk_bounds, segment_bounds
 
-# Default chunk, by measurement (tools/time_ring.py, 2 and 4 ranks on 2 shared cores):
-# 16-256 KiB chunks were 2-12x slower at 16 MiB than one message per segment, because
-# every message there costs a scheduler round trip; 4 MiB and up tied or won. Machines
-# with a core per rank and a real network may want smaller: set HPCRING_CHUNK_BYTES.
-CHUNK_BYTES = 4 << 20
+# Default: no chunking, by measurement. On this project's 2-core machine (Open MPI wheel,
+# shared memory, float32 sum, --no-agree, median of 5 runs of 5 iterations) whole
+# segments beat every chunk size tried: at G=2 the ring reached 1.16x / 1.94x / 1.69x
+# MPI_Allreduce's busbw at 16 / 64 / 256 MiB unchunked, 0.97x / 1.50x / 1.21x with 4 MiB
+# chunks and 1.29x at 256 MiB with 32 MiB chunks; smaller chunks were 2-12x slower
+# (tools/time_ring.py). Every extra message costs a scheduler round trip when ranks share
+# cores. Machines with a core per rank, a real network or GPUs may gain from streaming:
+# set HPCRING_CHUNK_BYTES (the same on every rank) and measure with the bench.
+CHUNK_BYTES: int | None = None
+UNCHUNKED = 1 << 62  # elements per "chunk" when nothing is chunked: every segment is one piece
 DEPTH = 4  # at most: receives posted ahead, and sends in flight
 
 
@@ -152,7 +158,7 @@ def chunk_elements(itemsize: int) -> int:
     """Elements per chunk: ``HPCRING_CHUNK_BYTES`` (else CHUNK_BYTES) over the item size, at least 1."""
     text = os.environ.get("HPCRING_CHUNK_BYTES", "").strip()
     if not text:
-        return max(1, CHUNK_BYTES // itemsize)
+        return max(1, CHUNK_BYTES // itemsize) if CHUNK_BYTES else UNCHUNKED
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"HPCRING_CHUNK_BYTES must be a positive integer, got {text!r}")
     return max(1, int(text) // itemsize)
