@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from typing import Any
 
@@ -28,7 +28,9 @@ _lock = threading.Lock()
 
 
 def _release(comm: MPI.Comm, keyval: int, state: dict[str, Any]) -> None:
-    """Attribute delete callback: the user freed their communicator, so free our duplicate."""
+    """Attribute delete callback: the user freed their communicator, so free what we made for it."""
+    for close in reversed(state.pop("closers", [])):
+        close()
     dup = state.pop("comm", None)
     if dup is not None and not MPI.Is_finalized():
         dup.Free()
@@ -57,7 +59,7 @@ def _state(comm: MPI.Intracomm) -> dict[str, Any]:
     with creating:
         state = comm.Get_attr(_keyval)
         if state is None:
-            state = {"comm": comm.Dup(), "busy": threading.Lock()}
+            state = {"comm": comm.Dup(), "busy": threading.Lock(), "lock": creating, "closers": []}
             with _lock:
                 comm.Set_attr(_keyval, state)
                 _creating.pop(MPI._handleof(comm), None)
@@ -65,6 +67,23 @@ def _state(comm: MPI.Intracomm) -> dict[str, Any]:
 
 
 _creating: dict[int, threading.Lock] = {}  # communicator handle -> lock held while it is duplicated
+
+
+def attached(comm: MPI.Intracomm, key: str, build: Callable[[], Any]) -> Any:
+    """The object ``build()`` made for ``comm`` under ``key``, made once and cached with its state.
+
+    ``build`` may be collective (every rank reaches the first call in the same order): it runs
+    under this communicator's own lock only, as the Dup in `_state` does. An object with a
+    ``close()`` is closed, in reverse order of making, when the user frees the communicator.
+    """
+    state = _state(comm)
+    with state["lock"]:
+        made = state.get(key)
+        if made is None:
+            made = state[key] = build()
+            if hasattr(made, "close"):
+                state["closers"].append(made.close)
+        return made
 
 
 def channel_for(comm: MPI.Intracomm, backend: Backend) -> Channel:

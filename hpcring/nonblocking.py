@@ -123,39 +123,16 @@ class Engine:
             self.comm.Free()
 
 
-_lock = threading.Lock()
-_keyval: int | None = None
-
-
-def _release(comm: MPI.Comm, keyval: int, engine: Engine) -> None:
-    """Attribute delete callback: the user's communicator goes away, so does its engine."""
-    engine.close()
-
-
 def engine_for(comm: MPI.Intracomm | None) -> Engine:
-    """The engine of ``comm`` (COMM_WORLD if None); collective the first time on a communicator."""
-    global _keyval
+    """The engine of ``comm`` (COMM_WORLD if None); collective the first time on a communicator.
+
+    Cached with hpcring's other per-communicator state (`api.attached`), and closed when
+    the user frees the communicator.
+    """
     comm = MPI.COMM_WORLD if comm is None else comm
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"hpcring.iallreduce: comm must be an mpi4py intracommunicator, got {comm!r}")
-    with _lock:
-        if _keyval is None:
-            _keyval = MPI.Comm.Create_keyval(delete_fn=_release)
-        engine = comm.Get_attr(_keyval)
-        if engine is not None:
-            return engine
-        creating = _creating.setdefault(MPI._handleof(comm), threading.Lock())
-    with creating:  # the Dup is collective: no process-wide lock across it (see api._state)
-        engine = comm.Get_attr(_keyval)
-        if engine is None:
-            engine = Engine(comm)
-            with _lock:
-                comm.Set_attr(_keyval, engine)
-                _creating.pop(MPI._handleof(comm), None)
-        return engine
-
-
-_creating: dict[int, threading.Lock] = {}
+    return api.attached(comm, "engine", lambda: Engine(comm))
 
 
 def _handoff(x: Any) -> Callable[[], AbstractContextManager[None]]:
