@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import hashlib
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -24,3 +26,17 @@ def identical_everywhere(comm: MPI.Intracomm, array: Any) -> bool:
     """True when ``array`` has the same bytes on every rank of ``comm``."""
     hashes = comm.allgather(digest(array))
     return len(set(hashes)) == 1
+
+
+def raises_everywhere(kind: type[Exception], match: str, call: Callable[[], object]) -> None:
+    """``call()`` raises ``kind`` with ``match`` in its message on every rank of COMM_WORLD, quickly."""
+    world = MPI.COMM_WORLD
+    start = time.monotonic()
+    try:
+        call()
+    except kind as error:
+        ok = match in str(error)
+    else:
+        ok = False
+    assert everywhere(world, ok), f"expected {kind.__name__} matching {match!r} on every rank"
+    assert everywhere(world, time.monotonic() - start < 10)

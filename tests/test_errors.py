@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
-from helpers import everywhere
+from helpers import everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
@@ -16,19 +14,6 @@ from hpcring.backend import backend_for
 pytestmark = pytest.mark.mpi
 
 WORLD = MPI.COMM_WORLD
-
-
-def raises_everywhere(kind: type[Exception], match: str, call) -> None:
-    """``call()`` raises ``kind`` with ``match`` in its message on every rank, quickly."""
-    start = time.monotonic()
-    try:
-        call()
-    except kind as error:
-        ok = match in str(error)
-    else:
-        ok = False
-    assert everywhere(WORLD, ok), f"expected {kind.__name__} matching {match!r} on every rank"
-    assert everywhere(WORLD, time.monotonic() - start < 10)
 
 
 @pytest.mark.parametrize("algorithm", hpcring.ALGORITHMS)

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import everywhere, identical_everywhere
+from helpers import everywhere, identical_everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
@@ -20,19 +20,6 @@ from hpcring.training import GradientSync, plan_buckets
 WORLD = MPI.COMM_WORLD
 SELF = MPI.COMM_SELF
 mpi = pytest.mark.mpi
-
-
-def raises_everywhere(kind: type[Exception], match: str, call) -> None:
-    """``call()`` raises ``kind`` with ``match`` in its message on every rank, within seconds."""
-    start = time.monotonic()
-    try:
-        call()
-    except kind as error:
-        ok = match in str(error)
-    else:
-        ok = False
-    assert everywhere(WORLD, ok), f"expected {kind.__name__} matching {match!r} on every rank"
-    assert everywhere(WORLD, time.monotonic() - start < 10)
 
 
 # -- bucket planning (pure) --------------------------------------------------------------------
