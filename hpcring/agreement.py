@@ -24,7 +24,7 @@ from .errors import StallError
 
 ROOT = 0
 TAG_ARRIVE, TAG_STALL = 1, 2  # the algorithms use tag 0 on the same private communicator
-FIELDS = ("call", "count", "dtype", "op", "algorithm")
+FIELDS = ("call", "count", "dtype", "op", "algorithm", "array")
 
 
 def _wait(requests: Sequence[MPI.Request], deadline: float | None, probe: Any = None) -> bool:
@@ -58,7 +58,7 @@ def agree(
 ) -> None:
     """Raise on every rank if any rank failed, disagrees on ``row``, or does not arrive in time.
 
-    ``row`` is (call, count, dtype, op, algorithm) as integers; ``describe(field, value)``
+    ``row`` is (call, count, dtype, op, algorithm, array) as integers; ``describe(field, value)``
     names a value for messages; ``what`` names the operation for StallError.
     """
     size, rank = comm.Get_size(), comm.Get_rank()

@@ -132,12 +132,16 @@ def _validate(x: Any, out: Any, op: str, algorithm: str) -> tuple[Backend, Op, b
     if op not in OPS:
         raise ValueError(f"hpcring.allreduce: unknown op {op!r}; choose one of {', '.join(OPS)}")
     algorithms.get(algorithm)
+    refusal = algorithms.refuses(algorithm, backend)
+    if refusal:
+        raise TypeError(f"hpcring.allreduce: {refusal}")
     if x.dtype not in DTYPES:
         names = ", ".join(d.name for d in DTYPES)
         raise TypeError(f"hpcring.allreduce: dtype {x.dtype} is not supported; use one of {names}")
     check_op(OPS[op], x.dtype)
     if not x.flags.c_contiguous:
         raise ValueError("hpcring.allreduce: x must be C-contiguous (use xp.ascontiguousarray)")
+    backend.check_device(x, "x")
     in_place = out is None or (
         out is x
         or (
@@ -163,6 +167,7 @@ def _validate(x: Any, out: Any, op: str, algorithm: str) -> tuple[Backend, Op, b
         )
     if not out.flags.c_contiguous:
         raise ValueError("hpcring.allreduce: out must be C-contiguous")
+    backend.check_device(out, "out")
     if not backend.writeable(out):
         raise ValueError("hpcring.allreduce: out is read-only")
     if backend.shares_memory(x, out):
@@ -171,25 +176,34 @@ def _validate(x: Any, out: Any, op: str, algorithm: str) -> tuple[Backend, Op, b
 
 
 _OP_NAMES = list(OPS)
-_ALG_NAMES = list(algorithms.REGISTRY)
+_ALG_NAMES = list(algorithms.MODULES)
+
+
+_ARRAYS = ["numpy.ndarray", "cupy.ndarray"]
 
 
 def _signature(call: int, x: Any, op: str, algorithm: str) -> list[int]:
-    """What must agree across ranks, as integers (-1 where a value is not one we know)."""
+    """What must agree across ranks, as integers (-1 where a value is not one we know).
+
+    The array kind is part of it: NumPy on some ranks and CuPy on others would stage
+    and sum fine, but almost always means a rank that skipped moving its data to the GPU.
+    """
     count = int(getattr(x, "size", -1)) if hasattr(x, "dtype") else -1
     dtype = getattr(x, "dtype", None)
+    kind = f"{type(x).__module__.split('.')[0]}.{type(x).__name__}"
     return [
         call,
         count,
         DTYPES.index(dtype) if dtype in DTYPES else -1,
         _OP_NAMES.index(op) if op in _OP_NAMES else -1,
         _ALG_NAMES.index(algorithm) if algorithm in _ALG_NAMES else -1,
+        _ARRAYS.index(kind) if kind in _ARRAYS else -1,
     ]
 
 
 def _describe(field: str, value: int) -> str:
     """A value of the agreement row, as a person would name it."""
-    names = {"dtype": [d.name for d in DTYPES], "op": _OP_NAMES, "algorithm": _ALG_NAMES}
+    names = {"dtype": [d.name for d in DTYPES], "op": _OP_NAMES, "algorithm": _ALG_NAMES, "array": _ARRAYS}
     if field in names:
         return names[field][value] if value >= 0 else "?"
     return str(value)

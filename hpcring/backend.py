@@ -12,6 +12,10 @@ from __future__ import annotations
 import ctypes
 import functools
 import os
+import signal
+import subprocess
+import sys
+import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
@@ -49,8 +53,22 @@ def cuda_aware() -> tuple[bool, str]:
     through host memory, the safe default.
     """
     env = os.environ.get("HPCRING_CUDA_AWARE", "").strip()
-    if env in ("0", "1"):
-        return env == "1", f"HPCRING_CUDA_AWARE={env}"
+    if env == "0":
+        return False, "HPCRING_CUDA_AWARE=0"
+    if env == "1":
+        if not _cupy_usable():
+            return True, "HPCRING_CUDA_AWARE=1 (not verified: no GPU here)"
+        failure = verify_cuda_aware([sys.executable, "-m", "hpcring.cudaprobe", str(cupy.cuda.Device().id)])
+        if failure is None:
+            return True, "HPCRING_CUDA_AWARE=1, verified by a device-buffer exchange"
+        warnings.warn(
+            f"HPCRING_CUDA_AWARE=1, but a device-buffer exchange through this MPI library {failure}: "
+            "it is not CUDA-aware; hpcring stages through host memory instead (unset the variable "
+            "or set it to 0 to silence this)",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return False, f"HPCRING_CUDA_AWARE=1 but the device-buffer check {failure}: host staging"
     if env:
         raise ValueError(f"HPCRING_CUDA_AWARE must be 1 or 0, got {env!r}")
     from mpi4py import MPI
@@ -73,6 +91,29 @@ def cuda_aware() -> tuple[bool, str]:
     return False, "MPI library does not say: host staging"
 
 
+# What a launcher puts in a rank's environment: without it a child process is an MPI singleton.
+_LAUNCHER_VARIABLES = ("OMPI_", "PMIX_", "PRTE_", "PMI_", "MPI_LOCAL", "HYDRA_", "SLURM_", "I_MPI_")
+
+
+def verify_cuda_aware(command: list[str], timeout: float = 120.0) -> str | None:
+    """Run the device-buffer probe ``command`` as a singleton child; None if it passed, else what failed.
+
+    A crash (a non-CUDA-aware library reading a device pointer as host memory) only ends
+    the child. The launcher's variables are removed so the child does not join the job.
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_LAUNCHER_VARIABLES)}
+    try:
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return f"did not finish in {timeout:g} s"
+    if done.returncode == 0:
+        return None
+    if done.returncode < 0:
+        return f"crashed (signal {signal.Signals(-done.returncode).name})"
+    last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+    return f"failed (exit {done.returncode}: {last})"
+
+
 class Backend:
     """NumPy arrays on the host: MPI reads and writes them directly."""
 
@@ -89,6 +130,9 @@ class Backend:
 
     def data_pointer(self, array: Any) -> int:
         return int(array.ctypes.data)
+
+    def check_device(self, array: Any, name: str) -> None:
+        """ValueError if ``array`` lives somewhere this rank's MPI calls cannot use; host memory is fine."""
 
     def shares_memory(self, a: Any, b: Any) -> bool:
         return bool(np.shares_memory(a, b))
@@ -141,6 +185,17 @@ class CupyBackend(Backend):
     def data_pointer(self, array: Any) -> int:
         return int(array.data.ptr)
 
+    def check_device(self, array: Any, name: str) -> None:
+        """The array must be on the current device: the one this rank's streams, staging and
+        kernels use (`select_device` makes it the node-local rank's GPU)."""
+        current = cupy.cuda.Device().id
+        if array.device.id != current:
+            raise ValueError(
+                f"hpcring.allreduce: {name} is on GPU {array.device.id} but this rank's current device "
+                f"is GPU {current}; call hpcring.select_device() once at start-up and allocate after it, "
+                "or enter `with cupy.cuda.Device(i):` around the call"
+            )
+
     def shares_memory(self, a: Any, b: Any) -> bool:
         return bool(cupy.shares_memory(a, b))
 
@@ -182,6 +237,10 @@ class CupyBackend(Backend):
             stream.synchronize()  # the pinned buffer is reused by the next call
             staging("h2d", start, array, host)
 
+    def staging(self, slot_bytes: int, marks: int) -> Staging:
+        """A `Staging` pipeline with slots of ``slot_bytes`` and ``marks`` item events in rotation."""
+        return Staging(slot_bytes, marks)
+
     def handoff(self, array: Any) -> Callable[[], AbstractContextManager[None]]:
         """Record the writer's stream now; the worker thread enters the array's device and waits
         for that event, so kernels queued later by the writer are not waited for."""
@@ -196,6 +255,115 @@ class CupyBackend(Backend):
                 yield
 
         return entered
+
+
+def pinned_d2h_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
+    """Bytes per second of one device-to-host copy into pinned memory (median of ``repeats``).
+
+    The ceiling of host staging: every staged byte crosses this link at least once each way.
+    """
+    import cupyx
+
+    device = cupy.zeros(nbytes, dtype=np.uint8)
+    host = cupyx.empty_pinned(nbytes, dtype=np.uint8)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    times = []
+    for _ in range(repeats + 1):  # the first copy warms up
+        start.record(stream)
+        device.get(out=host, stream=stream)
+        stop.record(stream)
+        stop.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, stop) / 1e3)
+    return nbytes / sorted(times[1:])[len(times[1:]) // 2]
+
+
+class Staging:
+    """Host staging that overlaps: two pinned send slots and two receive slots, a copy stream
+    for device-to-host copies and a compute stream for host-to-device copies and reductions.
+
+    A pipeline of items (one MPI message each) uses it as: `to_host` item i+1 on the copy
+    stream while MPI moves item i; `sent(i)` waits only for item i's copy; `received(i)`
+    hands out a receive slot once the copy that last read it has finished; `to_device` and
+    the reduction of item i run on the compute stream while MPI moves item i+1. `mark(i)`
+    records item i's device work, so a later copy that reads what it wrote can wait for it
+    on the GPU (`to_host(..., after=)`) without stopping the host. Made once per plan (it
+    holds pinned memory), so a warm call allocates nothing.
+    """
+
+    SLOTS = 2
+
+    def __init__(self, slot_bytes: int, marks: int) -> None:
+        import cupyx
+
+        def event() -> Any:
+            return cupy.cuda.Event(block=False, disable_timing=True)
+
+        nbytes = max(slot_bytes, 1)
+        self.copy = cupy.cuda.Stream(non_blocking=True)
+        self.compute = cupy.cuda.Stream(non_blocking=True)
+        self._send = [cupyx.empty_pinned(nbytes, dtype=np.uint8) for _ in range(self.SLOTS)]
+        self._recv = [cupyx.empty_pinned(nbytes, dtype=np.uint8) for _ in range(self.SLOTS)]
+        self._copied = [event() for _ in range(self.SLOTS)]  # send slot filled
+        self._drained = [event() for _ in range(self.SLOTS)]  # receive slot read by the device
+        self._marks = [event() for _ in range(max(marks, 1))]
+        self._start = event()
+
+    def begin(self) -> None:
+        """Both streams start after the work the caller queued on its current stream (its inputs)."""
+        self._start.record(cupy.cuda.get_current_stream())
+        self.copy.wait_event(self._start)
+        self.compute.wait_event(self._start)
+
+    def to_host(self, item: int, piece: Any, after: int = -1) -> None:
+        """Queue the copy of device ``piece`` into send slot item % 2, after the device work of
+        item ``after`` (>= 0, within the last ``marks`` items marked) has run."""
+        slot = item % self.SLOTS
+        if after >= 0:
+            self.copy.wait_event(self._marks[after % len(self._marks)])
+        if piece.nbytes:
+            cupy.cuda.runtime.memcpyAsync(
+                self._send[slot].ctypes.data,
+                piece.data.ptr,
+                piece.nbytes,
+                cupy.cuda.runtime.memcpyDeviceToHost,
+                self.copy.ptr,
+            )
+        self._copied[slot].record(self.copy)
+
+    def sent(self, item: int, nbytes: int) -> np.ndarray:
+        """Send slot of ``item``, once its device-to-host copy has landed (MPI may read it now)."""
+        slot = item % self.SLOTS
+        self._copied[slot].synchronize()
+        return self._send[slot][:nbytes]
+
+    def received(self, item: int, nbytes: int) -> np.ndarray:
+        """Receive slot for ``item``, once the device has finished reading what it held before."""
+        slot = item % self.SLOTS
+        self._drained[slot].synchronize()
+        return self._recv[slot][:nbytes]
+
+    def to_device(self, item: int, piece: Any) -> None:
+        """Queue the copy of ``item``'s receive slot into device ``piece`` on the compute stream."""
+        slot = item % self.SLOTS
+        if piece.nbytes:
+            cupy.cuda.runtime.memcpyAsync(
+                piece.data.ptr,
+                self._recv[slot].ctypes.data,
+                piece.nbytes,
+                cupy.cuda.runtime.memcpyHostToDevice,
+                self.compute.ptr,
+            )
+        self._drained[slot].record(self.compute)
+
+    def mark(self, item: int) -> None:
+        """Record the device work queued so far for ``item``; a later `to_host` may wait for it."""
+        self._marks[item % len(self._marks)].record(self.compute)
+
+    def finish(self) -> None:
+        """Block until every queued copy and reduction is done: the result is complete on return."""
+        self.compute.synchronize()
+        self.copy.synchronize()
 
 
 _NUMPY = Backend()

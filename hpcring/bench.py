@@ -221,7 +221,13 @@ def build_parser() -> argparse.ArgumentParser:
     add("-c", "--check", type=int, choices=(0, 1), default=1, nargs="?", const=1, help="check results (1)")
     add("-d", "--dtype", default="float32", help=f"one of {', '.join(d.name for d in DTYPES)} (float32)")
     add("-o", "--op", default="sum", help=f"one of {', '.join(OPS)} (sum)")
-    add("-a", "--algorithms", default=",".join(ALGORITHMS), help="comma list (default: all)")
+    add(
+        "-a",
+        "--algorithms",
+        default=None,
+        help=f"comma list of {', '.join((*ALGORITHMS, *algorithms.BASELINES))} "
+        "(default: all; nccl on GPUs only)",
+    )
     add("--device", choices=("cpu", "gpu", "auto"), default="auto", help="gpu if CuPy sees one (auto)")
     add(
         "--max-time",
@@ -258,12 +264,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         check_op(OPS[args.op], args.dtype)
     except TypeError as error:
         parser.error(str(error).removeprefix("hpcring.allreduce: "))
-    names = [a.strip() for a in args.algorithms.split(",") if a.strip()]
-    unknown = [a for a in names if a not in ALGORITHMS]
+    args.default_algorithms = args.algorithms is None
+    known = (*ALGORITHMS, *algorithms.BASELINES)
+    names = [a.strip() for a in (args.algorithms or ",".join(ALGORITHMS)).split(",") if a.strip()]
+    unknown = [a for a in names if a not in known]
     if unknown or not names:
-        parser.error(
-            f"unknown algorithm {', '.join(map(repr, unknown))}; choose from {', '.join(ALGORITHMS)}"
-        )
+        parser.error(f"unknown algorithm {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+    if args.device == "cpu" and "nccl" in names:
+        parser.error("algorithm 'nccl' needs --device gpu")
     args.algorithms = list(dict.fromkeys(names))
     if not sweep(args.minbytes, args.maxbytes, args.stepfactor, args.dtype.itemsize):
         parser.error(f"no size between minbytes and maxbytes holds a whole {args.dtype.name} element")
@@ -388,12 +396,12 @@ def _measure(
 
     median = statistics.median(times.tolist())
     algbw = nbytes / median / 1e9 if median > 0 else 0.0
-    if (chosen or algorithm) == "mpi":
+    ran = chosen or algorithm
+    if expected_bytes_sent(ran, nbytes, size, rank, dtype.itemsize) is None:  # mpi, nccl: not visible
         measured: list[int] | None = None
         formula: list[int] | None = None
     else:
         measured = [int(s) if s == int(s) else s for s in comm.allgather(sent)]
-        ran = chosen or algorithm
         formula = [expected_bytes_sent(ran, nbytes, size, r, dtype.itemsize) or 0 for r in range(size)]
     return Row(
         size=nbytes,
@@ -419,6 +427,21 @@ def _measure(
 
 # ---------------------------------------------------------------------------------------
 # Output.
+
+
+def _baselines(args: argparse.Namespace, comm: MPI.Intracomm, dev: Device) -> dict[str, str]:
+    """Add NCCL on GPUs (by default) and drop it where it cannot run; returns {name: why not run}."""
+    from .algorithms import nccl
+
+    if dev.name == "gpu" and args.default_algorithms:
+        args.algorithms.append("nccl")
+    if "nccl" not in args.algorithms:
+        return {}
+    reason = "needs --device gpu" if dev.name != "gpu" else nccl.unavailable(comm)  # collective
+    if not reason:
+        return {}
+    args.algorithms.remove("nccl")
+    return {"nccl": reason}
 
 
 def _header(args: argparse.Namespace, argv: list[str], comm: MPI.Intracomm, dev: Device) -> dict[str, Any]:
@@ -451,6 +474,29 @@ def _header(args: argparse.Namespace, argv: list[str], comm: MPI.Intracomm, dev:
         "time": "per iteration max over ranks; median over iterations",
         "busbw_factor": busbw_factor(comm.Get_size()),
         "argv": argv,
+        **(_gpu_facts(comm) if dev.name == "gpu" else {}),
+    }
+
+
+def _gpu_facts(comm: MPI.Intracomm) -> dict[str, Any]:
+    """What bounds the GPU path here: the GPUs, the pinned copy bandwidth, the staging piece size."""
+    import cupy
+
+    from .algorithms import ring
+    from .backend import pinned_d2h_bandwidth
+
+    gpus = comm.allgather((MPI.Get_processor_name(), cupy.cuda.Device().pci_bus_id))
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    comm.Barrier()
+    d2h = pinned_d2h_bandwidth(64 << 20) if comm.Get_rank() == 0 else None  # alone, not contended
+    comm.Barrier()
+    chunk = os.environ.get("HPCRING_STAGING_CHUNK_BYTES", "").strip() or str(ring.STAGING_CHUNK_BYTES)
+    return {
+        "gpu": name,
+        "gpus": len(set(gpus)),
+        "pinned_d2h_GBps": comm.bcast(d2h) / 1e9,
+        "staging_chunk_bytes": int(chunk) if chunk.isdigit() else chunk,
     }
 
 
@@ -476,6 +522,8 @@ def _format_header(h: dict[str, Any]) -> str:
         f"# hpcring {h['hpcring']} all-reduce benchmark  ({h['mpi_library']}, mpi4py {h['mpi4py']})",
         f"# ranks {h['ranks']}  hosts {h['hosts']}  ranks/host {h['ranks_per_host']}  "
         f"device {h['device']}  CUDA-aware {aware} ({h['cuda_aware_reason']})",
+        *_gpu_header(h),
+        *(f"# {name}: not run: {why}" for name, why in h.get("not_run", {}).items()),
         f"# dtype {h['dtype']}  op {h['op']}  iters {h['iters']} (fewer past {h['max_time_s']:g} s/row)  "
         f"warmup {h['warmup']}  check {int(h['check'])}  agree {int(h['agree'])}  {h['placement']}",
         f"# time: {h['time']};  busbw = algbw * 2(G-1)/G = algbw * {h['busbw_factor']:.4g};  "
@@ -485,6 +533,22 @@ def _format_header(h: dict[str, Any]) -> str:
         "# " + " ".join(f"{unit:{spec}}" for _, spec, unit in _COLUMNS)[2:],
     ]
     return "\n".join(lines)
+
+
+def _gpu_header(h: dict[str, Any]) -> list[str]:
+    if h["device"] != "gpu":
+        return []
+    piece = h["staging_chunk_bytes"]
+    staging = (
+        ""
+        if h["cuda_aware"]
+        else f"  staging pieces {format_size(piece) if isinstance(piece, int) else piece}B"
+    )
+    lines = [
+        f"# GPU {h['gpu']}: {h['gpus']} for {h['ranks']} ranks  pinned device-to-host "
+        f"{h['pinned_d2h_GBps']:.1f} GB/s (one rank alone){staging}"
+    ]
+    return lines
 
 
 def _format_row(row: Row) -> str:
@@ -524,7 +588,7 @@ def tuning_table(rows: list[Row]) -> list[list[Any]]:
     so sizes beyond the sweep take the algorithm that won its largest size.
     """
     table: list[list[Any]] = []
-    for entry in summarize([r for r in rows if r.algorithm != "auto"]):
+    for entry in summarize([r for r in rows if r.algorithm not in ("auto", *algorithms.BASELINES)]):
         if table and table[-1][1] == entry["best"]:
             table[-1][0] = entry["size"]
         else:
@@ -591,6 +655,20 @@ def _format_footer(rows: list[Row], summary: list[dict[str, Any]]) -> str:
         f"# avg bus bandwidth    : {avg:.4f} GB/s",
     ]
     return "\n".join(lines)
+
+
+def _staging_line(header: dict[str, Any], rows: list[Row]) -> str:
+    """The ring's busbw at the largest size against the pinned copy bandwidth that bounds staging."""
+    ring = [r for r in rows if r.algorithm == "ring"]
+    if not ring:
+        return "# ring not run: no staging figure"
+    top = max(ring, key=lambda r: r.size)
+    mpi = next((r for r in rows if r.algorithm == "mpi" and r.size == top.size), None)
+    versus = f", {mpi.time_us / top.time_us:.2f}x mpi" if mpi and top.time_us > 0 else ""
+    return (
+        f"# ring at {format_size(top.size)}B: busbw {top.busbw:.2f} GB/s = "
+        f"{top.busbw / header['pinned_d2h_GBps']:.3f} x pinned device-to-host{versus}"
+    )
 
 
 class _Progress:
@@ -681,7 +759,13 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
             sys.stderr.write(f"{build_parser().prog}: error: {dev}\n")
         return USAGE_EXIT
 
+    not_run = _baselines(args, comm, dev)
+    if not args.algorithms:
+        if rank == 0:
+            sys.stderr.write(f"{build_parser().prog}: error: nothing to run: {not_run}\n")
+        return USAGE_EXIT
     header = _header(args, argv, comm, dev)
+    header["not_run"] = not_run
     params = comm.bcast(_model_params() if rank == 0 else None)
     header["model"] = None if params is None else params.meta.get("path", "calibrated")
     sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor, args.dtype.itemsize)
@@ -707,6 +791,8 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
     if rank == 0:
         progress.clear()
         print(_format_footer(rows, summary), flush=True)
+        if dev.name == "gpu":
+            print(_staging_line(header, rows), flush=True)
         if args.json:
             with open(args.json, "w") as stream:
                 json.dump(

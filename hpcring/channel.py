@@ -38,6 +38,7 @@ class Channel:
         self.bytes_unknown = False  # set once an opaque MPI collective ran
         self._scratch: dict[str, Any] = {}
         self._plans: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
+        self._resources: dict[str, Any] = {}
 
     PLANS = 16  # plans kept per channel; a training loop reuses a handful of bucket sizes
 
@@ -56,6 +57,14 @@ class Channel:
         else:
             self._plans.move_to_end(key)
         return plan
+
+    def resource(self, name: str, build: Callable[[], Any]) -> Any:
+        """An object made once per channel by ``build()`` and kept as long as it (a library's own
+        communicator, say); unlike plans, never evicted. ``build`` may be collective."""
+        made = self._resources.get(name)
+        if made is None:
+            made = self._resources[name] = build()
+        return made
 
     def scratch_held(self) -> int:
         """Bytes of scratch this channel already holds (reused, so not needed again)."""
@@ -84,6 +93,13 @@ class Channel:
             view(recv, copy_in=False, copy_out=True, slot=1) as r,
         ):
             self.comm.Sendrecv(_raw(s), dest, 0, _raw(r), source, 0)
+
+    @channel_call
+    def sendrecv_host(self, send: np.ndarray, dest: int, recv: np.ndarray, source: int) -> None:
+        """Sendrecv of host buffers that a staging pipeline filled (pinned slots): no view, no copy."""
+        if dest != self.rank:
+            self.bytes_sent += send.nbytes
+        self.comm.Sendrecv(_raw(send), dest, 0, _raw(recv), source, 0)
 
     @channel_call
     def send(self, send: Any, dest: int) -> None:

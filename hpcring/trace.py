@@ -385,6 +385,7 @@ def _allreduce(tracer: Tracer, start: float, ch: Any, src: Any, dst: Any, op: An
 
 _RECORDERS: dict[str, Callable[..., None]] = {
     "sendrecv": _sendrecv,
+    "sendrecv_host": _sendrecv,
     "send": _send,
     "recv": _recv,
     "gather": _gather,

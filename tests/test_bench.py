@@ -139,7 +139,14 @@ def test_verifiable_data_is_exact_in_any_order(dtype: np.dtype, op: str) -> None
 
 
 def test_bad_input_in_process_returns_2(capsys: pytest.CaptureFixture[str]) -> None:
-    for argv in (["--bogus"], ["-b", "12Q"], ["-b", "1M", "-e", "1K"], ["-a", "ring,foo"], ["-d", "float8"]):
+    for argv in (
+        ["--bogus"],
+        ["-b", "12Q"],
+        ["-b", "1M", "-e", "1K"],
+        ["-a", "ring,foo"],
+        ["-d", "float8"],
+        ["-a", "nccl", "--device", "cpu"],
+    ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         if MPI.COMM_WORLD.Get_rank() == 0:
@@ -301,6 +308,19 @@ def test_check_off_reports_nothing_wrong() -> None:
     status, report = _run([*TINY, "-c", "0", "-a", "ring,mpi"], corrupt_rank=0)
     ok = status == 0 and report is not None and all(r["wrong"] is None for r in report["rows"])
     assert everywhere(COMM, ok and len(report["rows"]) == 8)
+
+
+@pytest.mark.mpi
+def test_nccl_that_cannot_run_is_reported_not_run() -> None:
+    """On the CPU (or GPUs shared by ranks) the bench says why NCCL did not run, and runs the rest."""
+    status, report = _run([*TINY, "-a", "ring,nccl", "--device", "auto"])
+    ok = status == 0 and report is not None
+    if ok and report["header"]["device"] == "cpu":
+        ok = report["header"]["not_run"] == {"nccl": "needs --device gpu"}
+    ok = ok and {r["algorithm"] for r in report["rows"]} <= {"ring", "nccl"}
+    ran = any(r["algorithm"] == "nccl" for r in report["rows"]) if ok else False
+    ok = ok and ("nccl" in report["header"]["not_run"]) != ran
+    assert everywhere(COMM, ok)
 
 
 @pytest.mark.mpi

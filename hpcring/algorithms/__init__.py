@@ -18,8 +18,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from types import ModuleType
+from typing import Any
 
-from . import auto, mpi, naive, ps, rabenseifner, ring
+from . import auto, mpi, naive, nccl, ps, rabenseifner, ring
 
 Algorithm = Callable[..., None]
 
@@ -30,8 +31,15 @@ MODULES: dict[str, ModuleType] = {
     "rabenseifner": rabenseifner,
     "mpi": mpi,
     "auto": auto,
+    "nccl": nccl,
 }
-REGISTRY: dict[str, Algorithm] = {name: module.allreduce for name, module in MODULES.items()}
+# Baselines that only run on some machines (NCCL: CuPy, one GPU per rank). They can be named
+# in allreduce(algorithm=...) and the bench adds them on GPUs, but they are not in
+# REGISTRY, which is `hpcring.ALGORITHMS`: the algorithms that run everywhere.
+BASELINES = ("nccl",)
+REGISTRY: dict[str, Algorithm] = {
+    name: module.allreduce for name, module in MODULES.items() if name not in BASELINES
+}
 
 
 def module(name: str) -> ModuleType:
@@ -49,6 +57,12 @@ def get(name: str) -> Algorithm:
     return module(name).allreduce
 
 
+def refuses(name: str, backend: Any) -> str | None:
+    """Why algorithm ``name`` cannot take this backend's arrays (a local check), or None."""
+    check = getattr(module(name), "refuses", None)
+    return None if check is None else check(backend)
+
+
 def bytes_sent(name: str, count: int, itemsize: int, size: int, rank: int) -> int | None:
     """Bytes rank ``rank`` of ``size`` hands to MPI for one call, by the algorithm's formula."""
     return module(name).bytes_sent(count, itemsize, size, rank)
@@ -59,4 +73,14 @@ def scratch_bytes(name: str, count: int, itemsize: int, size: int, rank: int) ->
     return module(name).scratch_bytes(count, itemsize, size, rank)
 
 
-__all__ = ["MODULES", "REGISTRY", "Algorithm", "bytes_sent", "get", "module", "scratch_bytes"]
+__all__ = [
+    "BASELINES",
+    "MODULES",
+    "REGISTRY",
+    "Algorithm",
+    "bytes_sent",
+    "get",
+    "module",
+    "refuses",
+    "scratch_bytes",
+]

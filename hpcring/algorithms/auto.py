@@ -34,7 +34,7 @@ def tuning_path() -> Path:
 
 def load(size: int, path: Path | None = None) -> tuple[tuple[int | None, str], ...]:
     """The thresholds for ``size`` ranks from the tuning file; DEFAULT (with one warning) otherwise."""
-    from . import MODULES  # late: this module is one of them
+    from . import BASELINES, MODULES  # late: this module is one of them
 
     path = tuning_path() if path is None else path
     if not path.exists():
@@ -47,7 +47,7 @@ def load(size: int, path: Path | None = None) -> tuple[tuple[int | None, str], .
         table = tuple((None if limit is None else int(limit), str(name)) for limit, name in rows)
         if not table or table[-1][0] is not None:
             raise ValueError("the last threshold must be open-ended (null)")
-        unknown = [name for _, name in table if name not in MODULES or name == "auto"]
+        unknown = [name for _, name in table if name not in MODULES or name in ("auto", *BASELINES)]
         if unknown:
             raise ValueError(f"unknown algorithms {unknown}")
         return table

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..channel import Channel
 from ..ops import Op
+from ..partition import chunk as equal_part
 from ..partition import chunk_bounds, segment_bounds
 
 # Default: no chunking, by measurement. On this project's 2-core machine (Open MPI wheel,
@@ -154,6 +155,124 @@ def _blocking(ch: Channel, plan: Plan, src: Any, dst: Any, op: Op) -> None:
         ch.sendrecv(dst[out_seg], plan.right, dst[in_seg], plan.left)
 
 
+# Host staging (CuPy buffers, MPI not CUDA-aware): each segment travels as PIECES equal
+# pieces of at most STAGING_CHUNK_BYTES, so the device-to-host copy of piece i+1 and the
+# host-to-device copy and reduction of piece i-1 run on the GPU while MPI moves piece i.
+# HPCRING_STAGING_CHUNK_BYTES overrides it (the same on every rank).
+STAGING_CHUNK_BYTES = 4 << 20
+
+
+@dataclass(frozen=True)
+class Item:
+    """One message of the staged ring: send ``out`` (of src or dst), receive into ``into``."""
+
+    out: slice
+    from_src: bool
+    into: slice
+    reduce: bool  # reduce-scatter (combine with src) or all-gather (copy)
+    after: int  # the item whose device work wrote ``out`` (-1: none, it is the input)
+
+
+@dataclass(frozen=True)
+class StagedPlan:
+    left: int
+    right: int
+    items: tuple[Item, ...]
+    piece: int  # elements in the largest piece: one device scratch slot
+    slots: int  # device scratch slots (2, or 1 when a segment is one piece)
+    staging: Any  # the backend's Staging: pinned slots, streams, events
+
+
+def staged_items(size: int, rank: int, count: int, pieces: int) -> list[Item]:
+    """The ring's 2(G-1) steps, each segment cut into ``pieces`` equal pieces (so every rank's
+    k-th send meets its right neighbour's k-th receive, whatever the segment lengths).
+
+    Every item but those of reduce-scatter step 0 sends what item i - pieces wrote: the
+    segment a rank sends at a step is the one it received (and reduced) at the step before.
+    """
+    segments = segment_bounds(count, size)
+
+    def piece(segment: int, k: int) -> slice:
+        start, stop = segments[segment % size]
+        lo, hi = equal_part(stop - start, pieces, k)
+        return slice(start + lo, start + hi)
+
+    items: list[Item] = []
+    for step in range(size - 1):  # reduce-scatter
+        for k in range(pieces):
+            after = -1 if step == 0 else len(items) - pieces
+            items.append(Item(piece(rank - step, k), step == 0, piece(rank - step - 1, k), True, after))
+    for step in range(size - 1):  # all-gather
+        for k in range(pieces):
+            after = len(items) - pieces
+            items.append(Item(piece(rank + 1 - step, k), False, piece(rank - step, k), False, after))
+    return items
+
+
+def staging_pieces(count: int, size: int, itemsize: int) -> int:
+    """Pieces per segment for host staging: HPCRING_STAGING_CHUNK_BYTES (else STAGING_CHUNK_BYTES)."""
+    text = os.environ.get("HPCRING_STAGING_CHUNK_BYTES", "").strip()
+    if text and (not text.isdigit() or int(text) < 1):
+        raise ValueError(f"HPCRING_STAGING_CHUNK_BYTES must be a positive integer, got {text!r}")
+    limit = int(text) if text else STAGING_CHUNK_BYTES
+    largest = -(-count // size) * itemsize
+    return max(1, -(-largest // limit))
+
+
+def _build_staged(ch: Channel, count: int, itemsize: int) -> StagedPlan:
+    size, rank = ch.size, ch.rank
+    pieces = staging_pieces(count, size, itemsize)
+    items = staged_items(size, rank, count, pieces)
+    piece = max(max(it.out.stop - it.out.start, it.into.stop - it.into.start) for it in items)
+    return StagedPlan(
+        left=(rank - 1) % size,
+        right=(rank + 1) % size,
+        items=tuple(items),
+        piece=piece,
+        slots=min(2, pieces),
+        staging=ch.backend.staging(piece * itemsize, pieces + 1),
+    )
+
+
+def _staged(ch: Channel, plan: StagedPlan, src: Any, dst: Any, op: Op) -> None:
+    """The ring through pinned host memory, with the GPU copies overlapped with MPI.
+
+    MPI only ever sees a send slot whose copy has landed and a receive slot the device
+    has finished reading. A piece is copied out only after the device work of the item
+    that wrote it (`Item.after`), enforced on the GPU by an event, not by the host.
+    """
+    st, items, itemsize = plan.staging, plan.items, dst.dtype.itemsize
+    scratch = ch.scratch("ring", plan.slots * plan.piece, dst.dtype)
+
+    def copy_out(i: int) -> None:
+        item = items[i]
+        st.to_host(i, (src if item.from_src else dst)[item.out], item.after)
+
+    st.begin()
+    copy_out(0)
+    queued = 1  # items whose device-to-host copy is queued
+    for i, item in enumerate(items):
+        if queued == i + 1 < len(items) and items[i + 1].after < i:
+            copy_out(i + 1)  # overlaps this item's MPI transfer
+            queued += 1
+        into = item.into.stop - item.into.start
+        send = st.sent(i, (item.out.stop - item.out.start) * itemsize)
+        ch.sendrecv_host(send, plan.right, st.received(i, into * itemsize), plan.left)
+        if item.reduce:
+            slot = (i % plan.slots) * plan.piece
+            landed = scratch[slot : slot + into]
+            st.to_device(i, landed)
+            with st.compute:
+                op.combine(ch.xp, src[item.into], landed, dst[item.into])
+        else:
+            st.to_device(i, dst[item.into])
+        st.mark(i)
+        if queued == i + 1 < len(items):  # it needed this item's result
+            copy_out(i + 1)
+            queued += 1
+    st.finish()
+
+
 def chunk_elements(itemsize: int) -> int:
     """Elements per chunk: ``HPCRING_CHUNK_BYTES`` (else CHUNK_BYTES) over the item size, at least 1."""
     text = os.environ.get("HPCRING_CHUNK_BYTES", "").strip()
@@ -167,6 +286,10 @@ def chunk_elements(itemsize: int) -> int:
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     """dst <- op over all ranks of src (dst may be src)."""
     size, n = ch.size, src.size
+    if ch.backend.device and not ch.backend.direct:
+        key = ("ring-staged", src.dtype, n, dst is src, staging_pieces(n, size, src.dtype.itemsize))
+        _staged(ch, ch.plan(key, lambda: _build_staged(ch, n, src.dtype.itemsize)), src, dst, op)
+        return
     chunk = chunk_elements(src.dtype.itemsize)
     plan = ch.plan(("ring", src.dtype, n, dst is src, chunk), lambda: _build(size, ch.rank, n, chunk))
     # Non-blocking MPI needs the array's own memory for the life of the request. A staged

@@ -1,0 +1,105 @@
+"""NCCL's all-reduce through CuPy: the baseline GPU users compare against, not one of ours.
+
+The NCCL communicator is bootstrapped over MPI (rank 0's unique id, broadcast) once per
+communicator. NCCL needs one GPU per rank: where ranks share a GPU (one GPU, several
+ranks) it refuses, and so does this module, on every rank, with the reason. It is not in
+`hpcring.ALGORITHMS` (it cannot run on the CPU); the bench adds it on GPUs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..channel import Channel
+from ..ops import Op
+
+
+def refuses(backend: Any) -> str | None:
+    """Why this rank's arrays cannot go to NCCL (a local check, before the ranks agree)."""
+    return None if backend.device else "algorithm 'nccl' needs CuPy arrays on a GPU"
+
+
+def unavailable(comm: Any) -> str | None:
+    """Why NCCL cannot run on ``comm`` (collective), or None when it can.
+
+    Every rank gets the same answer: the GPU identities are gathered, so a shared GPU
+    anywhere is seen everywhere.
+    """
+    mine: tuple[str, str] | None = None
+    problem = ""
+    try:
+        import cupy
+        from cupy.cuda import nccl
+
+        if not nccl.available:
+            problem = "CuPy was built without NCCL"
+        else:
+            from mpi4py import MPI
+
+            mine = (MPI.Get_processor_name(), cupy.cuda.Device().pci_bus_id)
+    except Exception as error:  # no CuPy, no GPU, no NCCL library
+        problem = f"CuPy's NCCL is not usable here ({type(error).__name__}: {error})"
+    everyone = comm.allgather((mine, problem))
+    problems = [p for _, p in everyone if p]
+    if problems:
+        return problems[0]
+    owners: dict[tuple[str, str], list[int]] = {}
+    for rank, (gpu, _) in enumerate(everyone):
+        owners.setdefault(gpu, []).append(rank)
+    for (host, bus), ranks in owners.items():
+        if len(ranks) > 1:
+            return (
+                f"ranks {', '.join(map(str, ranks))} share GPU {bus} on {host}: NCCL needs one GPU per rank "
+                f"({len(owners)} GPU{'s' if len(owners) > 1 else ''} for {len(everyone)} ranks)"
+            )
+    return None
+
+
+def _communicator(ch: Channel) -> Any:
+    """The NCCL communicator of ``ch``, made once (collective: every rank of ``ch``)."""
+
+    def build() -> Any:
+        from cupy.cuda import nccl
+
+        reason = unavailable(ch.comm)
+        if reason:
+            raise RuntimeError(f"hpcring.allreduce: algorithm 'nccl' is unavailable: {reason}")
+        uid = ch.comm.bcast(nccl.get_unique_id() if ch.rank == 0 else None, root=0)
+        return nccl.NcclCommunicator(ch.size, uid, ch.rank)
+
+    return ch.resource("nccl", build)
+
+
+def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
+    """dst <- op over all ranks of src (dst may be src), by ncclAllReduce on the current stream."""
+    import cupy
+    from cupy.cuda import nccl
+
+    comm = _communicator(ch)
+    count, dtype = src.size, src.dtype
+    if dtype.kind == "c":  # a complex sum is the sum of its real and imaginary parts
+        if op.name != "sum":
+            raise TypeError(f"hpcring.allreduce: nccl cannot apply op={op.name!r} to {dtype.name}")
+        count, dtype = 2 * count, src.real.dtype
+    types = {
+        "float16": nccl.NCCL_FLOAT16,
+        "float32": nccl.NCCL_FLOAT32,
+        "float64": nccl.NCCL_FLOAT64,
+        "int32": nccl.NCCL_INT32,
+        "int64": nccl.NCCL_INT64,
+    }
+    ops = {"sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
+    ch.bytes_unknown = True
+    stream = cupy.cuda.get_current_stream()
+    comm.allReduce(src.data.ptr, dst.data.ptr, count, types[dtype.name], ops[op.name], stream.ptr)
+    stream.synchronize()  # like every algorithm: the result is complete on return
+
+
+def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> None:
+    """Unknown: NCCL's traffic (rings, trees, NVLink) is its own business."""
+    return None
+
+
+def scratch_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
+    """hpcring allocates nothing for it (NCCL has its own buffers)."""
+    return 0
