@@ -109,7 +109,11 @@ def verify_cuda_aware(command: list[str], timeout: float = 120.0) -> str | None:
     if done.returncode == 0:
         return None
     if done.returncode < 0:
-        return f"crashed (signal {signal.Signals(-done.returncode).name})"
+        try:
+            name = signal.Signals(-done.returncode).name
+        except ValueError:
+            name = str(-done.returncode)
+        return f"crashed (signal {name})"
     last = (done.stderr.strip().splitlines() or ["no message"])[-1]
     return f"failed (exit {done.returncode}: {last})"
 
