@@ -491,12 +491,13 @@ def _gpu_facts(comm: MPI.Intracomm) -> dict[str, Any]:
     comm.Barrier()
     d2h = pinned_d2h_bandwidth(64 << 20) if comm.Get_rank() == 0 else None  # alone, not contended
     comm.Barrier()
-    chunk = os.environ.get("HPCRING_STAGING_CHUNK_BYTES", "").strip() or str(ring.STAGING_CHUNK_BYTES)
+    text = os.environ.get("HPCRING_STAGING_CHUNK_BYTES", "").strip()
+    chunk = int(text) if text.isdigit() else ring.STAGING_CHUNK_BYTES  # None: whole segments
     return {
         "gpu": name,
         "gpus": len(set(gpus)),
         "pinned_d2h_GBps": comm.bcast(d2h) / 1e9,
-        "staging_chunk_bytes": int(chunk) if chunk.isdigit() else chunk,
+        "staging_chunk_bytes": chunk,
     }
 
 
@@ -539,11 +540,8 @@ def _gpu_header(h: dict[str, Any]) -> list[str]:
     if h["device"] != "gpu":
         return []
     piece = h["staging_chunk_bytes"]
-    staging = (
-        ""
-        if h["cuda_aware"]
-        else f"  staging pieces {format_size(piece) if isinstance(piece, int) else piece}B"
-    )
+    piece = f"pieces of {format_size(piece)}B" if piece else "whole segments"
+    staging = "" if h["cuda_aware"] else f"  host staging: {piece}"
     lines = [
         f"# GPU {h['gpu']}: {h['gpus']} for {h['ranks']} ranks  pinned device-to-host "
         f"{h['pinned_d2h_GBps']:.1f} GB/s (one rank alone){staging}"

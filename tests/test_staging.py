@@ -7,6 +7,7 @@ meets its right neighbour's k-th receive), so every (G, count, pieces) can be co
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 
@@ -17,7 +18,9 @@ from mpi4py import MPI
 
 import hpcring
 from hpcring.algorithms import nccl, ring
-from hpcring.backend import available_backends, verify_cuda_aware
+from hpcring.backend import Backend, available_backends, verify_cuda_aware
+from hpcring.channel import Channel
+from hpcring.ops import OPS
 
 HAVE_GPU = "cupy" in available_backends()
 needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and a GPU")
@@ -69,11 +72,12 @@ def test_staged_schedule_sends_the_formula() -> None:
 
 def test_staging_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HPCRING_STAGING_CHUNK_BYTES", raising=False)
-    limit = ring.STAGING_CHUNK_BYTES
+    assert ring.staging_pieces(4000, 2, 4) is None  # off until measured on a GPU
+    limit = 1000
+    monkeypatch.setenv("HPCRING_STAGING_CHUNK_BYTES", str(limit))
     assert ring.staging_pieces(0, 2, 4) == 1
     assert ring.staging_pieces(2 * limit // 4, 2, 4) == 1  # one segment is exactly one piece
     assert ring.staging_pieces(2 * limit // 4 + 2, 2, 4) == 2
-    monkeypatch.setenv("HPCRING_STAGING_CHUNK_BYTES", "1000")
     assert ring.staging_pieces(4000, 2, 4) == 8
     for bad in ("0", "-5", "4M"):
         monkeypatch.setenv("HPCRING_STAGING_CHUNK_BYTES", bad)
@@ -144,7 +148,7 @@ def test_forced_cuda_aware_is_verified() -> None:
 @pytest.mark.mpi
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("chunk", ["64", "4096", ""], ids=["64B", "4KiB", "default"])
+@pytest.mark.parametrize("chunk", ["64", "4096", ""], ids=["64B", "4KiB", "unstreamed"])
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
 def test_staged_ring_on_gpu(chunk: str, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
     import cupy
@@ -253,3 +257,73 @@ def test_nccl_runs_on_its_own_gpu() -> None:
     g = own.size
     want = np.arange(1000, dtype=np.float32) * g + g * (g - 1) // 2
     assert everywhere(comm, np.array_equal(out.get(), want))
+
+
+class _HostStaging:
+    """The `Staging` interface with synchronous host copies: runs `ring._staged`'s loop (slots,
+    items, `after` marks) over real MPI without a GPU. It checks what CUDA events would
+    enforce: a piece is copied out only after the item that wrote it was marked."""
+
+    def __init__(self, slot_bytes: int, marks: int) -> None:
+        self.compute = contextlib.nullcontext()
+        self._send = [np.empty(max(slot_bytes, 1), np.uint8) for _ in range(2)]
+        self._recv = [np.empty(max(slot_bytes, 1), np.uint8) for _ in range(2)]
+        self._marks = [-1] * marks
+        self.begun = 0
+
+    def begin(self) -> None:
+        self.begun += 1
+
+    def to_host(self, item: int, piece: np.ndarray, after: int = -1) -> None:
+        assert after < 0 or self._marks[after % len(self._marks)] == after, (item, after)
+        self._send[item % 2][: piece.nbytes] = piece.view(np.uint8)
+
+    def sent(self, item: int, nbytes: int) -> np.ndarray:
+        return self._send[item % 2][:nbytes]
+
+    def received(self, item: int, nbytes: int) -> np.ndarray:
+        return self._recv[item % 2][:nbytes]
+
+    def to_device(self, item: int, piece: np.ndarray) -> None:
+        piece.view(np.uint8)[:] = self._recv[item % 2][: piece.nbytes]
+
+    def mark(self, item: int) -> None:
+        self._marks[item % len(self._marks)] = item
+
+    def finish(self) -> None:
+        pass
+
+
+class _HostStagedBackend(Backend):
+    name, device, direct = "host-staged", True, False
+
+    def staging(self, slot_bytes: int, marks: int) -> _HostStaging:
+        return _HostStaging(slot_bytes, marks)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("chunk", ["4", "12", "4096"])
+@pytest.mark.parametrize("dtype", ["float16", "int64"])
+def test_staged_loop_over_mpi(chunk: str, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The staged ring's loop on the CPU, through a real MPI: the GPU test runs it with CUDA."""
+    monkeypatch.setenv("HPCRING_STAGING_CHUNK_BYTES", chunk)
+    comm = MPI.COMM_WORLD.Dup()
+    try:
+        ch = Channel(comm, _HostStagedBackend())
+        g = comm.size
+        for n in (1, g + 1, 7, 1001):
+            want = np.asarray(g * (np.arange(n) % 5) + g * (g + 1) // 2, dtype=dtype)
+            for in_place in (True, False):
+                x = np.asarray(np.arange(n) % 5 + comm.rank + 1, dtype=dtype)
+                before = x.copy()
+                out = x if in_place else np.full(n, 99, dtype=dtype)
+                if g > 1:
+                    ring.allreduce(ch, x, out, OPS["sum"])
+                where = f"n={n} in_place={in_place}"
+                assert everywhere(MPI.COMM_WORLD, g == 1 or np.array_equal(out, want)), where
+                assert everywhere(MPI.COMM_WORLD, in_place or np.array_equal(x, before)), where
+        plans = [p for key, p in ch._plans.items() if key[0] == "ring-staged"]
+        ran_once = len(plans) == 8 and all(p.staging.begun == 1 for p in plans)  # 4 sizes x in/out
+        assert everywhere(MPI.COMM_WORLD, g == 1 or ran_once)
+    finally:
+        comm.Free()

@@ -155,11 +155,13 @@ def _blocking(ch: Channel, plan: Plan, src: Any, dst: Any, op: Op) -> None:
         ch.sendrecv(dst[out_seg], plan.right, dst[in_seg], plan.left)
 
 
-# Host staging (CuPy buffers, MPI not CUDA-aware): each segment travels as PIECES equal
-# pieces of at most STAGING_CHUNK_BYTES, so the device-to-host copy of piece i+1 and the
-# host-to-device copy and reduction of piece i-1 run on the GPU while MPI moves piece i.
-# HPCRING_STAGING_CHUNK_BYTES overrides it (the same on every rank).
-STAGING_CHUNK_BYTES = 4 << 20
+# Host staging (CuPy buffers, MPI not CUDA-aware) can stream: each segment travels as equal
+# pieces of at most HPCRING_STAGING_CHUNK_BYTES (the same on every rank), so the device-to-host
+# copy of piece i+1 and the host-to-device copy and reduction of piece i-1 run on the GPU
+# while MPI moves piece i. Off by default (STAGING_CHUNK_BYTES None: one blocking Sendrecv per
+# segment, staged whole) until it has been measured on a GPU: the blocking staged ring is the
+# one measured on an H200 (docs/gpu.md). Its schedule is tested here on every (G, n, pieces).
+STAGING_CHUNK_BYTES: int | None = None
 
 
 @dataclass(frozen=True)
@@ -209,19 +211,21 @@ def staged_items(size: int, rank: int, count: int, pieces: int) -> list[Item]:
     return items
 
 
-def staging_pieces(count: int, size: int, itemsize: int) -> int:
-    """Pieces per segment for host staging: HPCRING_STAGING_CHUNK_BYTES (else STAGING_CHUNK_BYTES)."""
+def staging_pieces(count: int, size: int, itemsize: int) -> int | None:
+    """Pieces per segment for streamed host staging (HPCRING_STAGING_CHUNK_BYTES, else
+    STAGING_CHUNK_BYTES); None when staging does not stream."""
     text = os.environ.get("HPCRING_STAGING_CHUNK_BYTES", "").strip()
     if text and (not text.isdigit() or int(text) < 1):
         raise ValueError(f"HPCRING_STAGING_CHUNK_BYTES must be a positive integer, got {text!r}")
     limit = int(text) if text else STAGING_CHUNK_BYTES
+    if limit is None:
+        return None
     largest = -(-count // size) * itemsize
     return max(1, -(-largest // limit))
 
 
-def _build_staged(ch: Channel, count: int, itemsize: int) -> StagedPlan:
+def _build_staged(ch: Channel, count: int, itemsize: int, pieces: int) -> StagedPlan:
     size, rank = ch.size, ch.rank
-    pieces = staging_pieces(count, size, itemsize)
     items = staged_items(size, rank, count, pieces)
     piece = max(max(it.out.stop - it.out.start, it.into.stop - it.into.start) for it in items)
     return StagedPlan(
@@ -286,9 +290,10 @@ def chunk_elements(itemsize: int) -> int:
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     """dst <- op over all ranks of src (dst may be src)."""
     size, n = ch.size, src.size
-    if ch.backend.device and not ch.backend.direct:
-        key = ("ring-staged", src.dtype, n, dst is src, staging_pieces(n, size, src.dtype.itemsize))
-        _staged(ch, ch.plan(key, lambda: _build_staged(ch, n, src.dtype.itemsize)), src, dst, op)
+    pieces = staging_pieces(n, size, src.dtype.itemsize) if ch.backend.device else None
+    if pieces is not None and not ch.backend.direct:
+        key = ("ring-staged", src.dtype, n, dst is src, pieces)
+        _staged(ch, ch.plan(key, lambda: _build_staged(ch, n, src.dtype.itemsize, pieces)), src, dst, op)
         return
     chunk = chunk_elements(src.dtype.itemsize)
     plan = ch.plan(("ring", src.dtype, n, dst is src, chunk), lambda: _build(size, ch.rank, n, chunk))
