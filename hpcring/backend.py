@@ -261,6 +261,20 @@ class CupyBackend(Backend):
         return entered
 
 
+def gpu_identity() -> str:
+    """The current GPU as a name that differs between GPUs of one host: its PCI bus id.
+
+    Two ranks that see the same id share a GPU, whatever CUDA_VISIBLE_DEVICES each has.
+    """
+    device = cupy.cuda.Device()
+    for read in (lambda: device.pci_bus_id, lambda: cupy.cuda.runtime.deviceGetPCIBusId(device.id)):
+        try:
+            return str(read())
+        except Exception:  # an older CuPy without one of them
+            continue
+    return f"device {device.id}"
+
+
 def pinned_d2h_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
     """Bytes per second of one device-to-host copy into pinned memory (median of ``repeats``).
 

@@ -483,9 +483,9 @@ def _gpu_facts(comm: MPI.Intracomm) -> dict[str, Any]:
     import cupy
 
     from .algorithms import ring
-    from .backend import pinned_d2h_bandwidth
+    from .backend import gpu_identity, pinned_d2h_bandwidth
 
-    gpus = comm.allgather((MPI.Get_processor_name(), cupy.cuda.Device().pci_bus_id))
+    gpus = comm.allgather((MPI.Get_processor_name(), gpu_identity()))
     props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     comm.Barrier()

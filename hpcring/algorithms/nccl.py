@@ -28,15 +28,16 @@ def unavailable(comm: Any) -> str | None:
     mine: tuple[str, str] | None = None
     problem = ""
     try:
-        import cupy
         from cupy.cuda import nccl
+
+        from ..backend import gpu_identity
 
         if not nccl.available:
             problem = "CuPy was built without NCCL"
         else:
             from mpi4py import MPI
 
-            mine = (MPI.Get_processor_name(), cupy.cuda.Device().pci_bus_id)
+            mine = (MPI.Get_processor_name(), gpu_identity())
     except Exception as error:  # no CuPy, no GPU, no NCCL library
         problem = f"CuPy's NCCL is not usable here ({type(error).__name__}: {error})"
     everyone = comm.allgather((mine, problem))
