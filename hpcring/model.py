@@ -82,14 +82,31 @@ class Link:
 
 
 @dataclass(frozen=True)
+class Busy:
+    """alpha, beta and gamma measured with all p ranks of one machine exchanging and adding at
+    once: what a step of ring, rabenseifner or naive costs when every rank does it together."""
+
+    alpha: float
+    beta: float
+    gamma: float
+
+
+@dataclass(frozen=True)
 class Params:
-    """A flat machine: every pair of ranks is joined by the same link; gamma per byte reduced."""
+    """A flat machine: every pair of ranks is joined by the same link; gamma per byte reduced.
+
+    ``alpha``, ``beta``, ``gamma`` are one pair alone (ping-pong, one rank adding); ``busy[p]``,
+    where calibrated at p ranks, are the same with all p ranks busy. Ranks that share cores
+    and memory bandwidth get much less each than a pair alone, and the busy figures hold
+    that sharing, measured, where `oversubscription` can only guess its core part.
+    """
 
     alpha: float
     beta: float
     gamma: float
     cores: int | None = None  # set when the ranks share this machine's cores (calibration does)
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    busy: dict[int, Busy] = field(default_factory=dict, compare=False)
 
     @property
     def link(self) -> Link:
@@ -241,12 +258,21 @@ def _crossing(distance: int, pattern: str, per_node: int, ranks: int) -> int:
 
 
 def seconds(
-    steps: Iterable[Phase], machine: Link | Nodes, gamma: float, ranks: int, slowdown: float = 1.0
+    steps: Iterable[Phase],
+    machine: Link | Nodes,
+    gamma: float,
+    ranks: int,
+    slowdown: float = 1.0,
+    busy: Busy | None = None,
 ) -> float:
     """The time of ``steps``: each phase on the link its messages cross, shared by the flows that
-    cross at once; phases in which every rank works are ``slowdown`` times slower (`oversubscription`)."""
+    cross at once; phases in which every rank works are ``slowdown`` times slower (`oversubscription`),
+    or, where ``busy`` figures were measured for these ranks, cost what those say."""
     total = 0.0
     for step in steps:
+        if busy is not None and step.pattern in CONCURRENT:
+            total += step.reduced * busy.gamma + step.messages * (busy.alpha + step.nbytes * busy.beta)
+            continue
         cost = step.reduced * gamma
         if step.messages:
             if isinstance(machine, Link):
@@ -285,25 +311,26 @@ def predict(
     _check_size(nbytes, ranks)
     if bcast not in BCAST_FORMS:
         raise ModelError(f"unknown bcast form {bcast!r}; choose one of {', '.join(BCAST_FORMS)}")
-    slowdown = 1.0
+    slowdown, busy = 1.0, None
     if isinstance(params, Params):
         machine: Link | Nodes = params.link
         gamma = params.gamma if gamma is None else gamma
         slowdown = oversubscription(ranks, params.cores)
+        busy = params.busy.get(ranks)
     else:
         machine = params
         if gamma is None:
             raise ModelError("predict: gamma is needed with a Link or Nodes")
     if algorithm == "mpi":
         return min(
-            seconds(phases(a, nbytes, ranks), machine, gamma, ranks, slowdown)
+            seconds(phases(a, nbytes, ranks), machine, gamma, ranks, slowdown, busy)
             for a in ("ring", "rabenseifner")
         )
     if algorithm == "hierarchical":
         if not isinstance(machine, Nodes):
             raise ModelError("hierarchical needs a machine of nodes (--gpus-per-node)")
         return _hierarchical(nbytes, ranks, machine, gamma)
-    return seconds(phases(algorithm, nbytes, ranks, bcast=bcast), machine, gamma, ranks, slowdown)
+    return seconds(phases(algorithm, nbytes, ranks, bcast=bcast), machine, gamma, ranks, slowdown, busy)
 
 
 def oversubscription(ranks: int, cores: int | None) -> float:
@@ -368,9 +395,28 @@ def load_params(path: str | os.PathLike[str] | None = None) -> Params:
     cores = data.get("cores")
     if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores <= 0):
         raise ModelError(f"corrupt calibration file {where}: cores must be a positive integer, got {cores!r}")
-    meta = {k: v for k, v in data.items() if k not in values and k != "cores"}
+    busy = _load_busy(data.get("busy", {}), where)
+    meta = {k: v for k, v in data.items() if k not in values and k not in ("cores", "busy")}
     meta["path"] = str(where)
-    return Params(**values, cores=cores, meta=meta)
+    return Params(**values, cores=cores, meta=meta, busy=busy)
+
+
+def _load_busy(table: Any, where: Path) -> dict[int, Busy]:
+    """The ``busy`` table of a calibration file: {"p": {"alpha": ..., "beta": ..., "gamma": ...}}."""
+    if not isinstance(table, dict):
+        raise ModelError(f"corrupt calibration file {where}: busy must be an object")
+    busy = {}
+    for key, entry in table.items():
+        ok = str(key).isdigit() and int(key) > 1 and isinstance(entry, dict)
+        values = [entry.get(k) for k in ("alpha", "beta", "gamma")] if ok else []
+        if not ok or not all(
+            not isinstance(v, bool) and isinstance(v, int | float) and 0 < v < math.inf for v in values
+        ):
+            raise ModelError(
+                f"corrupt calibration file {where}: busy[{key!r}] must hold positive alpha, beta, gamma"
+            )
+        busy[int(key)] = Busy(*map(float, values))
+    return busy
 
 
 def save_params(params: Params, path: Path) -> None:
@@ -381,6 +427,7 @@ def save_params(params: Params, path: Path) -> None:
         "beta": params.beta,
         "gamma": params.gamma,
         "cores": params.cores,
+        "busy": {str(p): vars(b) for p, b in sorted(params.busy.items())},
     }
     record.update({k: v for k, v in params.meta.items() if k != "path"})
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
@@ -442,6 +489,7 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
     if rank == 0:
         gamma = statistics.median(_gamma(array, n, large_repeats) for n in sizes)
     gamma = comm.bcast(gamma)
+    busy = _busy(comm, array, sizes, small_repeats, large_repeats)
     from mpi4py import MPI
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -455,11 +503,41 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
         "quick": quick,
         "sizes": sizes,
     }
-    return Params(alpha, beta, gamma, cores, meta)
+    return Params(alpha, beta, gamma, cores, meta, {comm.Get_size(): busy})
 
 
-def _gamma(array: str, nbytes: int, repeats: int) -> float:
-    """Seconds per byte of acc += other (float32) with the array module in use."""
+def _busy(comm: Any, array: str, sizes: Sequence[int], small: int, large: int) -> Busy:
+    """alpha, beta, gamma with every rank at work at once, as in a ring step: each rank sends to
+    its right neighbour while receiving from its left, then adds. Each sample is the slowest
+    rank's time (a step waits for it); the figure is the median of the samples."""
+    import numpy as np
+    from mpi4py import MPI
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    right, left = (rank + 1) % size, (rank - 1) % size
+
+    def slowest(run: Any, repeats: int) -> float:
+        samples = np.empty(repeats + 2)
+        for i in range(repeats + 2):  # 2 warm-ups
+            comm.Barrier()
+            start = time.perf_counter()
+            run()
+            samples[i] = time.perf_counter() - start
+        comm.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)
+        return float(np.median(samples[2:]))
+
+    def exchange(nbytes: int) -> Any:
+        send, recv = np.ones(max(nbytes, 1), np.uint8), np.empty(max(nbytes, 1), np.uint8)
+        return lambda: comm.Sendrecv(send, right, 9, recv, left, 9)
+
+    alpha = slowest(exchange(1), small)
+    beta = statistics.median(max(slowest(exchange(n), large) - alpha, 1e-15) / n for n in sizes)
+    gamma = statistics.median(slowest(_adder(array, n), large) / n for n in sizes)
+    return Busy(alpha, beta, gamma)
+
+
+def _adder(array: str, nbytes: int) -> Any:
+    """acc += other on float32 of ``nbytes`` with the array module in use, pages touched once."""
     import numpy as np
 
     from .backend import available_backends, backend_named
@@ -467,7 +545,6 @@ def _gamma(array: str, nbytes: int, repeats: int) -> float:
     if array not in available_backends():
         raise ModelError(f"array module {array!r} is not usable here; choose one of {available_backends()}")
     backend = backend_named(array)
-
     acc = backend.xp.ones(nbytes // 4, dtype=np.float32)
     other = backend.xp.ones(nbytes // 4, dtype=np.float32)
 
@@ -475,8 +552,13 @@ def _gamma(array: str, nbytes: int, repeats: int) -> float:
         backend.xp.add(acc, other, out=acc)
         backend.synchronize()
 
-    add()  # first touch of the pages
-    return _median_time(add, repeats) / nbytes
+    add()
+    return add
+
+
+def _gamma(array: str, nbytes: int, repeats: int) -> float:
+    """Seconds per byte of acc += other (float32) with the array module in use, one rank alone."""
+    return _median_time(_adder(array, nbytes), repeats) / nbytes
 
 
 def validate(
@@ -725,6 +807,20 @@ def _plot(
     plt.close(fig)
 
 
+def _keep_busy(params: Params, path: Path) -> Params:
+    """``params`` plus the busy figures for other rank counts already in ``path`` from this host:
+    calibrating at 2, 3 and 4 ranks one after another builds one file."""
+    try:
+        old = load_params(path)
+    except ModelError:
+        return params
+    if old.meta.get("host") != params.meta.get("host"):
+        return params
+    return Params(
+        params.alpha, params.beta, params.gamma, params.cores, params.meta, {**old.busy, **params.busy}
+    )
+
+
 def _mpi_main(args: argparse.Namespace) -> int:
     """--calibrate and --validate: collective; every rank returns the same exit code."""
     from mpi4py import MPI
@@ -737,6 +833,7 @@ def _mpi_main(args: argparse.Namespace) -> int:
             output = Path(args.output).expanduser() if args.output else default_path()
             params = calibrate(comm, quick=args.quick, array=args.array)
             if rank == 0:
+                params = _keep_busy(params, output)
                 save_params(params, output)
                 print(
                     f"# calibrated on {comm.Get_size()} ranks ({params.meta['host']}, load "
@@ -745,6 +842,12 @@ def _mpi_main(args: argparse.Namespace) -> int:
                     f"({1 / params.beta / GB:.3g} GB/s), gamma {params.gamma * 1e9:.4g} ns/B "
                     f"({1 / params.gamma / GB:.3g} GB/s) -> {output}"
                 )
+                for p, b in sorted(params.busy.items()):
+                    print(
+                        f"#   all {p} ranks busy: alpha {b.alpha * 1e6:.3g} us, "
+                        f"beta {b.beta * 1e9:.4g} ns/B ({1 / b.beta / GB:.3g} GB/s), "
+                        f"gamma {b.gamma * 1e9:.4g} ns/B ({1 / b.gamma / GB:.3g} GB/s)"
+                    )
         else:
             params = load_params(args.params)
             import hpcring

@@ -137,6 +137,41 @@ def test_params_round_trip(tmp_path: Path) -> None:
     assert loaded.meta["host"] == "h"
 
 
+def test_busy_figures_replace_the_pair_for_steps_every_rank_takes() -> None:
+    """Measured with all p ranks busy: ring is 2(p-1) steps of (a_b + n/p b_b) plus (p-1)/p n g_b,
+    with no oversubscription factor on top (the busy figures already hold it); ps keeps the
+    pair figures for what its root does alone and the busy ones for the Bcast tree."""
+    busy = model.Busy(2.0, 0.02, 0.004)
+    params = Params(1.0, 0.01, GAMMA, cores=2, busy={4: busy})
+    assert predict("ring", N, 4, params) == pytest.approx(6 * (2 + 250 * 0.02) + 750 * 0.004)
+    assert predict("ps", N, 4, params) == pytest.approx(33 + 3 + 2 * (2 + 1000 * 0.02))
+    assert predict("ring", N, 3, params) == pytest.approx(1.5 * t("ring", 3))  # no busy figures for 3
+
+
+def test_busy_figures_round_trip_and_merge(tmp_path: Path) -> None:
+    path = tmp_path / "model.json"
+    two = Params(1e-6, 1e-10, 1e-11, 2, {"host": "h"}, {2: model.Busy(2e-6, 2e-10, 2e-11)})
+    model.save_params(two, path)
+    four = Params(3e-6, 3e-10, 3e-11, 2, {"host": "h"}, {4: model.Busy(4e-6, 4e-10, 4e-11)})
+    merged = model._keep_busy(four, path)
+    assert merged.busy == {2: model.Busy(2e-6, 2e-10, 2e-11), 4: model.Busy(4e-6, 4e-10, 4e-11)}
+    assert merged.alpha == 3e-6  # the pair figures are the newest
+    elsewhere = Params(3e-6, 3e-10, 3e-11, 2, {"host": "other"}, {4: model.Busy(4e-6, 4e-10, 4e-11)})
+    assert set(model._keep_busy(elsewhere, path).busy) == {4}  # another host's figures are not mixed in
+    model.save_params(merged, path)
+    assert model.load_params(path).busy == merged.busy
+
+
+@pytest.mark.parametrize(
+    "busy", [[1], {"x": {}}, {"1": {"alpha": 1, "beta": 1, "gamma": 1}}, {"2": {"alpha": -1}}]
+)
+def test_corrupt_busy_figures_are_a_user_error(tmp_path: Path, busy: object) -> None:
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-11, "busy": busy}))
+    with pytest.raises(ModelError, match="busy"):
+        model.load_params(path)
+
+
 def test_unwritable_output_is_a_user_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
