@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from .. import topology
 from ..channel import Channel
 from ..ops import Op
 from ..partition import chunk_bounds, segment_bounds
@@ -63,7 +64,11 @@ class Plan:
     depth: int  # receives posted ahead and sends in flight: DEPTH, or fewer if segments are short
 
 
-def _build(size: int, rank: int, count: int, chunk: int) -> Plan:
+def _build(size: int, rank: int, count: int, chunk: int, order: tuple[int, ...] | None = None) -> Plan:
+    # ``order`` lists the ranks around the ring (grouped by node, `topology.ring_order`);
+    # the schedule below runs on positions in it, so "rank" is this rank's position.
+    ranks = order or range(size)
+    rank = ranks.index(rank)
     segments = segment_bounds(count, size)
 
     def chunks(segment: int) -> tuple[slice, ...]:
@@ -81,8 +86,8 @@ def _build(size: int, rank: int, count: int, chunk: int) -> Plan:
     # bits the segment's owner computed.
     return Plan(
         rank=rank,
-        left=(rank - 1) % size,
-        right=(rank + 1) % size,
+        left=ranks[(rank - 1) % size],
+        right=ranks[(rank + 1) % size],
         segments=tuple(slice(*b) for b in segments),
         pipelined=segments[0][1] - segments[0][0] > chunk,
         reduce_scatter=phase(rank, [rank - step - 1 for step in range(size - 1)]),
@@ -168,7 +173,10 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     """dst <- op over all ranks of src (dst may be src)."""
     size, n = ch.size, src.size
     chunk = chunk_elements(src.dtype.itemsize)
-    plan = ch.plan(("ring", src.dtype, n, dst is src, chunk), lambda: _build(size, ch.rank, n, chunk))
+    order = topology.ring_order(ch.comm)  # neighbours share a node wherever placement allows
+    plan = ch.plan(
+        ("ring", src.dtype, n, dst is src, chunk, order), lambda: _build(size, ch.rank, n, chunk, order)
+    )
     # Non-blocking MPI needs the array's own memory for the life of the request. A staged
     # device buffer (CuPy without CUDA-aware MPI) is a shared pinned copy valid for one
     # blocking call only, so that case keeps the blocking ring.
