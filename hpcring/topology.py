@@ -163,6 +163,7 @@ def ring_order(comm: MPI.Intracomm) -> tuple[int, ...] | None:
 def summary(topo: Topology) -> dict[str, Any]:
     """The topology as the bench header and JSON show it."""
     return {
+        "describe": topo.describe(),
         "nodes": topo.nodes,
         "ranks_per_node": list(topo.per_node),
         "two_level": topo.two_level,
