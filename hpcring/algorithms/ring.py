@@ -159,20 +159,21 @@ def _blocking(ch: Channel, plan: Plan, src: Any, dst: Any, op: Op) -> None:
         ch.sendrecv(dst[out_seg], plan.right, dst[in_seg], plan.left)
 
 
-def chunk_elements(itemsize: int) -> int:
-    """Elements per chunk: ``HPCRING_CHUNK_BYTES`` (else CHUNK_BYTES) over the item size, at least 1."""
+def chunk_elements(itemsize: int, default: int | None = None) -> int:
+    """Elements per chunk: ``HPCRING_CHUNK_BYTES`` (else ``default``, else CHUNK_BYTES) over the item size."""
     text = os.environ.get("HPCRING_CHUNK_BYTES", "").strip()
     if not text:
-        return max(1, CHUNK_BYTES // itemsize) if CHUNK_BYTES else UNCHUNKED
+        default = default or CHUNK_BYTES
+        return max(1, default // itemsize) if default else UNCHUNKED
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"HPCRING_CHUNK_BYTES must be a positive integer, got {text!r}")
     return max(1, int(text) // itemsize)
 
 
-def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
-    """dst <- op over all ranks of src (dst may be src)."""
+def allreduce(ch: Channel, src: Any, dst: Any, op: Op, chunk_bytes: int | None = None) -> None:
+    """dst <- op over all ranks of src (dst may be src); ``chunk_bytes``: the default chunking."""
     size, n = ch.size, src.size
-    chunk = chunk_elements(src.dtype.itemsize)
+    chunk = chunk_elements(src.dtype.itemsize, chunk_bytes)
     order = topology.ring_order(ch.comm)  # neighbours share a node wherever placement allows
     plan = ch.plan(
         ("ring", src.dtype, n, dst is src, chunk, order), lambda: _build(size, ch.rank, n, chunk, order)
