@@ -34,7 +34,7 @@ from typing import Any, NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from . import ALGORITHMS, __version__, algorithms, info, model
+from . import ALGORITHMS, __version__, algorithms, info, model, topology
 from .algorithms import auto
 from .api import allreduce, channel_for
 from .backend import backend_for, select_device
@@ -90,16 +90,19 @@ def busbw_factor(size: int) -> float:
     return 2.0 * (size - 1) / size if size > 0 else 0.0
 
 
-def expected_bytes_sent(algorithm: str, nbytes: int, size: int, rank: int, itemsize: int = 1) -> int | None:
+def expected_bytes_sent(
+    algorithm: str, nbytes: int, size: int, rank: int, itemsize: int = 1, per_node: int = 1
+) -> int | None:
     """Bytes rank ``rank`` of ``size`` should hand to MPI for one all-reduce of ``nbytes``.
 
     Each algorithm module states its own formula (`hpcring.algorithms.bytes_sent`): naive
     (G-1)·N; ps (G-1)·N at the root (its Bcast), N elsewhere (its Gather row); ring
     2(G-1)/G·N, exactly from the segment bounds, so when G does not divide the count a
     rank sends up to a couple of elements more or less; rabenseifner 2(G-1)/G·N plus the
-    fold; mpi None, MPI's own traffic is not visible.
+    fold; hierarchical a ring of ``per_node`` ranks plus a ring across nodes on one shard;
+    mpi None, MPI's own traffic is not visible.
     """
-    return algorithms.bytes_sent(algorithm, nbytes // itemsize, itemsize, size, rank)
+    return algorithms.bytes_sent(algorithm, nbytes // itemsize, itemsize, size, rank, per_node)
 
 
 def sweep(minbytes: int, maxbytes: int, stepfactor: float, itemsize: int) -> list[int]:
@@ -402,7 +405,11 @@ def _measure(
         formula: list[int] | None = None
     else:
         measured = [int(s) if s == int(s) else s for s in comm.allgather(sent)]
-        formula = [expected_bytes_sent(ran, nbytes, size, r, dtype.itemsize) or 0 for r in range(size)]
+        nodes = topology.of(channel.comm)
+        per_node = nodes.per_node[0] if nodes.two_level else 1
+        formula = [
+            expected_bytes_sent(ran, nbytes, size, r, dtype.itemsize, per_node) or 0 for r in range(size)
+        ]
     return Row(
         size=nbytes,
         count=count,
@@ -451,6 +458,7 @@ def _header(args: argparse.Namespace, argv: list[str], comm: MPI.Intracomm, dev:
     local.Free()
     hosts = comm.allgather(MPI.Get_processor_name() or socket.gethostname())
     per_host = sorted(set(comm.allgather(local_size)))
+    nodes = topology.of(channel_for(comm, backend_for(dev.xp.empty(0))).comm)  # what hierarchical sees
     facts = info()
     return {
         "hpcring": __version__,
@@ -459,6 +467,7 @@ def _header(args: argparse.Namespace, argv: list[str], comm: MPI.Intracomm, dev:
         "ranks": comm.Get_size(),
         "hosts": len(set(hosts)),
         "ranks_per_host": per_host[0] if len(per_host) == 1 else f"{per_host[0]}-{per_host[-1]}",
+        "topology": topology.summary(nodes),
         "device": dev.name,
         "cuda_aware": facts["cuda_aware"],
         "cuda_aware_reason": facts["cuda_aware_reason"],
@@ -523,6 +532,8 @@ def _format_header(h: dict[str, Any]) -> str:
         f"# hpcring {h['hpcring']} all-reduce benchmark  ({h['mpi_library']}, mpi4py {h['mpi4py']})",
         f"# ranks {h['ranks']}  hosts {h['hosts']}  ranks/host {h['ranks_per_host']}  "
         f"device {h['device']}  CUDA-aware {aware} ({h['cuda_aware_reason']})",
+        f"# topology: {h['topology']['describe']}, two-level {'yes' if h['topology']['two_level'] else 'no'}"
+        f", ring in {h['topology']['ring_order']}",
         *_gpu_header(h),
         *(f"# {name}: not run: {why}" for name, why in h.get("not_run", {}).items()),
         f"# dtype {h['dtype']}  op {h['op']}  iters {h['iters']} (fewer past {h['max_time_s']:g} s/row)  "
@@ -579,6 +590,18 @@ def _model_params() -> model.Params | None:
         return None
 
 
+def _predicted(algorithm: str, nbytes: int, comm: MPI.Intracomm, params: model.Params) -> float | None:
+    """The cost model's time in us, on the nodes hpcring found (None where it cannot say)."""
+    nodes = topology.of(channel_for(comm, backend_for(np.empty(0))).comm)
+    per_node = nodes.per_node[0] if nodes.two_level else None
+    if algorithm == "hierarchical" and per_node is None:
+        algorithm = "ring"  # what it runs without a second level
+    try:
+        return model.predict(algorithm, nbytes, comm.Get_size(), params, per_node=per_node) * 1e6
+    except model.ModelError:
+        return None  # hierarchical on nodes, but the calibration saw one node only
+
+
 def tuning_table(rows: list[Row]) -> list[list[Any]]:
     """Thresholds for `auto` from measured rows: per size the fastest algorithm, runs merged.
 
@@ -605,8 +628,11 @@ def write_tuning(rows: list[Row], *, size: int, header: dict[str, Any]) -> Path:
             raise ValueError
     except (OSError, ValueError):
         data = {"format": auto.FORMAT, "tables": {}, "measured": {}}
-    data["tables"][str(size)] = tuning_table(rows)
-    data.setdefault("measured", {})[str(size)] = {
+    nodes = header.get("topology") or {"two_level": False}
+    two_level = nodes["two_level"]
+    key = auto.table_key(size, nodes["nodes"], nodes["ranks_per_node"][0]) if two_level else str(size)
+    data["tables"][key] = tuning_table(rows)
+    data.setdefault("measured", {})[key] = {
         k: header[k] for k in ("mpi_library", "hosts", "device", "dtype", "op") if k in header
     }
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -775,9 +801,7 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         for algorithm in args.algorithms:
             row = _measure(args, comm, dev, nbytes, algorithm, corrupt_rank)
             if params is not None:
-                row.predicted_us = (
-                    model.predict(row.chosen or algorithm, nbytes, comm.Get_size(), params) * 1e6
-                )
+                row.predicted_us = _predicted(row.chosen or algorithm, nbytes, comm, params)
             rows.append(row)
             if rank == 0:
                 progress.clear()

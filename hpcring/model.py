@@ -46,6 +46,7 @@ Command line (only rank 0 prints; user errors exit 2 with one line, no traceback
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import io
 import json
 import math
@@ -107,10 +108,24 @@ class Params:
     cores: int | None = None  # set when the ranks share this machine's cores (calibration does)
     meta: dict[str, Any] = field(default_factory=dict, compare=False)
     busy: dict[int, Busy] = field(default_factory=dict, compare=False)
+    inter_alpha: float | None = None  # between nodes, when calibrated across nodes (alpha/beta: inside)
+    inter_beta: float | None = None
 
     @property
     def link(self) -> Link:
         return Link(self.alpha, self.beta)
+
+    @property
+    def inter(self) -> Link | None:
+        """The link between nodes, where the calibration had ranks on two nodes."""
+        if self.inter_alpha is None or self.inter_beta is None:
+            return None
+        return Link(self.inter_alpha, self.inter_beta)
+
+    def nodes(self, per_node: int) -> Nodes | None:
+        """This machine as nodes of ``per_node`` ranks sharing one NIC each, where calibrated so."""
+        inter = self.inter
+        return None if inter is None or per_node <= 1 else Nodes(per_node, self.link, inter, nic_shared=True)
 
 
 @dataclass(frozen=True)
@@ -267,13 +282,14 @@ def seconds(
 ) -> float:
     """The time of ``steps``: each phase on the link its messages cross, shared by the flows that
     cross at once; phases in which every rank works are ``slowdown`` times slower (`oversubscription`),
-    or, where ``busy`` figures were measured for these ranks, cost what those say."""
+    or, where ``busy`` figures were measured for these ranks, cost what those say; steps that
+    cross between nodes are not slowed: they wait on the network, not on the cores."""
     total = 0.0
     for step in steps:
         if busy is not None and step.pattern in CONCURRENT:
             total += step.reduced * busy.gamma + step.messages * (busy.alpha + step.nbytes * busy.beta)
             continue
-        cost = step.reduced * gamma
+        cost, flows = step.reduced * gamma, 0
         if step.messages:
             if isinstance(machine, Link):
                 link, share = machine, 1
@@ -282,7 +298,7 @@ def seconds(
                 link = machine.inter if flows else machine.intra
                 share = flows if (flows and machine.nic_shared) else 1
             cost += step.messages * (link.alpha + step.nbytes * link.beta * share)
-        total += cost * (slowdown if step.pattern in CONCURRENT else 1.0)
+        total += cost * (slowdown if step.pattern in CONCURRENT and not flows else 1.0)
     return total
 
 
@@ -301,22 +317,25 @@ def predict(
     *,
     gamma: float | None = None,
     bcast: str = "binomial",
+    per_node: int | None = None,
 ) -> float:
     """Predicted seconds of one all-reduce of ``nbytes`` per rank on ``ranks`` ranks.
 
     ``params`` is calibrated `Params` (a flat machine, gamma included), or a `Link` or
     `Nodes` with ``gamma`` given. Algorithms: naive, ps, ring, rabenseifner, mpi, and on
-    `Nodes` also hierarchical.
+    `Nodes` also hierarchical. ``per_node`` with `Params` calibrated across nodes (they
+    hold the inter-node link too) predicts on nodes of that many ranks, ranks in blocks.
     """
     _check_size(nbytes, ranks)
     if bcast not in BCAST_FORMS:
         raise ModelError(f"unknown bcast form {bcast!r}; choose one of {', '.join(BCAST_FORMS)}")
     slowdown, busy = 1.0, None
     if isinstance(params, Params):
-        machine: Link | Nodes = params.link
+        two_level = params.nodes(per_node or 1) if ranks > (per_node or 1) else None
+        machine: Link | Nodes = two_level or params.link
         gamma = params.gamma if gamma is None else gamma
         slowdown = oversubscription(ranks, params.cores)
-        busy = params.busy.get(ranks)
+        busy = None if two_level else params.busy.get(ranks)  # measured on one machine, flat
     else:
         machine = params
         if gamma is None:
@@ -329,7 +348,7 @@ def predict(
     if algorithm == "hierarchical":
         if not isinstance(machine, Nodes):
             raise ModelError("hierarchical needs a machine of nodes (--gpus-per-node)")
-        return _hierarchical(nbytes, ranks, machine, gamma)
+        return _hierarchical(nbytes, ranks, machine, gamma, slowdown)
     return seconds(phases(algorithm, nbytes, ranks, bcast=bcast), machine, gamma, ranks, slowdown, busy)
 
 
@@ -343,8 +362,10 @@ def oversubscription(ranks: int, cores: int | None) -> float:
     return max(1.0, ranks / cores) if cores else 1.0
 
 
-def _hierarchical(nbytes: float, ranks: int, machine: Nodes, gamma: float) -> float:
-    """Reduce-scatter in the node, all-reduce of n/L across nodes (L flows at once), all-gather."""
+def _hierarchical(nbytes: float, ranks: int, machine: Nodes, gamma: float, slowdown: float = 1.0) -> float:
+    """Reduce-scatter in the node, all-reduce of n/L across nodes (L flows at once), all-gather.
+
+    ``slowdown`` (ranks sharing cores) applies inside the node; across, the ranks wait on the NIC."""
     per_node = machine.per_node
     if ranks % per_node:
         raise ModelError(f"{ranks} ranks do not fill nodes of {per_node}")
@@ -353,7 +374,7 @@ def _hierarchical(nbytes: float, ranks: int, machine: Nodes, gamma: float) -> fl
     inter = Link(machine.inter.alpha, machine.inter.beta * share)
     inside = ring_reduce_scatter(nbytes, per_node) + ring_all_gather(nbytes, per_node)
     across = phases("ring", nbytes / per_node, nodes)
-    return seconds(inside, machine.intra, gamma, per_node) + seconds(across, inter, gamma, nodes)
+    return seconds(inside, machine.intra, gamma, per_node, slowdown) + seconds(across, inter, gamma, nodes)
 
 
 def busbw(nbytes: float, ranks: int, seconds_taken: float) -> float:
@@ -395,6 +416,15 @@ def load_params(path: str | os.PathLike[str] | None = None) -> Params:
     cores = data.get("cores")
     if cores is not None and (isinstance(cores, bool) or not isinstance(cores, int) or cores <= 0):
         raise ModelError(f"corrupt calibration file {where}: cores must be a positive integer, got {cores!r}")
+    for key in ("inter_alpha", "inter_beta"):  # optional: calibrated across two nodes
+        value = data.get(key)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf
+        ):
+            raise ModelError(
+                f"corrupt calibration file {where}: {key} must be a positive number, got {value!r}"
+            )
+        values[key] = None if value is None else float(value)
     busy = _load_busy(data.get("busy", {}), where)
     meta = {k: v for k, v in data.items() if k not in values and k not in ("cores", "busy")}
     meta["path"] = str(where)
@@ -428,6 +458,8 @@ def save_params(params: Params, path: Path) -> None:
         "gamma": params.gamma,
         "cores": params.cores,
         "busy": {str(p): vars(b) for p, b in sorted(params.busy.items())},
+        "inter_alpha": params.inter_alpha,
+        "inter_beta": params.inter_beta,
     }
     record.update({k: v for k, v in params.meta.items() if k != "path"})
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
@@ -455,10 +487,14 @@ def _median_time(run: Any, repeats: int) -> float:
 def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params:
     """Measure alpha, beta (ping-pong between ranks 0 and 1) and gamma (local add) on this machine.
 
-    Collective over ``comm``; needs 2 ranks or more. Ranks other than 0 and 1 wait in a
-    barrier, so run it with exactly 2 ranks for clean figures.
+    Collective over ``comm``; needs 2 ranks or more. Ranks other than the pair wait in a
+    barrier, so run it with exactly 2 ranks for clean figures. When ``comm`` spans several
+    nodes, alpha and beta are measured between rank 0 and a rank of its own node, and
+    inter_alpha and inter_beta between rank 0 and the first rank of another node.
     """
     import numpy as np
+
+    from .topology import discover
 
     if comm.Get_size() < 2:
         raise ModelError("calibration needs at least 2 ranks to ping-pong: run it under mpiexec -n 2")
@@ -468,28 +504,39 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
     small_repeats, large_repeats = (50, 5) if quick else (500, 15)
     sizes = [1 << 18, 1 << 20] if quick else [1 << 20, 4 << 20, 16 << 20]
 
-    def one_way(nbytes: int, repeats: int) -> float:
+    topo = discover(comm)
+    topo.close()
+    near = topo.order[1] if topo.per_node[0] > 1 else 1  # rank 0's node is the first in order
+    far = topo.order[topo.per_node[0]] if topo.nodes > 1 else None
+
+    def one_way(nbytes: int, repeats: int, peer: int) -> float:
         buf = np.zeros(max(nbytes, 1), dtype=np.uint8)
         samples = []
         comm.Barrier()
         for _ in range(repeats + 2):  # 2 warm-up round trips
             start = time.perf_counter()
             if rank == 0:
-                comm.Send(buf, dest=1, tag=7)
-                comm.Recv(buf, source=1, tag=7)
-            elif rank == 1:
+                comm.Send(buf, dest=peer, tag=7)
+                comm.Recv(buf, source=peer, tag=7)
+            elif rank == peer:
                 comm.Recv(buf, source=0, tag=7)
                 comm.Send(buf, dest=0, tag=7)
             samples.append((time.perf_counter() - start) / 2)
         return comm.bcast(statistics.median(samples[2:]), root=0)
 
-    alpha = one_way(1, small_repeats)
-    beta = statistics.median(max(one_way(n, large_repeats) - alpha, 1e-15) / n for n in sizes)
+    def link(peer: int) -> tuple[float, float]:
+        alpha = one_way(1, small_repeats, peer)
+        per_byte = (max(one_way(n, large_repeats, peer) - alpha, 1e-15) / n for n in sizes)
+        return alpha, statistics.median(per_byte)
+
+    alpha, beta = link(near)
+    inter_alpha, inter_beta = link(far) if far is not None else (None, None)
     gamma = None
     if rank == 0:
         gamma = statistics.median(_gamma(array, n, large_repeats) for n in sizes)
     gamma = comm.bcast(gamma)
-    busy = _busy(comm, array, sizes, small_repeats, large_repeats)
+    # All ranks at once: a figure of one machine (across nodes the links above say it).
+    busy = {comm.Get_size(): _busy(comm, array, sizes, small_repeats, large_repeats)} if far is None else {}
     from mpi4py import MPI
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -502,8 +549,18 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
         "mpi_library": MPI.Get_library_version().strip().splitlines()[0].split(",")[0],
         "quick": quick,
         "sizes": sizes,
+        "nodes": list(topo.per_node),
     }
-    return Params(alpha, beta, gamma, cores, meta, {comm.Get_size(): busy})
+    return Params(
+        alpha,
+        beta,
+        gamma,
+        cores,
+        meta,
+        busy=busy,
+        inter_alpha=inter_alpha,
+        inter_beta=inter_beta,
+    )
 
 
 def _busy(comm: Any, array: str, sizes: Sequence[int], small: int, large: int) -> Busy:
@@ -816,9 +873,7 @@ def _keep_busy(params: Params, path: Path) -> Params:
         return params
     if old.meta.get("host") != params.meta.get("host"):
         return params
-    return Params(
-        params.alpha, params.beta, params.gamma, params.cores, params.meta, {**old.busy, **params.busy}
-    )
+    return dataclasses.replace(params, busy={**old.busy, **params.busy})
 
 
 def _mpi_main(args: argparse.Namespace) -> int:
@@ -840,7 +895,14 @@ def _mpi_main(args: argparse.Namespace) -> int:
                     f"{' '.join(f'{x:.2f}' for x in params.meta['load_average'])}): alpha "
                     f"{params.alpha * 1e6:.3g} us, beta {params.beta * 1e9:.4g} ns/B "
                     f"({1 / params.beta / GB:.3g} GB/s), gamma {params.gamma * 1e9:.4g} ns/B "
-                    f"({1 / params.gamma / GB:.3g} GB/s) -> {output}"
+                    f"({1 / params.gamma / GB:.3g} GB/s)"
+                    + (
+                        f"; between nodes alpha {params.inter_alpha * 1e6:.3g} us, "
+                        f"{1 / params.inter_beta / GB:.3g} GB/s"
+                        if params.inter_beta
+                        else ""
+                    )
+                    + f" -> {output}"
                 )
                 for p, b in sorted(params.busy.items()):
                     print(

@@ -12,6 +12,9 @@ Each module exposes the same three functions (nccl-tests' small contract per col
   bench compares it with what the Channel counted.
 - ``scratch_bytes(count, itemsize, size, rank)``: the scratch memory that rank needs,
   so an impossible allocation is refused before any data moves.
+
+A module whose traffic depends on the nodes (``TOPOLOGY_AWARE = True``) takes
+``per_node`` in ``bytes_sent`` as well; it finds the nodes itself (`hpcring.topology`).
 """
 
 from __future__ import annotations
@@ -20,7 +23,7 @@ from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
-from . import auto, mpi, naive, nccl, ps, rabenseifner, ring
+from . import auto, hierarchical, mpi, naive, nccl, ps, rabenseifner, ring
 
 Algorithm = Callable[..., None]
 
@@ -29,6 +32,7 @@ MODULES: dict[str, ModuleType] = {
     "ps": ps,
     "ring": ring,
     "rabenseifner": rabenseifner,
+    "hierarchical": hierarchical,
     "mpi": mpi,
     "auto": auto,
     "nccl": nccl,
@@ -63,9 +67,16 @@ def refuses(name: str, backend: Any) -> str | None:
     return None if check is None else check(backend)
 
 
-def bytes_sent(name: str, count: int, itemsize: int, size: int, rank: int) -> int | None:
-    """Bytes rank ``rank`` of ``size`` hands to MPI for one call, by the algorithm's formula."""
-    return module(name).bytes_sent(count, itemsize, size, rank)
+def bytes_sent(name: str, count: int, itemsize: int, size: int, rank: int, per_node: int = 1) -> int | None:
+    """Bytes rank ``rank`` of ``size`` hands to MPI for one call, by the algorithm's formula.
+
+    ``per_node`` (ranks per node, in blocks) reaches the modules whose traffic depends on
+    it (those with ``TOPOLOGY_AWARE``); the flat ones ignore it.
+    """
+    chosen = module(name)
+    if getattr(chosen, "TOPOLOGY_AWARE", False):
+        return chosen.bytes_sent(count, itemsize, size, rank, per_node=per_node)
+    return chosen.bytes_sent(count, itemsize, size, rank)
 
 
 def scratch_bytes(name: str, count: int, itemsize: int, size: int, rank: int) -> int:

@@ -7,6 +7,12 @@ a file, or without an entry for this rank count, built-in defaults apply: the li
 own Allreduce for tiny messages (latency), Rabenseifner for medium ones (log2 G steps),
 the ring for large ones (bandwidth). Rank 0 reads the file once per communicator and
 broadcasts the table, so every rank makes the same choice even if their files differ.
+
+The topology counts too: on several nodes of L > 1 ranks each (`hpcring.topology`) the
+table is the one tuned for that shape, keyed "HxL" (e.g. "2x2"; `bench --tune` run on
+those nodes writes it), else DEFAULT_TWO_LEVEL, in which `hierarchical` takes the large
+messages: its inter-node links carry 2(H-1)/H·n where a flat ring's carry 2(G-1)/G·n
+in L times as many steps.
 """
 
 from __future__ import annotations
@@ -17,13 +23,24 @@ import warnings
 from pathlib import Path
 from typing import Any
 
+from .. import topology
 from ..channel import Channel
 from ..ops import Op
 
 # (largest message in bytes, algorithm); None: no upper bound. Chosen so that an untuned
 # machine gets the textbook shape; `bench --tune` replaces them with measured crossovers.
 DEFAULT: tuple[tuple[int | None, str], ...] = ((4 << 10, "mpi"), (256 << 10, "rabenseifner"), (None, "ring"))
+DEFAULT_TWO_LEVEL: tuple[tuple[int | None, str], ...] = (
+    (4 << 10, "mpi"),
+    (256 << 10, "rabenseifner"),
+    (None, "hierarchical"),
+)
 FORMAT = 1
+
+
+def table_key(size: int, nodes: int = 1, per_node: int = 1) -> str:
+    """The tuning file's key for a communicator: its rank count, or "HxL" on H nodes of L ranks."""
+    return f"{nodes}x{per_node}" if nodes > 1 and per_node > 1 else str(size)
 
 
 def tuning_path() -> Path:
@@ -32,13 +49,14 @@ def tuning_path() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "hpcring" / "tuning.json"
 
 
-def load(size: int, path: Path | None = None) -> tuple[tuple[int | None, str], ...]:
-    """The thresholds for ``size`` ranks from the tuning file; DEFAULT (with one warning) otherwise."""
+def load(size: int | str, path: Path | None = None) -> tuple[tuple[int | None, str], ...]:
+    """The thresholds for ``size`` ranks (or a `table_key`) from the tuning file; the defaults otherwise."""
     from . import BASELINES, MODULES  # late: this module is one of them
 
     path = tuning_path() if path is None else path
+    default = DEFAULT_TWO_LEVEL if "x" in str(size) else DEFAULT
     if not path.exists():
-        return DEFAULT
+        return default
     try:
         data = json.loads(path.read_text())
         if data.get("format") != FORMAT:
@@ -59,7 +77,7 @@ def load(size: int, path: Path | None = None) -> tuple[tuple[int | None, str], .
         )
     except (OSError, ValueError, TypeError, AttributeError) as error:
         warnings.warn(f"hpcring: ignoring tuning file {path} ({error}); using the defaults", stacklevel=2)
-    return DEFAULT
+    return default
 
 
 def choose(nbytes: int, table: tuple[tuple[int | None, str], ...] = DEFAULT) -> str:
@@ -74,7 +92,9 @@ def _table(ch: Channel) -> tuple[tuple[int | None, str], ...]:
     """The table of this communicator: read by rank 0 once, broadcast, then cached as a plan."""
 
     def build() -> tuple[tuple[int | None, str], ...]:
-        return ch.comm.bcast(load(ch.size) if ch.rank == 0 else None, root=0)
+        nodes = topology.of(ch.comm)  # collective on first use, like the bcast
+        key = table_key(ch.size, nodes.nodes, nodes.per_node[0]) if nodes.two_level else ch.size
+        return ch.comm.bcast(load(key) if ch.rank == 0 else None, root=0)
 
     return ch.plan(("auto-table",), build)
 

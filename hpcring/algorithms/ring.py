@@ -20,6 +20,7 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+from .. import topology
 from ..channel import Channel
 from ..ops import Op
 from ..partition import chunk as equal_part
@@ -64,7 +65,11 @@ class Plan:
     depth: int  # receives posted ahead and sends in flight: DEPTH, or fewer if segments are short
 
 
-def _build(size: int, rank: int, count: int, chunk: int) -> Plan:
+def _build(size: int, rank: int, count: int, chunk: int, order: tuple[int, ...] | None = None) -> Plan:
+    # ``order`` lists the ranks around the ring (grouped by node, `topology.ring_order`);
+    # the schedule below runs on positions in it, so "rank" is this rank's position.
+    ranks = order or range(size)
+    rank = ranks.index(rank)
     segments = segment_bounds(count, size)
 
     def chunks(segment: int) -> tuple[slice, ...]:
@@ -82,8 +87,8 @@ def _build(size: int, rank: int, count: int, chunk: int) -> Plan:
     # bits the segment's owner computed.
     return Plan(
         rank=rank,
-        left=(rank - 1) % size,
-        right=(rank + 1) % size,
+        left=ranks[(rank - 1) % size],
+        right=ranks[(rank + 1) % size],
         segments=tuple(slice(*b) for b in segments),
         pipelined=segments[0][1] - segments[0][0] > chunk,
         reduce_scatter=phase(rank, [rank - step - 1 for step in range(size - 1)]),
@@ -224,13 +229,17 @@ def staging_pieces(count: int, size: int, itemsize: int) -> int | None:
     return max(1, -(-largest // limit))
 
 
-def _build_staged(ch: Channel, count: int, itemsize: int, pieces: int) -> StagedPlan:
-    size, rank = ch.size, ch.rank
-    items = staged_items(size, rank, count, pieces)
+def _build_staged(
+    ch: Channel, count: int, itemsize: int, pieces: int, order: tuple[int, ...] | None = None
+) -> StagedPlan:
+    size = ch.size
+    ranks = order or tuple(range(size))  # around the ring, as `_build`
+    position = ranks.index(ch.rank)
+    items = staged_items(size, position, count, pieces)
     piece = max(max(it.out.stop - it.out.start, it.into.stop - it.into.start) for it in items)
     return StagedPlan(
-        left=(rank - 1) % size,
-        right=(rank + 1) % size,
+        left=ranks[(position - 1) % size],
+        right=ranks[(position + 1) % size],
         items=tuple(items),
         piece=piece,
         slots=min(2, pieces),
@@ -277,26 +286,31 @@ def _staged(ch: Channel, plan: StagedPlan, src: Any, dst: Any, op: Op) -> None:
     st.finish()
 
 
-def chunk_elements(itemsize: int) -> int:
-    """Elements per chunk: ``HPCRING_CHUNK_BYTES`` (else CHUNK_BYTES) over the item size, at least 1."""
+def chunk_elements(itemsize: int, default: int | None = None) -> int:
+    """Elements per chunk: ``HPCRING_CHUNK_BYTES`` (else ``default``, else CHUNK_BYTES) over the item size."""
     text = os.environ.get("HPCRING_CHUNK_BYTES", "").strip()
     if not text:
-        return max(1, CHUNK_BYTES // itemsize) if CHUNK_BYTES else UNCHUNKED
+        default = default or CHUNK_BYTES
+        return max(1, default // itemsize) if default else UNCHUNKED
     if not text.isdigit() or int(text) < 1:
         raise ValueError(f"HPCRING_CHUNK_BYTES must be a positive integer, got {text!r}")
     return max(1, int(text) // itemsize)
 
 
-def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
-    """dst <- op over all ranks of src (dst may be src)."""
+def allreduce(ch: Channel, src: Any, dst: Any, op: Op, chunk_bytes: int | None = None) -> None:
+    """dst <- op over all ranks of src (dst may be src); ``chunk_bytes``: the default chunking."""
     size, n = ch.size, src.size
+    order = topology.ring_order(ch.comm)  # neighbours share a node wherever placement allows
     pieces = staging_pieces(n, size, src.dtype.itemsize) if ch.backend.device else None
     if pieces is not None and not ch.backend.direct:
-        key = ("ring-staged", src.dtype, n, dst is src, pieces)
-        _staged(ch, ch.plan(key, lambda: _build_staged(ch, n, src.dtype.itemsize, pieces)), src, dst, op)
+        key = ("ring-staged", src.dtype, n, dst is src, pieces, order)
+        build = lambda: _build_staged(ch, n, src.dtype.itemsize, pieces, order)  # noqa: E731
+        _staged(ch, ch.plan(key, build), src, dst, op)
         return
-    chunk = chunk_elements(src.dtype.itemsize)
-    plan = ch.plan(("ring", src.dtype, n, dst is src, chunk), lambda: _build(size, ch.rank, n, chunk))
+    chunk = chunk_elements(src.dtype.itemsize, chunk_bytes)
+    plan = ch.plan(
+        ("ring", src.dtype, n, dst is src, chunk, order), lambda: _build(size, ch.rank, n, chunk, order)
+    )
     # Non-blocking MPI needs the array's own memory for the life of the request. A staged
     # device buffer (CuPy without CUDA-aware MPI) is a shared pinned copy valid for one
     # blocking call only, so that case keeps the blocking ring.

@@ -1,0 +1,103 @@
+"""hierarchical and ring across emulated hosts: run inside the cluster by tests/multinode/run.sh.
+
+A compact subset of the correctness matrix (test_allreduce.py): dtypes, ops and sizes
+(odd ones included), in and out of place, each result compared with the closed form and
+with MPI.Allreduce and bitwise identical on every rank; the topology hpcring finds must
+be the one the cluster was brought up with (HPCRING_CLUSTER_HOSTS x HPCRING_CLUSTER_PER_HOST).
+Outside the cluster these tests skip: they need ranks on several hosts.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from helpers import everywhere, identical_everywhere
+from mpi4py import MPI
+from test_allreduce import expected, make_input, mpi_allreduce
+
+import hpcring
+from hpcring import topology
+from hpcring.algorithms import bytes_sent
+from hpcring.api import channel_for
+from hpcring.backend import backend_for
+
+HOSTS = int(os.environ.get("HPCRING_CLUSTER_HOSTS", "0"))
+PER_HOST = int(os.environ.get("HPCRING_CLUSTER_PER_HOST", "0"))
+BLOCKS = os.environ.get("HPCRING_CLUSTER_MAP", "slot") == "slot"  # ranks placed host by host
+
+pytestmark = [
+    pytest.mark.mpi,
+    pytest.mark.skipif(not HOSTS, reason="runs inside the emulated cluster: bash tests/multinode/run.sh"),
+]
+WORLD = MPI.COMM_WORLD
+
+
+def _topology() -> topology.Topology:
+    return topology.of(channel_for(WORLD, backend_for(np.empty(0))).comm)
+
+
+def test_topology_is_the_cluster() -> None:
+    topo = _topology()
+    names = WORLD.allgather(MPI.Get_processor_name())
+    assert everywhere(WORLD, topo.per_node == (PER_HOST,) * HOSTS), topo.describe()
+    assert everywhere(WORLD, topo.two_level and topo.cross is not None)
+    assert everywhere(WORLD, len(set(names)) == HOSTS)
+    same_node = [r for r in range(WORLD.size) if names[r] == names[WORLD.rank]]
+    assert everywhere(WORLD, sorted(same_node) == sorted(r for r in topo.order if r in same_node))
+    # The flat ring visits the ranks of one host one after another: it crosses hosts H times.
+    host_of = [names[r] for r in topo.order]
+    assert everywhere(WORLD, sum(host_of[i] != host_of[i - 1] for i in range(len(host_of))) == HOSTS)
+    assert everywhere(WORLD, (topo.ring is None) == BLOCKS)
+
+
+CASES = [
+    ("float32", "sum"),
+    ("float64", "mean"),
+    ("int32", "max"),
+    ("int64", "prod"),
+    ("complex64", "sum"),
+    ("float16", "min"),
+]
+
+
+@pytest.mark.parametrize("algorithm", ["hierarchical", "ring"])
+@pytest.mark.parametrize(("dtype", "op"), CASES, ids=[f"{d}-{o}" for d, o in CASES])
+def test_matrix_across_hosts(algorithm: str, dtype: str, op: str) -> None:
+    g, kind = WORLD.size, np.dtype(dtype)
+    for n in sorted({1, g - 1, g + 1, 7, 1001, 2**16 + 3}):
+        host = make_input(WORLD.rank, n, kind, op)
+        oracle = mpi_allreduce(WORLD, host, op)
+        for in_place in (True, False):
+            x = host.copy()
+            out = None if in_place else np.full_like(host, 99)
+            got = hpcring.allreduce(x, op=op, algorithm=algorithm, out=out)
+            where = f"{algorithm} {dtype} {op} n={n} in_place={in_place}"
+            assert everywhere(WORLD, np.array_equal(got, expected(g, n, kind, op))), where
+            assert everywhere(WORLD, oracle is None or np.array_equal(got, oracle)), where
+            assert everywhere(WORLD, identical_everywhere(WORLD, got)), where
+            if not in_place:
+                assert everywhere(WORLD, np.array_equal(x, host)), where
+
+
+@pytest.mark.parametrize("algorithm", ["hierarchical", "ring"])
+def test_rounding_floats_identical_on_every_host(algorithm: str) -> None:
+    x = np.random.default_rng(WORLD.rank).standard_normal(100_003).astype(np.float32) * 1e3
+    exact = WORLD.allreduce(x.astype(np.float64))
+    hpcring.allreduce(x, algorithm=algorithm)
+    assert everywhere(WORLD, identical_everywhere(WORLD, x))
+    assert everywhere(WORLD, np.allclose(x, exact, rtol=1e-4, atol=1e-2))
+
+
+@pytest.mark.skipif(not BLOCKS, reason="the formula assumes ranks placed host by host")
+@pytest.mark.parametrize("n", [5, 1001, 1 << 20])
+def test_bytes_sent_formula_matches_the_count(n: int) -> None:
+    """The 4 MiB case also puts a few MB through every host's shaped link (run.sh checks tc)."""
+    ch = channel_for(WORLD, backend_for(np.empty(0, np.float32)))
+    x = np.ones(n, np.float32)
+    before = ch.bytes_sent
+    hpcring.allreduce(x, algorithm="hierarchical")
+    want = bytes_sent("hierarchical", n, 4, WORLD.size, WORLD.rank, per_node=PER_HOST)
+    assert everywhere(WORLD, ch.bytes_sent - before == want), (ch.bytes_sent - before, want)
+    assert everywhere(WORLD, np.all(x == WORLD.size))
