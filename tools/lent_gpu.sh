@@ -18,7 +18,10 @@ for piece in 1048576 4194304 1073741824; do
   HPCRING_STAGING_CHUNK_BYTES=$piece timeout 120 mpiexec -n 2 python -m hpcring.bench --device gpu \
     -a ring,mpi -b 256M -e 256M -n 5 -w 2 2>&1 | grep -v "^hpcring.bench: [0-9]" >>"$extra"
 done
-# - overlap of communication with backprop where compute does not own the CPU (16 cores, 4 ranks)
+# - overlap of communication with backprop where compute does not own the CPU: 16 cores for
+#   4 ranks, then the compute on the GPU (2 ranks sharing it)
 echo "== overlap example, CPU, 4 ranks" >>"$extra"
 timeout 120 mpiexec -n 4 python -m hpcring.examples.overlap --steps 10 >>"$extra" 2>&1
+echo "== overlap example, GPU, 2 ranks" >>"$extra"
+timeout 120 mpiexec -n 2 python -m hpcring.examples.overlap --device gpu --width 2048 --steps 10 >>"$extra" 2>&1
 exit $status

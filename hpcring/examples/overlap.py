@@ -19,6 +19,7 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -46,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
         help="sys.setswitchinterval in seconds (Python's default 0.005)",
     )
     parser.add_argument(
+        "--device", default="cpu", choices=("cpu", "gpu"), help="NumPy or CuPy (one GPU per rank)"
+    )
+    parser.add_argument(
         "--idle-compute",
         action="store_true",
         help="stand in for an accelerator: each layer's backward sleeps as long as the CPU takes for it, "
@@ -57,22 +61,29 @@ def main(argv: list[str] | None = None) -> int:
     limit_threads(args.threads)
     comm = MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
+    xp: Any = np
+    if args.device == "gpu":  # compute on the GPU leaves the CPU to the communication thread
+        import cupy as xp
+
+        hpcring.select_device(comm)
     x, y, _, _ = load_digits_split()
     dtype = np.dtype(args.dtype)
-    params = init_params([x.shape[1], *[args.width] * args.depth, 10], 0, dtype, np)
+    params = init_params([x.shape[1], *[args.width] * args.depth, 10], 0, dtype, xp)
     sync = GradientSync(
-        [np.zeros_like(p) for p in params],
+        [xp.zeros_like(p) for p in params],
         comm=comm,
         bucket_bytes=int(args.bucket_mb * (1 << 20)),
         algorithm=args.algorithm,
     )
-    opt = Optimizer("sgd", params, 1e-3, np)
+    opt = Optimizer("sgd", params, 1e-3, xp)
     mine = np.array_split(np.arange(args.batch), size)[rank]
-    xb, yb = x[mine].astype(dtype), y[mine]
+    xb, yb = xp.asarray(x[mine].astype(dtype)), xp.asarray(y[mine])
 
     def backward(ready: Callable[[int], None]) -> None:
-        loss_and_backward(params, sync.grads, xb, yb, 1.0 / args.batch, np, ready)
+        loss_and_backward(params, sync.grads, xb, yb, 1.0 / args.batch, xp, ready)
         opt.step(sync.grads)
+        if xp is not np:
+            xp.cuda.get_current_stream().synchronize()  # the step is over when the GPU is done
 
     if args.idle_compute:
         cpu = []
@@ -120,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"# {size} ranks | MLP width {args.width} depth {args.depth}, {count:,} parameters "
             f"({count * dtype.itemsize / 2**20:.1f} MiB {dtype.name}) | {len(sync.buckets)} buckets | "
-            f"algorithm {args.algorithm} | compute {'idle (sleep)' if args.idle_compute else 'cpu'} | "
+            f"algorithm {args.algorithm} | compute {'idle (sleep)' if args.idle_compute else args.device} | "
             f"progress {hpcring.info()['iallreduce_progress']} | "
             f"median of {args.steps} steps each (max over ranks)"
         )
