@@ -12,8 +12,9 @@ For n bytes on p ranks (p' = 2^floor(log2 p); every cost is 0 at p = 1):
                 (2 log2(p') + 3) a + (2(p'-1)/p' + 2) n b + ((p'-1)/p' + 1/2) n g   (otherwise:
                 the first 2(p-p') ranks pair up and halve their data first, and the p-p'
                 ranks left out get the whole result at the end; Thakur et al. 2005, sec. 4.4)
-- naive:        (p-1)(a + n b) + (p-1) n g      (p-1 shifted exchanges, then p-1 reductions)
-- ps:           gather (p-1)(a + n b) + (p-1) n g at the root + Bcast, which is
+- naive:        (p-1)(a + n b) + (p+1) n g      (p-1 shifted exchanges, then p-1 reductions
+                and 2 copies of the buffer, a copy costing what a reduction does)
+- ps:           gather (p-1)(a + n b) + (p+1) n g at the root (reductions, 2 copies) + Bcast, which is
                 ceil(log2 p)(a + n b) with ``bcast="binomial"`` (default: what Open MPI and
                 MPICH do, a binomial tree) or (p-1)(a + n b) with ``bcast="linear"`` (the
                 textbook server that sends to every worker over its one link)
@@ -85,11 +86,17 @@ class Link:
 @dataclass(frozen=True)
 class Busy:
     """alpha, beta and gamma measured with all p ranks of one machine exchanging and adding at
-    once: what a step of ring, rabenseifner or naive costs when every rank does it together."""
+    once: what a step of ring, rabenseifner or naive costs when every rank does it together.
+
+    ``alpha`` is a step of hpcring's own ring at the smallest size (the Python and mpi4py
+    around each message included, which dwarf MPI's latency on shared memory), and ``call``
+    what one call adds on top: the ranks' agreement before data moves (LogP's overhead o).
+    """
 
     alpha: float
     beta: float
     gamma: float
+    call: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -218,11 +225,19 @@ def _rabenseifner(n: float, p: int) -> list[Phase]:
     return phases
 
 
+COPIES = 2  # whole-buffer copies naive (every rank) and ps (the root) make besides reducing
+
+
 def _naive(n: float, p: int) -> list[Phase]:
-    """Step s: every rank sends its whole buffer to r+s; then each rank reduces p copies."""
+    """Step s: every rank sends its whole buffer to r+s; then each rank reduces p copies.
+
+    Two copies of n on every rank as well (its own buffer into the p-row scratch, and row 0
+    into the result): a copy is one memory-bound pass like a reduction, so it costs gamma.
+    """
     if p == 1:
         return []
-    return [Phase(1, n, 0.0, s, "shift") for s in range(1, p)] + [Phase(0, 0.0, (p - 1) * n, 0, "local")]
+    exchanges = [Phase(1, n, 0.0, s, "shift") for s in range(1, p)]
+    return [*exchanges, Phase(0, 0.0, (p - 1) * n + COPIES * n, 0, "local")]
 
 
 def _ps(n: float, p: int, bcast: str) -> list[Phase]:
@@ -230,7 +245,7 @@ def _ps(n: float, p: int, bcast: str) -> list[Phase]:
     if p == 1:
         return []
     gather = [Phase(1, n, 0.0, d, "single") for d in range(1, p)]
-    reduce = [Phase(0, 0.0, (p - 1) * n, 0, "root")]
+    reduce = [Phase(0, 0.0, (p - 1) * n + COPIES * n, 0, "root")]  # and the root's two copies
     if bcast == "linear":
         back = [Phase(1, n, 0.0, d, "single") for d in range(1, p)]
     else:  # binomial tree: at step s every rank that has the data sends to r + 2^s
@@ -340,8 +355,9 @@ def predict(
         machine = params
         if gamma is None:
             raise ModelError("predict: gamma is needed with a Link or Nodes")
+    call = busy.call if busy is not None else 0.0  # the default call agrees first (check=True)
     if algorithm == "mpi":
-        return min(
+        return call + min(
             seconds(phases(a, nbytes, ranks), machine, gamma, ranks, slowdown, busy)
             for a in ("ring", "rabenseifner")
         )
@@ -349,7 +365,8 @@ def predict(
         if not isinstance(machine, Nodes):
             raise ModelError("hierarchical needs a machine of nodes (--gpus-per-node)")
         return _hierarchical(nbytes, ranks, machine, gamma, slowdown)
-    return seconds(phases(algorithm, nbytes, ranks, bcast=bcast), machine, gamma, ranks, slowdown, busy)
+    steps = phases(algorithm, nbytes, ranks, bcast=bcast)
+    return call + seconds(steps, machine, gamma, ranks, slowdown, busy)
 
 
 def oversubscription(ranks: int, cores: int | None) -> float:
@@ -439,13 +456,16 @@ def _load_busy(table: Any, where: Path) -> dict[int, Busy]:
     for key, entry in table.items():
         ok = str(key).isdigit() and int(key) > 1 and isinstance(entry, dict)
         values = [entry.get(k) for k in ("alpha", "beta", "gamma")] if ok else []
+        call = entry.get("call", 0.0) if ok else 0.0
         if not ok or not all(
             not isinstance(v, bool) and isinstance(v, int | float) and 0 < v < math.inf for v in values
         ):
             raise ModelError(
                 f"corrupt calibration file {where}: busy[{key!r}] must hold positive alpha, beta, gamma"
             )
-        busy[int(key)] = Busy(*map(float, values))
+        if isinstance(call, bool) or not isinstance(call, int | float) or not 0 <= call < math.inf:
+            raise ModelError(f"corrupt calibration file {where}: busy[{key!r}] call must be a number >= 0")
+        busy[int(key)] = Busy(*map(float, values), call=float(call))
     return busy
 
 
@@ -587,10 +607,20 @@ def _busy(comm: Any, array: str, sizes: Sequence[int], small: int, large: int) -
         send, recv = np.ones(max(nbytes, 1), np.uint8), np.empty(max(nbytes, 1), np.uint8)
         return lambda: comm.Sendrecv(send, right, 9, recv, left, 9)
 
-    alpha = slowest(exchange(1), small)
-    beta = statistics.median(max(slowest(exchange(n), large) - alpha, 1e-15) / n for n in sizes)
+    latency = slowest(exchange(1), small)
+    beta = statistics.median(max(slowest(exchange(n), large) - latency, 1e-15) / n for n in sizes)
     gamma = statistics.median(slowest(_adder(array, n), large) / n for n in sizes)
-    return Busy(alpha, beta, gamma)
+
+    import hpcring  # hpcring's own ring on one element: 2(p-1) steps that carry (next to) nothing
+
+    one = np.ones(1, np.float32)
+
+    def ring(check: bool) -> Any:
+        return lambda: hpcring.allreduce(one, algorithm="ring", comm=comm, check=check)
+
+    bare, checked = slowest(ring(False), small // 5), slowest(ring(True), small // 5)
+    alpha = max(latency, bare / (2 * (size - 1)))
+    return Busy(alpha, beta, gamma, max(checked - bare, 0.0))
 
 
 def _adder(array: str, nbytes: int) -> Any:

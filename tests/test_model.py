@@ -28,13 +28,13 @@ def t(algorithm: str, p: int, **kwargs) -> float:
 
 
 # ring: 2(p-1) + 2(p-1)/p * 10 + (p-1)/p * 1; rabenseifner (p' = 2^floor(log2 p) < p):
-# (2 log2 p' + 3) + (2(p'-1)/p' + 2) * 10 + ((p'-1)/p' + 1/2) * 1; naive: (p-1)(11) + (p-1);
-# ps: (p-1)(11) + (p-1) + ceil(log2 p)(11) binomial or (p-1)(11) linear.
+# (2 log2 p' + 3) + (2(p'-1)/p' + 2) * 10 + ((p'-1)/p' + 1/2) * 1; naive: (p-1)(11) + (p-1) + 2
+# (two copies); ps: (p-1)(11) + (p-1) + 2 + ceil(log2 p)(11) binomial or (p-1)(11) linear.
 HAND = {
     "ring": {1: 0.0, 2: 12.5, 3: 4 + 40 / 3 + 2 / 3, 4: 21.75, 1000: 1998 + 19.98 + 0.999},
     "rabenseifner": {1: 0.0, 2: 12.5, 3: 36.0, 4: 19.75, 1000: 21 + 39.9609375 + 1.498046875},
-    "naive": {1: 0.0, 2: 12.0, 3: 24.0, 4: 36.0, 1000: 11988.0},
-    "ps": {1: 0.0, 2: 23.0, 3: 46.0, 4: 58.0, 1000: 10989 + 999 + 110.0},
+    "naive": {1: 0.0, 2: 14.0, 3: 26.0, 4: 38.0, 1000: 11990.0},
+    "ps": {1: 0.0, 2: 25.0, 3: 48.0, 4: 60.0, 1000: 10989 + 999 + 2 + 110.0},
 }
 
 
@@ -44,7 +44,7 @@ def test_formulas_match_hand_values(algorithm: str, p: int) -> None:
     assert t(algorithm, p) == pytest.approx(HAND[algorithm][p], rel=1e-12, abs=1e-12)
 
 
-@pytest.mark.parametrize(("p", "expected"), [(2, 23.0), (3, 46.0), (4, 69.0), (1000, 22977.0)])
+@pytest.mark.parametrize(("p", "expected"), [(2, 25.0), (3, 48.0), (4, 71.0), (1000, 22979.0)])
 def test_ps_with_a_linear_bcast(p: int, expected: float) -> None:
     assert t("ps", p, bcast="linear") == pytest.approx(expected)
 
@@ -109,9 +109,9 @@ def test_oversubscribed_ranks_share_cores() -> None:
     assert predict("ring", N, 2, params) == pytest.approx(t("ring", 2))
     assert predict("ring", N, 4, params) == pytest.approx(2 * t("ring", 4))
     assert predict("ring", N, 4, Params(1.0, 0.01, GAMMA)) == pytest.approx(t("ring", 4))
-    # ps at 4 ranks on 2 cores: the root gathers (33) and reduces (3) alone, at full speed;
-    # the binomial Bcast (2 steps of 11) involves every rank, so it runs at half speed.
-    assert predict("ps", N, 4, params) == pytest.approx(33 + 3 + 2 * 22)
+    # ps at 4 ranks on 2 cores: the root gathers (33), reduces (3) and copies (2) alone, at full
+    # speed; the binomial Bcast (2 steps of 11) involves every rank, so it runs at half speed.
+    assert predict("ps", N, 4, params) == pytest.approx(33 + 3 + 2 + 2 * 22)
 
 
 @pytest.mark.parametrize(
@@ -144,7 +144,7 @@ def test_busy_figures_replace_the_pair_for_steps_every_rank_takes() -> None:
     busy = model.Busy(2.0, 0.02, 0.004)
     params = Params(1.0, 0.01, GAMMA, cores=2, busy={4: busy})
     assert predict("ring", N, 4, params) == pytest.approx(6 * (2 + 250 * 0.02) + 750 * 0.004)
-    assert predict("ps", N, 4, params) == pytest.approx(33 + 3 + 2 * (2 + 1000 * 0.02))
+    assert predict("ps", N, 4, params) == pytest.approx(33 + 3 + 2 + 2 * (2 + 1000 * 0.02))
     assert predict("ring", N, 3, params) == pytest.approx(1.5 * t("ring", 3))  # no busy figures for 3
 
 
