@@ -44,6 +44,25 @@ def test_valid_file(tmp_path) -> None:
     assert auto.load(4, path) == ((4096, "naive"), (None, "ps"))
 
 
+def test_two_level_tables_have_their_own_key_and_default(tmp_path) -> None:
+    """On H nodes of L ranks auto reads the "HxL" table (tuned there), else the two-level default."""
+    assert auto.table_key(8, nodes=2, per_node=4) == "2x4"
+    assert auto.table_key(8) == auto.table_key(8, nodes=8, per_node=1) == "8"  # flat: the rank count
+    assert auto.load("2x4", tmp_path / "none.json") == auto.DEFAULT_TWO_LEVEL
+    assert auto.choose(64 << 20, auto.DEFAULT_TWO_LEVEL) == "hierarchical"
+    path = tmp_path / "t.json"
+    write(path, {"8": [[None, "ring"]], "2x4": [[1024, "mpi"], [None, "hierarchical"]]})
+    assert auto.load("2x4", path) == ((1024, "mpi"), (None, "hierarchical"))
+    assert auto.load(8, path) == ((None, "ring"),)
+
+
+def test_a_baseline_is_never_a_tuned_choice(tmp_path) -> None:
+    path = tmp_path / "t.json"
+    write(path, {"4": [[None, "nccl"]]})  # NCCL cannot run on NumPy arrays: not auto's to pick
+    with pytest.warns(UserWarning, match="unknown algorithms"):
+        assert auto.load(4, path) == auto.DEFAULT
+
+
 @pytest.mark.parametrize(
     ("content", "match"),
     [

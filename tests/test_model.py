@@ -278,3 +278,26 @@ def test_cli_bad_calibration_file_exits_2(bad_files: dict[str, Path], name: str,
     assert match in result.stderr and "Traceback" not in result.stderr
     with pytest.raises(ModelError, match=match):
         model.load_params(bad_files[name])
+
+
+def test_inter_node_link_round_trips_and_makes_nodes(tmp_path: Path) -> None:
+    """A calibration across nodes keeps both links; per_node then predicts on nodes of L ranks."""
+    path = tmp_path / "model.json"
+    params = Params(1e-6, 1e-10, 1e-11, cores=4, meta={"host": "h"}, inter_alpha=1e-5, inter_beta=1e-8)
+    model.save_params(params, path)
+    loaded = model.load_params(path)
+    assert loaded.inter == Link(1e-5, 1e-8)
+    assert loaded.nodes(2) == Nodes(2, Link(1e-6, 1e-10), Link(1e-5, 1e-8), nic_shared=True)
+    assert loaded.nodes(1) is None and Params(1e-6, 1e-10, 1e-11).nodes(2) is None
+    two_level = predict("ring", 1 << 20, 4, loaded, per_node=2)
+    nodes = loaded.nodes(2)
+    assert two_level == pytest.approx(predict("ring", 1 << 20, 4, nodes, gamma=1e-11))
+    assert two_level > predict("ring", 1 << 20, 4, loaded)  # the slow link costs more than the fast
+    assert predict("hierarchical", 1 << 20, 4, loaded, per_node=2) < two_level
+
+
+def test_a_corrupt_inter_node_link_is_a_user_error(tmp_path: Path) -> None:
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-11, "inter_beta": -1}))
+    with pytest.raises(ModelError, match="inter_beta must be a positive number"):
+        model.load_params(path)
