@@ -34,6 +34,7 @@ class Channel:
         self.size = comm.Get_size()
         self.backend = backend
         self.xp = backend.xp
+        self._host = backend.direct and not backend.device  # host arrays: MPI takes them as they are
         self.bytes_sent = 0  # cumulative; the bench reads differences
         self.bytes_unknown = False  # set once an opaque MPI collective ran
         self._scratch: dict[str, Any] = {}
@@ -87,6 +88,9 @@ class Channel:
         """Send ``send`` to ``dest`` while receiving ``recv`` from ``source``."""
         if dest != self.rank:
             self.bytes_sent += send.nbytes
+        if self._host:  # NumPy: MPI reads and writes the arrays themselves, no view to set up
+            self.comm.Sendrecv(_raw(send), dest, 0, _raw(recv), source, 0)
+            return
         view = self.backend.mpi_view
         with (
             view(send, copy_in=True, copy_out=False, slot=0) as s,
@@ -192,4 +196,6 @@ class Channel:
 
 def _raw(array: Any) -> Any:
     """The same memory as bytes, so MPI needs no datatype for it."""
-    return array.reshape(-1).view(np.uint8) if array.dtype != np.uint8 else array.reshape(-1)
+    if array.ndim != 1:
+        array = array.reshape(-1)
+    return array.view(np.uint8) if array.dtype != np.uint8 else array
