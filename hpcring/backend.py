@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import math
 import os
 import signal
 import subprocess
 import sys
+import time
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -125,6 +127,7 @@ class Backend:
     xp: Any = np
     device = False
     direct = True  # MPI reads and writes these arrays in place: no staging copy
+    _meminfo: tuple[float, int | None] = (-math.inf, None)  # (when read, MemAvailable)
 
     def owns(self, array: Any) -> bool:
         return isinstance(array, np.ndarray)
@@ -144,16 +147,24 @@ class Backend:
     def empty(self, count: int, dtype: np.dtype) -> Any:
         return self.xp.empty(count, dtype=dtype)
 
+    MEMINFO_SECONDS = 1.0  # a reading this fresh is reused: /proc/meminfo costs ~10 us, a call ~30 us
+
     def available_bytes(self) -> int | None:
         """Memory that a new allocation may still take (Linux MemAvailable); None if unknown."""
+        now = time.monotonic()
+        if now - self._meminfo[0] < self.MEMINFO_SECONDS:
+            return self._meminfo[1]
+        available = None
         try:
             with open("/proc/meminfo") as meminfo:
                 for line in meminfo:
                     if line.startswith("MemAvailable:"):
-                        return int(line.split()[1]) * 1024
+                        available = int(line.split()[1]) * 1024
+                        break
         except OSError:
             pass
-        return None
+        self._meminfo = (now, available)
+        return available
 
     def synchronize(self) -> None:
         """Wait for the work queued on the device (timing needs it); nothing to wait for on the host."""

@@ -16,6 +16,7 @@ ranks end with the same bits; the lower-numbered side is always the left operand
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +43,7 @@ class Plan:
     scratch: int  # elements of scratch for the largest incoming buffer
 
 
+@functools.lru_cache(maxsize=64)  # pure, and asked for on every call by the memory guard
 def _build(size: int, rank: int, count: int) -> Plan:
     core = 1 << (size.bit_length() - 1)  # largest power of two <= size
     extra = size - core
