@@ -109,6 +109,26 @@ def mpi_allreduce(comm: MPI.Intracomm, x: np.ndarray, op: str) -> np.ndarray | N
     return out
 
 
+def check_sizes(comm: MPI.Intracomm, algorithm: str, dtype: np.dtype, op: str) -> None:
+    """Sizes 1, G-1, G+1, 7, 1001 and 2^16+3, in and out of place, 1-D: the closed form, MPI's
+    own answer and the same bits on every rank, and ``x`` untouched out of place (the compact
+    check of the two-level and cross-host tests)."""
+    g = comm.size
+    for n in sorted({1, g - 1, g + 1, 7, 1001, 2**16 + 3}):
+        host = make_input(comm.rank, n, dtype, op)
+        oracle = mpi_allreduce(comm, host, op)
+        for in_place in (True, False):
+            x = host.copy()
+            out = None if in_place else np.full_like(host, 99)
+            got = hpcring.allreduce(x, op=op, algorithm=algorithm, comm=comm, out=out)
+            where = f"{algorithm} {dtype} {op} n={n} in_place={in_place}"
+            assert everywhere(comm, np.array_equal(got, expected(g, n, dtype, op))), where
+            assert everywhere(comm, oracle is None or np.array_equal(got, oracle)), where
+            assert everywhere(comm, identical_everywhere(comm, got)), where
+            if not in_place:
+                assert everywhere(comm, np.array_equal(x, host)), where
+
+
 def applies(op: str, dtype: np.dtype) -> bool:
     return dtype.kind in OPS[op].kinds
 
