@@ -141,6 +141,10 @@ class Backend:
     def check_device(self, array: Any, name: str) -> None:
         """ValueError if ``array`` lives somewhere this rank's MPI calls cannot use; host memory is fine."""
 
+    def current_device(self) -> int | None:
+        """The device new work goes to (plans holding streams are per device); None on the host."""
+        return None
+
     def shares_memory(self, a: Any, b: Any) -> bool:
         return bool(np.shares_memory(a, b))
 
@@ -199,6 +203,9 @@ class CupyBackend(Backend):
 
     def data_pointer(self, array: Any) -> int:
         return int(array.data.ptr)
+
+    def current_device(self) -> int | None:
+        return int(cupy.cuda.Device().id)
 
     def check_device(self, array: Any, name: str) -> None:
         """The array must be on the current device: the one this rank's streams, staging and

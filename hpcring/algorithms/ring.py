@@ -303,7 +303,7 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op, chunk_bytes: int | None =
     order = topology.ring_order(ch.comm)  # neighbours share a node wherever placement allows
     pieces = staging_pieces(n, size, src.dtype.itemsize) if ch.backend.device else None
     if pieces is not None and not ch.backend.direct:
-        key = ("ring-staged", src.dtype, n, dst is src, pieces, order)
+        key = ("ring-staged", src.dtype, n, dst is src, pieces, order, ch.backend.current_device())
         build = lambda: _build_staged(ch, n, src.dtype.itemsize, pieces, order)  # noqa: E731
         _staged(ch, ch.plan(key, build), src, dst, op)
         return
