@@ -34,11 +34,13 @@ Used by other modules (the bench's ``predicted (us)`` column, ``auto``)::
 `load_params` raises `ModelError` (a ValueError) for a missing or corrupt file; `predict`
 raises it for an unknown algorithm or a non-positive size or rank count. With calibrated
 `Params`, steps in which every rank works are slowed by ranks/cores when the ranks outnumber
-the calibrated cores (`oversubscription`); `Link` and `Nodes` assume a core or GPU per rank.
+the calibrated cores (`oversubscription`), unless the calibration measured them with that many
+ranks busy at once (`Busy`, one entry per rank count calibrated); `Link` and `Nodes` assume a
+core or GPU per rank.
 
 Command line (only rank 0 prints; user errors exit 2 with one line, no traceback)::
 
-    mpiexec -n 2 python -m hpcring.model --calibrate [--output FILE] [--quick]
+    mpiexec -n 2 python -m hpcring.model --calibrate [--output FILE] [--quick]   # again at -n 3, 4...
     mpiexec -n 4 python -m hpcring.model --validate [--params FILE] [--sizes 1M,4M,16M]
     python -m hpcring.model --ranks 8,64,512,1000 --bytes 100M,1G [--link ndr400] [--plot t.png]
     python -m hpcring.model --ranks 64,1000 --bytes 1G --gpus-per-node 8 --intra nvlink4 --link ndr400
