@@ -323,3 +323,14 @@ def test_staged_loop_over_mpi(chunk: str, dtype: str, monkeypatch: pytest.Monkey
         assert everywhere(MPI.COMM_WORLD, g == 1 or ran_once)
     finally:
         comm.Free()
+
+
+def test_gpu_check_scripts_parse() -> None:
+    """The device check only runs where a GPU is; here at least it must be valid bash."""
+    import subprocess
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    for script in (root / "tests" / "gpu" / "check.sh", root / "tools" / "lent_gpu.sh"):
+        done = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert done.returncode == 0, (script, done.stderr)
