@@ -757,7 +757,12 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--beta", type=float, help="seconds per byte (overrides the link)")
     parser.add_argument("--gamma", type=float, help="seconds per byte reduced")
     parser.add_argument("--gpus-per-node", type=int, help="ranks per node: predict on a machine of nodes")
-    parser.add_argument("--intra", default="nvlink4", help="preset of the link inside a node")
+    parser.add_argument(
+        "--intra",
+        default=None,
+        help="preset of the link inside a node (default: the calibrated one when the calibration "
+        "spanned nodes, else nvlink4)",
+    )
     parser.add_argument("--nic", choices=("shared", "per-gpu"), default="per-gpu", help="NICs per node")
     parser.add_argument(
         "--bcast", choices=BCAST_FORMS, default="binomial", help="ps: how MPI_Bcast is modelled"
@@ -790,11 +795,18 @@ def _machine(args: argparse.Namespace) -> tuple[Link | Nodes, float, str]:
     """The machine the predictions are for, its gamma, and a line that says where they come from."""
     for name in ("alpha", "beta", "gamma"):
         _positive(name, getattr(args, name))
+    calibrated_intra: Link | None = None  # from a calibration across nodes: the link inside one
     if args.link is None and (args.alpha is None or args.beta is None):
         params = load_params(args.params)
-        base = Preset(
-            params.alpha, params.beta, params.gamma, f"calibrated, {params.meta['path']}, a core per rank"
-        )
+        inter = params.inter
+        if inter is not None:  # calibrated across nodes: the predictions' network is that link
+            calibrated_intra = params.link
+            where_from = f"calibrated between nodes, {params.meta['path']}"
+            base = Preset(inter.alpha, inter.beta, params.gamma, where_from)
+        else:
+            base = Preset(
+                params.alpha, params.beta, params.gamma, f"calibrated, {params.meta['path']}, a core per rank"
+            )
     else:
         base = _preset(args.link) if args.link else Preset(args.alpha, args.beta, 1e-12, "explicit")
     link = Link(args.alpha or base.alpha, args.beta or base.beta)
@@ -804,10 +816,20 @@ def _machine(args: argparse.Namespace) -> tuple[Link | Nodes, float, str]:
         return link, gamma, where + f", gamma {1 / gamma / GB:.3g} GB/s reduced"
     if args.gpus_per_node <= 0:
         raise ModelError(f"--gpus-per-node must be positive, got {args.gpus_per_node}")
-    intra = _preset(args.intra)
-    nodes = Nodes(args.gpus_per_node, Link(intra.alpha, intra.beta), link, args.nic == "shared")
+    if args.intra is None and calibrated_intra is not None:
+        inside, described = (
+            calibrated_intra,
+            (
+                f"the calibrated link inside a node ({calibrated_intra.alpha * 1e6:.3g} us, "
+                f"{1 / calibrated_intra.beta / GB:.3g} GB/s)"
+            ),
+        )
+    else:
+        intra = _preset(args.intra or "nvlink4")
+        inside, described = Link(intra.alpha, intra.beta), intra.description
+    nodes = Nodes(args.gpus_per_node, inside, link, args.nic == "shared")
     where = (
-        f"{args.gpus_per_node} ranks per node on {intra.description}; between nodes {where}, "
+        f"{args.gpus_per_node} ranks per node on {described}; between nodes {where}, "
         f"NIC {args.nic}; gamma {1 / gamma / GB:.3g} GB/s reduced"
     )
     return nodes, gamma, where

@@ -301,3 +301,30 @@ def test_a_corrupt_inter_node_link_is_a_user_error(tmp_path: Path) -> None:
     path.write_text(json.dumps({"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-11, "inter_beta": -1}))
     with pytest.raises(ModelError, match="inter_beta must be a positive number"):
         model.load_params(path)
+
+
+def test_cli_predicts_on_the_calibrated_two_level_machine(tmp_path: Path) -> None:
+    """A calibration across nodes answers the 1000-GPU question on its own two links."""
+    path = tmp_path / "two.json"
+    path.write_text(
+        json.dumps({"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-10, "inter_alpha": 3e-5, "inter_beta": 9e-9})
+    )
+    args = [
+        "--params",
+        str(path),
+        "--ranks",
+        "64",
+        "--bytes",
+        "1G",
+        "--gpus-per-node",
+        "8",
+        "--nic",
+        "shared",
+    ]
+    result = cli(*args, "--algorithms", "ring,hierarchical")
+    assert result.returncode == 0, result.stderr
+    assert "calibrated link inside a node (1 us, 10 GB/s)" in result.stdout
+    assert "between nodes calibrated between nodes" in result.stdout
+    times = {line.split()[2]: float(line.split()[3]) for line in result.stdout.splitlines()[2:]}
+    assert times["hierarchical"] < times["ring"]
+    assert "NVLink" in cli(*args, "--intra", "nvlink4").stdout  # an explicit preset still wins
