@@ -167,7 +167,7 @@ def summary(topo: Topology) -> dict[str, Any]:
         "nodes": topo.nodes,
         "ranks_per_node": list(topo.per_node),
         "two_level": topo.two_level,
-        "ring_order": "by node" if topo.order != tuple(range(topo.size)) else "rank order",
+        "ring_order": "node order" if topo.order != tuple(range(topo.size)) else "rank order",
     }
 
 

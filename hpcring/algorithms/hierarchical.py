@@ -39,6 +39,7 @@ from . import rabenseifner, ring
 # sending while a chunk is reduced. HPCRING_CHUNK_BYTES, where set, applies here too.
 INTER_CHUNK_BYTES = 1 << 20
 TOPOLOGY_AWARE = True  # bytes_sent takes per_node: the bench passes the ranks per node it found
+RING_ORDER = True  # bytes_sent's rank is the position in `topology.ring_order` (node, then local rank)
 
 
 def inter_module() -> ModuleType:

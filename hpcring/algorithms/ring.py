@@ -37,6 +37,7 @@ from ..partition import chunk_bounds, segment_bounds
 CHUNK_BYTES: int | None = None
 UNCHUNKED = 1 << 62  # elements per "chunk" when nothing is chunked: every segment is one piece
 DEPTH = 4  # at most: receives posted ahead, and sends in flight
+RING_ORDER = True  # runs in `topology.ring_order`: bytes_sent's rank is the position in that order
 
 
 @dataclass(frozen=True)
