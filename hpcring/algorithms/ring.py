@@ -305,8 +305,8 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op, chunk_bytes: int | None =
     pieces = staging_pieces(n, size, src.dtype.itemsize) if ch.backend.device else None
     if pieces is not None and not ch.backend.direct:
         key = ("ring-staged", src.dtype, n, dst is src, pieces, order, ch.backend.current_device())
-        build = lambda: _build_staged(ch, n, src.dtype.itemsize, pieces, order)  # noqa: E731
-        _staged(ch, ch.plan(key, build), src, dst, op)
+        staged = ch.plan(key, lambda: _build_staged(ch, n, src.dtype.itemsize, pieces, order))
+        _staged(ch, staged, src, dst, op)
         return
     chunk = chunk_elements(src.dtype.itemsize, chunk_bytes)
     plan = ch.plan(
