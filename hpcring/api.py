@@ -243,6 +243,14 @@ def _check_memory(channel: Channel, algorithm: str, count: int, itemsize: int) -
     )
 
 
+def intracomm(comm: MPI.Intracomm | None, caller: str) -> MPI.Intracomm:
+    """``comm``, or COMM_WORLD for None; TypeError (naming ``caller``) for anything else."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"hpcring.{caller}: comm must be an mpi4py intracommunicator, got {comm!r}")
+    return comm
+
+
 def default_timeout() -> float:
     """Seconds to wait for every rank to arrive: HPCRING_TIMEOUT, else 300; 0 waits forever."""
     raw = os.environ.get("HPCRING_TIMEOUT", "300")
@@ -274,9 +282,7 @@ def allreduce(
     that does not arrive within ``timeout`` seconds (default `HPCRING_TIMEOUT`, 300; 0 waits
     forever) makes the others raise `hpcring.StallError` naming it.
     """
-    comm = MPI.COMM_WORLD if comm is None else comm
-    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        raise TypeError(f"hpcring.allreduce: comm must be an mpi4py intracommunicator, got {comm!r}")
+    comm = intracomm(comm, "allreduce")
     problem: Exception | None = None
     try:
         backend, reduction, in_place = _validate(x, out, op, algorithm)

@@ -129,9 +129,7 @@ def engine_for(comm: MPI.Intracomm | None) -> Engine:
     Cached with hpcring's other per-communicator state (`api.attached`), and closed when
     the user frees the communicator.
     """
-    comm = MPI.COMM_WORLD if comm is None else comm
-    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        raise TypeError(f"hpcring.iallreduce: comm must be an mpi4py intracommunicator, got {comm!r}")
+    comm = api.intracomm(comm, "iallreduce")
     return api.attached(comm, "engine", lambda: Engine(comm))
 
 
