@@ -504,8 +504,7 @@ def _gpu_facts(comm: MPI.Intracomm) -> dict[str, Any]:
     comm.Barrier()
     d2h = pinned_d2h_bandwidth(64 << 20) if comm.Get_rank() == 0 else None  # alone, not contended
     comm.Barrier()
-    text = os.environ.get("HPCRING_STAGING_CHUNK_BYTES", "").strip()
-    chunk = int(text) if text.isdigit() else ring.STAGING_CHUNK_BYTES  # None: whole segments
+    chunk = ring.staging_chunk_bytes()  # None: whole segments
     return {
         "gpu": name,
         "gpus": len(set(gpus)),

@@ -217,13 +217,26 @@ def staged_items(size: int, rank: int, count: int, pieces: int) -> list[Item]:
     return items
 
 
+def _bytes_from_env(name: str) -> int | None:
+    """The positive byte count in environment variable ``name``; None where it is unset."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"{name} must be a positive integer, got {text!r}")
+    return int(text)
+
+
+def staging_chunk_bytes() -> int | None:
+    """Largest piece of streamed host staging: HPCRING_STAGING_CHUNK_BYTES, else
+    STAGING_CHUNK_BYTES; None when staging does not stream (whole segments)."""
+    limit = _bytes_from_env("HPCRING_STAGING_CHUNK_BYTES")
+    return STAGING_CHUNK_BYTES if limit is None else limit
+
+
 def staging_pieces(count: int, size: int, itemsize: int) -> int | None:
-    """Pieces per segment for streamed host staging (HPCRING_STAGING_CHUNK_BYTES, else
-    STAGING_CHUNK_BYTES); None when staging does not stream."""
-    text = os.environ.get("HPCRING_STAGING_CHUNK_BYTES", "").strip()
-    if text and (not text.isdigit() or int(text) < 1):
-        raise ValueError(f"HPCRING_STAGING_CHUNK_BYTES must be a positive integer, got {text!r}")
-    limit = int(text) if text else STAGING_CHUNK_BYTES
+    """Pieces per segment for streamed host staging; None when staging does not stream."""
+    limit = staging_chunk_bytes()
     if limit is None:
         return None
     largest = -(-count // size) * itemsize
@@ -289,13 +302,8 @@ def _staged(ch: Channel, plan: StagedPlan, src: Any, dst: Any, op: Op) -> None:
 
 def chunk_elements(itemsize: int, default: int | None = None) -> int:
     """Elements per chunk: ``HPCRING_CHUNK_BYTES`` (else ``default``, else CHUNK_BYTES) over the item size."""
-    text = os.environ.get("HPCRING_CHUNK_BYTES", "").strip()
-    if not text:
-        default = default or CHUNK_BYTES
-        return max(1, default // itemsize) if default else UNCHUNKED
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"HPCRING_CHUNK_BYTES must be a positive integer, got {text!r}")
-    return max(1, int(text) // itemsize)
+    limit = _bytes_from_env("HPCRING_CHUNK_BYTES") or default or CHUNK_BYTES
+    return max(1, limit // itemsize) if limit else UNCHUNKED
 
 
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op, chunk_bytes: int | None = None) -> None:
