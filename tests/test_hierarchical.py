@@ -106,3 +106,22 @@ def test_bad_env_is_refused() -> None:
             topology.discover(MPI.COMM_SELF)
     finally:
         del os.environ["HPCRING_RANKS_PER_NODE"]
+
+
+def test_ring_across_nodes_streams_in_network_chunks(forced: MPI.Intracomm) -> None:
+    """A ring that spans nodes is pipelined in NETWORK_CHUNK_BYTES pieces, with the same result."""
+    from hpcring.algorithms import ring
+
+    ch = channel_for(forced, backend_for(np.empty(0, np.float32)))
+    n = 3 * ring.NETWORK_CHUNK_BYTES // 4 * forced.size + 5  # several chunks per segment
+    x = np.random.default_rng(forced.rank).standard_normal(n).astype(np.float32)
+    exact = forced.allreduce(x.astype(np.float64))
+    hpcring.allreduce(x, algorithm="ring", comm=forced)
+    spans = _topology(forced).nodes > 1  # 2 ranks are one node of 2
+    chunk = ring.NETWORK_CHUNK_BYTES // 4 if spans else ring.UNCHUNKED
+    plans = [p for key, p in ch._plans.items() if key[0] == "ring" and key[2] == n]
+    if forced.size > 1:  # one rank copies: no plan
+        assert everywhere(forced, len(plans) == 1 and plans[0].chunk == chunk)
+        assert everywhere(forced, plans[0].pipelined == spans)
+    assert everywhere(forced, identical_everywhere(forced, x))
+    assert everywhere(forced, np.allclose(x, exact, rtol=1e-4, atol=1e-3))

@@ -34,10 +34,6 @@ from ..ops import Op
 from ..partition import segment_bounds
 from . import rabenseifner, ring
 
-# Across nodes the shard streams in chunks: on the emulated cluster (1 Gbit/s TCP, 2 x 2,
-# 16 MiB) 1 MiB chunks took 245 ms where whole segments took 320 ms, since the link keeps
-# sending while a chunk is reduced. HPCRING_CHUNK_BYTES, where set, applies here too.
-INTER_CHUNK_BYTES = 1 << 20
 TOPOLOGY_AWARE = True  # bytes_sent takes per_node: the bench passes the ranks per node it found
 RING_ORDER = True  # bytes_sent's rank is the position in `topology.ring_order` (node, then local rank)
 
@@ -78,7 +74,9 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     if shard.size:  # the same on every node: n and L are
         inter = inter_module()
         if inter is ring:
-            ring.allreduce(cross, shard, shard, op, chunk_bytes=INTER_CHUNK_BYTES)
+            # Streamed in chunks below the TCP eager limit (ring.NETWORK_CHUNK_BYTES), so the
+            # link keeps sending while a chunk is reduced; HPCRING_CHUNK_BYTES overrides it.
+            ring.allreduce(cross, shard, shard, op, chunk_bytes=ring.NETWORK_CHUNK_BYTES)
         else:
             inter.allreduce(cross, shard, shard, op)
     # All-gather in the node: pass complete shards around, straight into place.

@@ -5,7 +5,8 @@ Each rank sends 2(G-1)/G·n bytes, whatever G is: the bandwidth-optimal all-redu
 
 With ``HPCRING_CHUNK_BYTES`` set (read per call; every rank must use the same value),
 segments larger than that travel as chunks of that size; otherwise, and by default
-(see CHUNK_BYTES), each step is one Sendrecv of a whole segment. Chunks
+(see CHUNK_BYTES), each step is one Sendrecv of a whole segment, except that a ring
+spanning several nodes streams in chunks of NETWORK_CHUNK_BYTES. Chunks
 are received a few ahead into a small reused scratch, so while chunk k is being reduced
 chunk k+1 is already on its way, and a reduced chunk is sent on at once instead of
 waiting for its whole segment. Out of place, step 0 sends straight from the input and
@@ -35,6 +36,16 @@ from ..partition import chunk_bounds, segment_bounds
 # cores. Machines with a core per rank, a real network or GPUs may gain from streaming:
 # set HPCRING_CHUNK_BYTES (the same on every rank) and measure with the bench.
 CHUNK_BYTES: int | None = None
+# Across nodes the default is 60 KiB chunks, by measurement. Open MPI's TCP transport sends
+# a message above its eager limit (btl_tcp_eager_limit, 64 KiB with the header) by
+# rendezvous, and with both directions of a link busy the handshakes wait behind data on
+# the one TCP connection per pair: on the emulated cluster (1 Gbit/s, float32, 16 MiB) the
+# ring over 4 hosts x 1 rank took 569 ms whole-segment and 223 ms in 32 KiB chunks (link
+# bound 201-229 ms); hierarchical on 2 x 2 took 248 ms in 1 MiB chunks, 199 ms in 128 KiB,
+# 155 ms in 60 KiB and 153 ms in 32 KiB (docs/multinode.md). Below the eager limit every
+# chunk streams at once. A fabric with RDMA (UCX, verbs) moves large messages without
+# that handshake and gains from larger chunks: set HPCRING_CHUNK_BYTES there and measure.
+NETWORK_CHUNK_BYTES = 60 << 10
 UNCHUNKED = 1 << 62  # elements per "chunk" when nothing is chunked: every segment is one piece
 DEPTH = 4  # at most: receives posted ahead, and sends in flight
 RING_ORDER = True  # runs in `topology.ring_order`: bytes_sent's rank is the position in that order
@@ -309,7 +320,10 @@ def chunk_elements(itemsize: int, default: int | None = None) -> int:
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op, chunk_bytes: int | None = None) -> None:
     """dst <- op over all ranks of src (dst may be src); ``chunk_bytes``: the default chunking."""
     size, n = ch.size, src.size
-    order = topology.ring_order(ch.comm)  # neighbours share a node wherever placement allows
+    topo = topology.of(ch.comm)
+    order = topo.ring  # neighbours share a node wherever placement allows
+    if chunk_bytes is None and topo.nodes > 1:
+        chunk_bytes = NETWORK_CHUNK_BYTES  # the ring crosses a network
     pieces = staging_pieces(n, size, src.dtype.itemsize) if ch.backend.device else None
     if pieces is not None and not ch.backend.direct:
         key = ("ring-staged", src.dtype, n, dst is src, pieces, order, ch.backend.current_device())
