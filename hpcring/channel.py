@@ -14,6 +14,7 @@ G-1 times. How MPI routes that payload inside (trees, pipelines) is its own busi
 
 from __future__ import annotations
 
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -144,15 +145,25 @@ class Channel:
 
     @channel_wait
     @staticmethod
-    def wait(request: MPI.Request) -> None:
-        """Block until ``request`` completes."""
-        request.Wait()
+    def wait(request: MPI.Request, nap: float = 0.0) -> None:
+        """Block until ``request`` completes; with ``nap`` (seconds), sleep between tests instead
+        of spinning in MPI, leaving the core to ranks that have work (oversubscribed nodes)."""
+        if not nap:
+            request.Wait()
+            return
+        while not request.Test():
+            time.sleep(nap)
 
     @channel_wait
     @staticmethod
-    def waitall(requests: Iterable[MPI.Request]) -> None:
-        """Block until every request in ``requests`` completes."""
-        MPI.Request.Waitall(list(requests))
+    def waitall(requests: Iterable[MPI.Request], nap: float = 0.0) -> None:
+        """Block until every request in ``requests`` completes (``nap``: as `wait`)."""
+        pending = list(requests)
+        if not nap:
+            MPI.Request.Waitall(pending)
+            return
+        while not MPI.Request.Testall(pending):
+            time.sleep(nap)
 
     @channel_call
     def gather(self, send: Any, stack: Any, root: int) -> None:

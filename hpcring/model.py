@@ -509,10 +509,14 @@ def _median_time(run: Any, repeats: int) -> float:
 def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params:
     """Measure alpha, beta (ping-pong between ranks 0 and 1) and gamma (local add) on this machine.
 
-    Collective over ``comm``; needs 2 ranks or more. Ranks other than the pair wait in a
-    barrier, so run it with exactly 2 ranks for clean figures. When ``comm`` spans several
-    nodes, alpha and beta are measured between rank 0 and a rank of its own node, and
-    inter_alpha and inter_beta between rank 0 and the first rank of another node.
+    Collective over ``comm``; needs 2 ranks or more. Ranks other than the pair sleep
+    between polls of a non-blocking barrier, so they leave the cores to the pair (ranks
+    spinning in MPI took a third of the bandwidth of an emulated 1 Gbit/s link from it on
+    2 cores). When ``comm`` spans several nodes, alpha and beta are measured between rank 0
+    and a rank of its own node, and inter_alpha and inter_beta between rank 0 and the first
+    rank of another node: inter_beta with both directions busy at once (an exchange), as
+    every cross-node step of an all-reduce uses the link; the one-way ping-pong figure is
+    kept in ``meta["inter_beta_one_way"]``.
     """
     import numpy as np
 
@@ -544,7 +548,22 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
                 comm.Recv(buf, source=0, tag=7)
                 comm.Send(buf, dest=0, tag=7)
             samples.append((time.perf_counter() - start) / 2)
+        _idle(comm)
         return comm.bcast(statistics.median(samples[2:]), root=0)
+
+    def both_ways(nbytes: int, repeats: int, peer: int) -> float:
+        send, recv = np.zeros(nbytes, dtype=np.uint8), np.empty(nbytes, dtype=np.uint8)
+        tick, samples = np.zeros(1, dtype=np.uint8), []
+        comm.Barrier()
+        if rank in (0, peer):
+            other = peer if rank == 0 else 0
+            for _ in range(repeats + 2):  # 2 warm-ups
+                comm.Sendrecv(tick, other, 8, recv[:1], other, 8)  # start together
+                start = time.perf_counter()
+                comm.Sendrecv(send, other, 9, recv, other, 9)
+                samples.append(time.perf_counter() - start)
+        _idle(comm)
+        return comm.bcast(statistics.median(samples[2:]) if rank == 0 else None, root=0)
 
     def link(peer: int) -> tuple[float, float]:
         alpha = one_way(1, small_repeats, peer)
@@ -552,7 +571,12 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
         return alpha, statistics.median(per_byte)
 
     alpha, beta = link(near)
-    inter_alpha, inter_beta = link(far) if far is not None else (None, None)
+    inter_alpha, inter_beta, one_way_beta = None, None, None
+    if far is not None:
+        inter_alpha, one_way_beta = link(far)
+        inter_beta = statistics.median(
+            max(both_ways(n, large_repeats, far) - inter_alpha, 1e-15) / n for n in sizes
+        )
     gamma = None
     if rank == 0:
         gamma = statistics.median(_gamma(array, n, large_repeats) for n in sizes)
@@ -573,6 +597,8 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
         "sizes": sizes,
         "nodes": list(topo.per_node),
     }
+    if one_way_beta is not None:
+        meta["inter_beta_one_way"] = one_way_beta
     return Params(
         alpha,
         beta,
@@ -583,6 +609,13 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
         inter_alpha=inter_alpha,
         inter_beta=inter_beta,
     )
+
+
+def _idle(comm: Any) -> None:
+    """A barrier that sleeps between polls: ranks waiting here leave the cores to those at work."""
+    request = comm.Ibarrier()
+    while not request.Test():
+        time.sleep(0.0005)
 
 
 def _busy(comm: Any, array: str, sizes: Sequence[int], small: int, large: int) -> Busy:
@@ -952,7 +985,8 @@ def _mpi_main(args: argparse.Namespace) -> int:
                     f"({1 / params.gamma / GB:.3g} GB/s)"
                     + (
                         f"; between nodes alpha {params.inter_alpha * 1e6:.3g} us, "
-                        f"{1 / params.inter_beta / GB:.3g} GB/s"
+                        f"{1 / params.inter_beta / GB:.3g} GB/s both ways at once "
+                        f"({1 / params.meta['inter_beta_one_way'] / GB:.3g} GB/s one way)"
                         if params.inter_beta
                         else ""
                     )

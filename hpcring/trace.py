@@ -464,14 +464,14 @@ def channel_wait(static: staticmethod) -> Any:
     method = static.__func__
 
     @functools.wraps(method)
-    def traced(requests: Any) -> Any:
+    def traced(requests: Any, *nap: float) -> Any:
         tracer = TRACER
         if not tracer.on:
-            return method(requests)
+            return method(requests, *nap)
         many = method.__name__ == "waitall"
         pending = list(requests) if many else [requests]
         start = tracer.now()
-        result = method(pending if many else requests)
+        result = method(pending if many else requests, *nap)
         tracer.waited(start, pending)
         return result
 

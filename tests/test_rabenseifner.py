@@ -94,6 +94,30 @@ def test_ring_chunks(monkeypatch: pytest.MonkeyPatch, chunk_bytes: str, dtype: n
 
 
 @pytest.mark.mpi
+def test_ring_chunks_with_sleeping_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HPCRING_WAIT_SLEEP_US: the pipelined ring polls and naps instead of spinning, same results."""
+    monkeypatch.setenv("HPCRING_CHUNK_BYTES", "40")
+    monkeypatch.setenv("HPCRING_WAIT_SLEEP_US", "20")
+    failures = check(WORLD, "ring", np.dtype(np.float32), "sum", largest=1000)
+    assert everywhere(WORLD, not failures), failures
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("value", ["-1", "soon", "nan", "1e9"])
+def test_bad_wait_nap_is_refused_on_every_rank(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("HPCRING_CHUNK_BYTES", "40")
+    monkeypatch.setenv("HPCRING_WAIT_SLEEP_US", value)
+    x = np.arange(1000, dtype=np.float32)
+    before = x.copy()
+    refused = False
+    try:
+        hpcring.allreduce(x, algorithm="ring")
+    except ValueError as error:
+        refused = "HPCRING_WAIT_SLEEP_US" in str(error)
+    assert everywhere(WORLD, (refused or WORLD.size == 1) and np.array_equal(x, before))
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("dtype,op", CASES, ids=[f"{d.name}-{o}" for d, o in CASES])
 def test_ring_matrix(monkeypatch: pytest.MonkeyPatch, dtype: np.dtype, op: str) -> None:
     monkeypatch.setenv("HPCRING_CHUNK_BYTES", "4096")  # several chunks per segment at 2**16 + 3

@@ -2,7 +2,8 @@
 # The figures of docs/multinode.md: hierarchical vs flat ring vs Open MPI's default
 # MPI_Allreduce (coll/han) on the emulated cluster, float32 sum, 16 and 64 MiB, links shaped
 # to RATE. For each shape (HOSTSxRANKS), in one cluster: calibrate the two-level cost model
-# (ping-pong inside a host and between hosts: b_link is 1/inter_beta, measured in this run),
+# (ping-pong inside a host; between hosts b_link is 1/inter_beta, both directions at once as
+# in an all-reduce, measured in this run; the one-way ping-pong figure is shown beside it),
 # then RUNS bench runs (each a median of ITERS iterations); the table reports the median
 # of the runs' medians, next to the link bound 2(H-1)/H n / b_link and the model.
 # Usage: tools/multinode_bench.sh [OUTDIR] (env: SHAPES="2x2 4x2", RUNS=3, ITERS=5, RATE=1gbit)
@@ -29,11 +30,12 @@ python3 - "$out" <<'PY'
 import glob, json, statistics, sys
 out = sys.argv[1]
 print(f"{'shape':>5} {'size':>6} {'hierarchical':>13} {'ring':>8} {'mpi':>8} {'bound':>8} "
-      f"{'model hier':>10} {'model ring':>10} {'b_link MB/s':>11}  (ms, medians of runs)")
+      f"{'model hier':>10} {'model ring':>10} {'b_link MB/s':>11} {'one way':>8}  (ms, medians of runs)")
 for model_file in sorted(glob.glob(f"{out}/model-*.json")):
     shape = model_file.rsplit("-", 1)[1][:-5]
     hosts = int(shape.split("x")[0])
-    b_link = 1 / json.load(open(model_file))["inter_beta"]
+    calibration = json.load(open(model_file))
+    b_link, b_one_way = 1 / calibration["inter_beta"], 1 / calibration["inter_beta_one_way"]
     runs = [json.load(open(f)) for f in sorted(glob.glob(f"{out}/bench-{shape}-*.json"))]
     for size in (16 << 20, 64 << 20):
         t, p = {}, {}
@@ -44,5 +46,6 @@ for model_file in sorted(glob.glob(f"{out}/model-*.json")):
             assert all(r["wrong"] == 0 for r in rows), (shape, size, alg)
         bound = 2 * (hosts - 1) / hosts * size / b_link * 1e3
         print(f"{shape:>5} {size >> 20:>4}Mi {t['hierarchical']:13.1f} {t['ring']:8.1f} {t['mpi']:8.1f} "
-              f"{bound:8.1f} {p['hierarchical']:10.1f} {p['ring']:10.1f} {b_link / 1e6:11.1f}")
+              f"{bound:8.1f} {p['hierarchical']:10.1f} {p['ring']:10.1f} {b_link / 1e6:11.1f} "
+              f"{b_one_way / 1e6:8.1f}")
 PY

@@ -111,7 +111,9 @@ def _build(size: int, rank: int, count: int, chunk: int, order: tuple[int, ...] 
     )
 
 
-def _stream(ch: Channel, plan: Plan, phase: Phase, base: Any, dst: Any, op: Op | None) -> None:
+def _stream(
+    ch: Channel, plan: Plan, phase: Phase, base: Any, dst: Any, op: Op | None, nap: float = 0.0
+) -> None:
     """Run one phase: reduce ``base`` (op given) or copy (op None) the incoming chunks into ``dst``.
 
     Chunk k of the outgoing stream is sent just before incoming chunk k is waited for: it
@@ -119,7 +121,7 @@ def _stream(ch: Channel, plan: Plan, phase: Phase, base: Any, dst: Any, op: Op |
     ``depth`` ahead, into scratch slot k % depth when reducing (the slot's last reader, the
     reduction of chunk k - depth, has run), else straight into ``dst``. At most ``depth``
     sends are in flight; all are finished before returning, so the next phase may receive
-    into memory that these sends read (write-after-read).
+    into memory that these sends read (write-after-read). ``nap``: as `Channel.wait`.
     """
     incoming, first, depth = phase.incoming, phase.first, plan.depth
     slots = ch.scratch("ring", depth * plan.chunk, dst.dtype).reshape(depth, plan.chunk) if op else None
@@ -132,7 +134,7 @@ def _stream(ch: Channel, plan: Plan, phase: Phase, base: Any, dst: Any, op: Op |
 
     def send(k: int) -> None:
         if len(sends) == depth:
-            ch.wait(sends.popleft())
+            ch.wait(sends.popleft(), nap)
         piece = base[first[k]] if k < len(first) else dst[incoming[k - len(first)]]
         sends.append(ch.isend(piece, plan.right))
 
@@ -142,7 +144,7 @@ def _stream(ch: Channel, plan: Plan, phase: Phase, base: Any, dst: Any, op: Op |
     for k in range(len(incoming)):
         if k < outgoing:
             send(k)
-        ch.wait(receives.popleft())
+        ch.wait(receives.popleft(), nap)
         if op:
             piece = incoming[k]
             op.combine(ch.xp, base[piece], target(k), dst[piece])
@@ -150,7 +152,7 @@ def _stream(ch: Channel, plan: Plan, phase: Phase, base: Any, dst: Any, op: Op |
             receives.append(ch.irecv(target(k + depth), plan.left))
     for k in range(len(incoming), outgoing):
         send(k)
-    ch.waitall(sends)
+    ch.waitall(sends, nap)
 
 
 def _blocking(ch: Channel, plan: Plan, src: Any, dst: Any, op: Op) -> None:
@@ -311,6 +313,28 @@ def _staged(ch: Channel, plan: StagedPlan, src: Any, dst: Any, op: Op) -> None:
     st.finish()
 
 
+def wait_nap() -> float:
+    """Seconds to sleep between polls while a pipelined ring waits: ``HPCRING_WAIT_SLEEP_US``
+    (microseconds), else 0, MPI's own wait, which spins.
+
+    Where ranks outnumber cores (the emulated cluster: 8 ranks of 4 "hosts" on 2 cores) a
+    spinning rank takes the core from the ranks with work and from the kernel's network
+    processing: there 50 us naps took hierarchical at 4 x 2, 16 MiB, from 263 to 250 ms and
+    the flat ring from 374 to 289 ms (link bound 237 ms). With a core per rank, spinning answers
+    soonest: leave it unset.
+    """
+    text = os.environ.get("HPCRING_WAIT_SLEEP_US", "").strip()
+    if not text:
+        return 0.0
+    try:
+        micros = float(text)
+    except ValueError:
+        micros = -1.0
+    if not 0 <= micros <= 1e6:
+        raise ValueError(f"HPCRING_WAIT_SLEEP_US must be a number of microseconds in [0, 1e6], got {text!r}")
+    return micros * 1e-6
+
+
 def chunk_elements(itemsize: int, default: int | None = None) -> int:
     """Elements per chunk: ``HPCRING_CHUNK_BYTES`` (else ``default``, else CHUNK_BYTES) over the item size."""
     limit = _bytes_from_env("HPCRING_CHUNK_BYTES") or default or CHUNK_BYTES
@@ -338,8 +362,9 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op, chunk_bytes: int | None =
     # device buffer (CuPy without CUDA-aware MPI) is a shared pinned copy valid for one
     # blocking call only, so that case keeps the blocking ring.
     if plan.pipelined and ch.backend.direct:
-        _stream(ch, plan, plan.reduce_scatter, src, dst, op)
-        _stream(ch, plan, plan.all_gather, dst, dst, None)
+        nap = wait_nap()
+        _stream(ch, plan, plan.reduce_scatter, src, dst, op, nap)
+        _stream(ch, plan, plan.all_gather, dst, dst, None, nap)
     else:
         _blocking(ch, plan, src, dst, op)
 
