@@ -829,7 +829,12 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
             _plot(args.plot, header, rows)
         if args.tune:
             path = write_tuning(rows, size=comm.Get_size(), header=header)
-            print(f"# tuning for {comm.Get_size()} ranks written to {path}", flush=True)
+            topo = header.get("topology") or {"two_level": False}
+            shape = f" ({topo['describe']}, table {topo['nodes']}x{topo['ranks_per_node'][0]})"
+            print(
+                f"# tuning for {comm.Get_size()} ranks{shape if topo['two_level'] else ''} written to {path}",
+                flush=True,
+            )
         if failed:
             sys.stderr.write(
                 "hpcring.bench: FAILED: wrong elements or bytes sent off the formula (see table)\n"

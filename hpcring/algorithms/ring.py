@@ -36,15 +36,15 @@ from ..partition import chunk_bounds, segment_bounds
 # cores. Machines with a core per rank, a real network or GPUs may gain from streaming:
 # set HPCRING_CHUNK_BYTES (the same on every rank) and measure with the bench.
 CHUNK_BYTES: int | None = None
-# Across nodes the default is 60 KiB chunks, by measurement. Open MPI's TCP transport sends
-# a message above its eager limit (btl_tcp_eager_limit, 64 KiB with the header) by
-# rendezvous, and with both directions of a link busy the handshakes wait behind data on
-# the one TCP connection per pair: on the emulated cluster (1 Gbit/s, float32, 16 MiB) the
-# ring over 4 hosts x 1 rank took 569 ms whole-segment and 223 ms in 32 KiB chunks (link
-# bound 201-229 ms); hierarchical on 2 x 2 took 248 ms in 1 MiB chunks, 199 ms in 128 KiB,
-# 155 ms in 60 KiB and 153 ms in 32 KiB (docs/multinode.md). Below the eager limit every
-# chunk streams at once. A fabric with RDMA (UCX, verbs) moves large messages without
-# that handshake and gains from larger chunks: set HPCRING_CHUNK_BYTES there and measure.
+# Across nodes the default is 60 KiB chunks, by measurement: over Open MPI's TCP transport,
+# large messages with both directions of a link busy are erratic (likely: above the eager
+# limit, btl_tcp_eager_limit = 64 KiB with the header, a rendezvous handshake queues behind
+# the other direction's data on the one TCP connection per pair). On the emulated cluster
+# (1 Gbit/s, float32, 16 MiB) the ring over 4 hosts x 1 rank took 569 ms whole-segment and
+# 223 ms in 32 KiB chunks (link bound 201-229 ms); hierarchical on 2 x 2 took 248 ms in
+# 1 MiB chunks, 199 in 128 KiB, 155 in 64 KiB and 153 in 32 KiB; on 4 x 2, 666 ms in 1 MiB
+# and 260-282 ms in 16-60 KiB (docs/multinode.md). A fabric with RDMA (UCX, verbs) moves
+# large messages differently: set HPCRING_CHUNK_BYTES there and measure.
 NETWORK_CHUNK_BYTES = 60 << 10
 UNCHUNKED = 1 << 62  # elements per "chunk" when nothing is chunked: every segment is one piece
 DEPTH = 4  # at most: receives posted ahead, and sends in flight
