@@ -20,7 +20,7 @@ from test_allreduce import check_sizes
 
 import hpcring
 from hpcring import topology
-from hpcring.algorithms import bytes_sent
+from hpcring.algorithms import bytes_sent, ring
 from hpcring.api import channel_for
 from hpcring.backend import backend_for
 from hpcring.ops import DTYPES, OPS
@@ -110,8 +110,6 @@ def test_bad_env_is_refused() -> None:
 
 def test_ring_across_nodes_streams_in_network_chunks(forced: MPI.Intracomm) -> None:
     """A ring that spans nodes is pipelined in NETWORK_CHUNK_BYTES pieces, with the same result."""
-    from hpcring.algorithms import ring
-
     ch = channel_for(forced, backend_for(np.empty(0, np.float32)))
     n = 3 * ring.NETWORK_CHUNK_BYTES // 4 * forced.size + 5  # several chunks per segment
     x = np.random.default_rng(forced.rank).standard_normal(n).astype(np.float32)

@@ -104,8 +104,11 @@ def test_ring_chunks_with_sleeping_waits(monkeypatch: pytest.MonkeyPatch) -> Non
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("value", ["-1", "soon", "nan", "1e9"])
-def test_bad_wait_nap_is_refused_on_every_rank(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
-    monkeypatch.setenv("HPCRING_CHUNK_BYTES", "40")
+@pytest.mark.parametrize("chunk_bytes", ["40", ""])  # pipelined, and whole segments
+def test_bad_wait_nap_is_refused_on_every_rank(
+    monkeypatch: pytest.MonkeyPatch, value: str, chunk_bytes: str
+) -> None:
+    monkeypatch.setenv("HPCRING_CHUNK_BYTES", chunk_bytes)
     monkeypatch.setenv("HPCRING_WAIT_SLEEP_US", value)
     x = np.arange(1000, dtype=np.float32)
     before = x.copy()

@@ -319,9 +319,9 @@ def wait_nap() -> float:
 
     Where ranks outnumber cores (the emulated cluster: 8 ranks of 4 "hosts" on 2 cores) a
     spinning rank takes the core from the ranks with work and from the kernel's network
-    processing: there 50 us naps took hierarchical at 4 x 2, 16 MiB, from 263 to 250 ms and
-    the flat ring from 374 to 289 ms (link bound 237 ms). With a core per rank, spinning answers
-    soonest: leave it unset.
+    processing: there 50 us naps took the flat ring at 4 x 2, 16 MiB, from 425-441 to
+    282-301 ms and hierarchical from 251 to 244 ms (link bound 235 ms). With a core per
+    rank, spinning answers soonest: leave it unset.
     """
     text = os.environ.get("HPCRING_WAIT_SLEEP_US", "").strip()
     if not text:
@@ -344,6 +344,7 @@ def chunk_elements(itemsize: int, default: int | None = None) -> int:
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op, chunk_bytes: int | None = None) -> None:
     """dst <- op over all ranks of src (dst may be src); ``chunk_bytes``: the default chunking."""
     size, n = ch.size, src.size
+    nap = wait_nap()  # read (and refused if bad) before anything moves, on every path
     topo = topology.of(ch.comm)
     order = topo.ring  # neighbours share a node wherever placement allows
     if chunk_bytes is None and topo.nodes > 1:
@@ -362,7 +363,6 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op, chunk_bytes: int | None =
     # device buffer (CuPy without CUDA-aware MPI) is a shared pinned copy valid for one
     # blocking call only, so that case keeps the blocking ring.
     if plan.pipelined and ch.backend.direct:
-        nap = wait_nap()
         _stream(ch, plan, plan.reduce_scatter, src, dst, op, nap)
         _stream(ch, plan, plan.all_gather, dst, dst, None, nap)
     else:
