@@ -126,22 +126,22 @@ class Channel:
     # device stream first, so earlier kernels have written (or stopped reading) the buffer.
 
     @channel_start
-    def isend(self, send: Any, dest: int) -> MPI.Request:
+    def isend(self, send: Any, dest: int, tag: int = 0) -> MPI.Request:
         """Start sending ``send`` to ``dest``; do not write ``send`` until the request is waited on."""
         if not self.backend.direct:
             raise RuntimeError("Channel.isend needs a buffer MPI can read directly (host or CUDA-aware)")
         if dest != self.rank:
             self.bytes_sent += send.nbytes
         with self.backend.mpi_view(send, copy_in=True, copy_out=False) as s:
-            return self.comm.Isend(_raw(s), dest, 0)
+            return self.comm.Isend(_raw(s), dest, tag)
 
     @channel_start
-    def irecv(self, recv: Any, source: int) -> MPI.Request:
+    def irecv(self, recv: Any, source: int, tag: int = 0) -> MPI.Request:
         """Start receiving into ``recv`` from ``source``; read it only after the request is waited on."""
         if not self.backend.direct:
             raise RuntimeError("Channel.irecv needs a buffer MPI can write directly (host or CUDA-aware)")
         with self.backend.mpi_view(recv, copy_in=False, copy_out=False) as r:
-            return self.comm.Irecv(_raw(r), source, 0)
+            return self.comm.Irecv(_raw(r), source, tag)
 
     @channel_wait
     @staticmethod

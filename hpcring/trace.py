@@ -446,12 +446,12 @@ def channel_start(method: Callable[..., Any]) -> Callable[..., Any]:
     kind = "send" if method.__name__ == "isend" else "recv"
 
     @functools.wraps(method)
-    def traced(ch: Any, array: Any, peer: int) -> Any:
+    def traced(ch: Any, array: Any, peer: int, *tag: int) -> Any:
         tracer = TRACER
         if not tracer.on:
-            return method(ch, array, peer)
+            return method(ch, array, peer, *tag)
         start = tracer.now()
-        request = method(ch, array, peer)
+        request = method(ch, array, peer, *tag)
         tracer.transfer(kind, start, array, peer, nonblocking=True)
         tracer.request(request, kind, array, peer)
         return request

@@ -1,6 +1,6 @@
 """hierarchical at 6 ranks, beyond the 1-4 of the MPI test runs: nodes of 3 ranks (L > 2: the
-rings inside the node take more than one step) and 3 nodes, each job launched here with
-mpiexec, nodes forced by HPCRING_RANKS_PER_NODE."""
+reduce-scatter ring in the node takes two steps and each shard goes to two other ranks)
+and 3 nodes, each job launched here with mpiexec, nodes forced by HPCRING_RANKS_PER_NODE."""
 
 from __future__ import annotations
 
@@ -52,8 +52,9 @@ if world.rank == 0:
     ids=["2 nodes x 3", "3 nodes x 2", "2 nodes x 3, rabenseifner across"],
 )
 def test_six_ranks_more_than_two_per_node(per_node: str, inter: str) -> None:
-    """6 ranks (beyond CI's 1-4): nodes of 3, and 3 nodes, with the ring or Rabenseifner across;
-    against MPI_Allreduce, bitwise identical everywhere, bytes = formula, input untouched."""
+    """6 ranks (beyond CI's 1-4): nodes of 3, and 3 nodes, with the ring across (in-node
+    all-gather overlapped with it) or Rabenseifner across (all-gather after it); against
+    MPI_Allreduce, bitwise identical everywhere, bytes = formula, input untouched."""
     launcher = _mpiexec()
     if launcher is None:
         pytest.skip("no mpiexec")

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,7 +113,14 @@ def _build(size: int, rank: int, count: int, chunk: int, order: tuple[int, ...] 
 
 
 def _stream(
-    ch: Channel, plan: Plan, phase: Phase, base: Any, dst: Any, op: Op | None, nap: float = 0.0
+    ch: Channel,
+    plan: Plan,
+    phase: Phase,
+    base: Any,
+    dst: Any,
+    op: Op | None,
+    nap: float = 0.0,
+    on_final: Callable[[slice], None] | None = None,
 ) -> None:
     """Run one phase: reduce ``base`` (op given) or copy (op None) the incoming chunks into ``dst``.
 
@@ -122,6 +130,8 @@ def _stream(
     reduction of chunk k - depth, has run), else straight into ``dst``. At most ``depth``
     sends are in flight; all are finished before returning, so the next phase may receive
     into memory that these sends read (write-after-read). ``nap``: as `Channel.wait`.
+    ``on_final`` (all-gather only) hears of every piece of ``dst`` that holds its final value:
+    the segment owned, at once, then each incoming chunk as it lands.
     """
     incoming, first, depth = phase.incoming, phase.first, plan.depth
     slots = ch.scratch("ring", depth * plan.chunk, dst.dtype).reshape(depth, plan.chunk) if op else None
@@ -140,6 +150,9 @@ def _stream(
 
     for k in range(min(depth, len(incoming))):
         receives.append(ch.irecv(target(k), plan.left))
+    if on_final is not None:
+        for piece in first:
+            on_final(piece)
     outgoing = len(first) + phase.forward
     for k in range(len(incoming)):
         if k < outgoing:
@@ -148,6 +161,8 @@ def _stream(
         if op:
             piece = incoming[k]
             op.combine(ch.xp, base[piece], target(k), dst[piece])
+        elif on_final is not None:
+            on_final(incoming[k])
         if k + depth < len(incoming):
             receives.append(ch.irecv(target(k + depth), plan.left))
     for k in range(len(incoming), outgoing):
@@ -155,7 +170,9 @@ def _stream(
     ch.waitall(sends, nap)
 
 
-def _blocking(ch: Channel, plan: Plan, src: Any, dst: Any, op: Op) -> None:
+def _blocking(
+    ch: Channel, plan: Plan, src: Any, dst: Any, op: Op, on_final: Callable[[slice], None] | None = None
+) -> None:
     """One Sendrecv per step, whole segments: the ring when there is nothing to pipeline.
 
     Same schedule as the streams above with one chunk per segment. Step 0 sends from
@@ -169,9 +186,13 @@ def _blocking(ch: Channel, plan: Plan, src: Any, dst: Any, op: Op) -> None:
         buf = incoming[: in_seg.stop - in_seg.start]
         ch.sendrecv((src if step == 0 else dst)[out_seg], plan.right, buf, plan.left)
         op.combine(ch.xp, src[in_seg], buf, dst[in_seg])
+    if on_final is not None:
+        on_final(seg[(rank + 1) % size])
     for step in range(size - 1):
         out_seg, in_seg = seg[(rank + 1 - step) % size], seg[(rank - step) % size]
         ch.sendrecv(dst[out_seg], plan.right, dst[in_seg], plan.left)
+        if on_final is not None:
+            on_final(in_seg)
 
 
 # Host staging (CuPy buffers, MPI not CUDA-aware) can stream: each segment travels as equal
@@ -341,8 +362,20 @@ def chunk_elements(itemsize: int, default: int | None = None) -> int:
     return max(1, limit // itemsize) if limit else UNCHUNKED
 
 
-def allreduce(ch: Channel, src: Any, dst: Any, op: Op, chunk_bytes: int | None = None) -> None:
-    """dst <- op over all ranks of src (dst may be src); ``chunk_bytes``: the default chunking."""
+def allreduce(
+    ch: Channel,
+    src: Any,
+    dst: Any,
+    op: Op,
+    chunk_bytes: int | None = None,
+    on_final: Callable[[slice], None] | None = None,
+) -> None:
+    """dst <- op over all ranks of src (dst may be src); ``chunk_bytes``: the default chunking.
+
+    ``on_final(piece)`` is called for every slice of ``dst`` once it holds its final value
+    (all of them, each once, in the order they complete), so a caller can pass results on
+    while the all-gather still runs; not on the staged (host-copy) path.
+    """
     size, n = ch.size, src.size
     nap = wait_nap()  # read (and refused if bad) before anything moves, on every path
     topo = topology.of(ch.comm)
@@ -351,6 +384,8 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op, chunk_bytes: int | None =
         chunk_bytes = NETWORK_CHUNK_BYTES  # the ring crosses a network
     pieces = staging_pieces(n, size, src.dtype.itemsize) if ch.backend.device else None
     if pieces is not None and not ch.backend.direct:
+        if on_final is not None:
+            raise RuntimeError("ring.allreduce: on_final needs memory MPI reads directly, not staging")
         key = ("ring-staged", src.dtype, n, dst is src, pieces, order, ch.backend.current_device())
         staged = ch.plan(key, lambda: _build_staged(ch, n, src.dtype.itemsize, pieces, order))
         _staged(ch, staged, src, dst, op)
@@ -364,9 +399,9 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op, chunk_bytes: int | None =
     # blocking call only, so that case keeps the blocking ring.
     if plan.pipelined and ch.backend.direct:
         _stream(ch, plan, plan.reduce_scatter, src, dst, op, nap)
-        _stream(ch, plan, plan.all_gather, dst, dst, None, nap)
+        _stream(ch, plan, plan.all_gather, dst, dst, None, nap, on_final)
     else:
-        _blocking(ch, plan, src, dst, op)
+        _blocking(ch, plan, src, dst, op, on_final)
 
 
 def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> int:
