@@ -29,7 +29,7 @@ done
 python3 - "$out" <<'PY'
 import glob, json, statistics, sys
 out = sys.argv[1]
-print(f"{'shape':>5} {'size':>6} {'hierarchical':>13} {'ring':>8} {'mpi':>8} {'bound':>8} "
+print(f"{'shape':>5} {'size':>6} {'hierarchical':>13} {'ring':>8} {'mpi':>8} {'bound':>8} {'1-way':>7} "
       f"{'model hier':>10} {'model ring':>10} {'b_link MB/s':>11} {'one way':>8}  (ms, medians of runs)")
 for model_file in sorted(glob.glob(f"{out}/model-*.json")):
     shape = model_file.rsplit("-", 1)[1][:-5]
@@ -45,7 +45,8 @@ for model_file in sorted(glob.glob(f"{out}/model-*.json")):
             p[alg] = rows[0]["predicted_us"] / 1e3 if rows[0]["predicted_us"] else float("nan")
             assert all(r["wrong"] == 0 for r in rows), (shape, size, alg)
         bound = 2 * (hosts - 1) / hosts * size / b_link * 1e3
+        one_way = 2 * (hosts - 1) / hosts * size / b_one_way * 1e3  # the same with the ping-pong b
         print(f"{shape:>5} {size >> 20:>4}Mi {t['hierarchical']:13.1f} {t['ring']:8.1f} {t['mpi']:8.1f} "
-              f"{bound:8.1f} {p['hierarchical']:10.1f} {p['ring']:10.1f} {b_link / 1e6:11.1f} "
+              f"{bound:8.1f} {one_way:7.1f} {p['hierarchical']:10.1f} {p['ring']:10.1f} {b_link / 1e6:11.1f} "
               f"{b_one_way / 1e6:8.1f}")
 PY
