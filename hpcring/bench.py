@@ -622,8 +622,9 @@ def tuning_table(rows: list[Row]) -> list[list[Any]]:
     return table
 
 
-def write_tuning(rows: list[Row], *, size: int, header: dict[str, Any]) -> Path:
-    """Merge this rank count's thresholds into the tuning file (other rank counts are kept)."""
+def write_tuning(rows: list[Row], *, size: int, header: dict[str, Any]) -> tuple[Path, str]:
+    """Merge this rank count's thresholds into the tuning file (other rank counts are kept);
+    returns the file and the table's key (the rank count, or "HxL" on nodes)."""
     path = auto.tuning_path()
     try:
         data = json.loads(path.read_text())
@@ -640,7 +641,7 @@ def write_tuning(rows: list[Row], *, size: int, header: dict[str, Any]) -> Path:
     }
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
-    return path
+    return path, key
 
 
 def summarize(rows: list[Row]) -> list[dict[str, Any]]:
@@ -828,13 +829,8 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         if args.plot:
             _plot(args.plot, header, rows)
         if args.tune:
-            path = write_tuning(rows, size=comm.Get_size(), header=header)
-            topo = header.get("topology") or {"two_level": False}
-            shape = f" ({topo['describe']}, table {topo['nodes']}x{topo['ranks_per_node'][0]})"
-            print(
-                f"# tuning for {comm.Get_size()} ranks{shape if topo['two_level'] else ''} written to {path}",
-                flush=True,
-            )
+            path, key = write_tuning(rows, size=comm.Get_size(), header=header)
+            print(f"# tuning for {comm.Get_size()} ranks (table {key}) written to {path}", flush=True)
         if failed:
             sys.stderr.write(
                 "hpcring.bench: FAILED: wrong elements or bytes sent off the formula (see table)\n"

@@ -155,11 +155,6 @@ def of(comm: MPI.Intracomm) -> Topology:
     return topo
 
 
-def ring_order(comm: MPI.Intracomm) -> tuple[int, ...] | None:
-    """The ranks of ``comm`` grouped by node, or None where that is rank order already."""
-    return of(comm).ring
-
-
 def summary(topo: Topology) -> dict[str, Any]:
     """The topology as the bench header and JSON show it."""
     return {
@@ -171,4 +166,4 @@ def summary(topo: Topology) -> dict[str, Any]:
     }
 
 
-__all__ = ["Topology", "discover", "of", "ring_order", "summary"]
+__all__ = ["Topology", "discover", "of", "summary"]

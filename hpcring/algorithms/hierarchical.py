@@ -51,7 +51,7 @@ BATCH_BYTES = 1 << 20
 MAX_BATCHES = 64
 TAG = 16  # batch i of a shard travels with tag TAG + i on the node communicator
 TOPOLOGY_AWARE = True  # bytes_sent takes per_node: the bench passes the ranks per node it found
-RING_ORDER = True  # bytes_sent's rank is the position in `topology.ring_order` (node, then local rank)
+RING_ORDER = True  # bytes_sent's rank is the position in `Topology.order` (node, then local rank)
 
 
 def inter_module() -> ModuleType:

@@ -49,7 +49,7 @@ CHUNK_BYTES: int | None = None
 NETWORK_CHUNK_BYTES = 60 << 10
 UNCHUNKED = 1 << 62  # elements per "chunk" when nothing is chunked: every segment is one piece
 DEPTH = 4  # at most: receives posted ahead, and sends in flight
-RING_ORDER = True  # runs in `topology.ring_order`: bytes_sent's rank is the position in that order
+RING_ORDER = True  # runs in `Topology.order`: bytes_sent's rank is the position in that order
 
 
 @dataclass(frozen=True)
@@ -78,11 +78,17 @@ class Plan:
     depth: int  # receives posted ahead and sends in flight: DEPTH, or fewer if segments are short
 
 
-def _build(size: int, rank: int, count: int, chunk: int, order: tuple[int, ...] | None = None) -> Plan:
-    # ``order`` lists the ranks around the ring (grouped by node, `topology.ring_order`);
-    # the schedule below runs on positions in it, so "rank" is this rank's position.
+def _around(size: int, rank: int, order: tuple[int, ...] | None) -> tuple[int, int, int]:
+    """(position, left, right) of ``rank`` in a ring of ``size`` that runs in ``order``
+    (the ranks grouped by node, `Topology.order`; None: rank order)."""
     ranks = order or range(size)
-    rank = ranks.index(rank)
+    position = ranks.index(rank)
+    return position, ranks[(position - 1) % size], ranks[(position + 1) % size]
+
+
+def _build(size: int, rank: int, count: int, chunk: int, order: tuple[int, ...] | None = None) -> Plan:
+    # The schedule below runs on positions in ``order``, so "rank" is this rank's position.
+    rank, left, right = _around(size, rank, order)
     segments = segment_bounds(count, size)
 
     def chunks(segment: int) -> tuple[slice, ...]:
@@ -100,8 +106,8 @@ def _build(size: int, rank: int, count: int, chunk: int, order: tuple[int, ...] 
     # bits the segment's owner computed.
     return Plan(
         rank=rank,
-        left=ranks[(rank - 1) % size],
-        right=ranks[(rank + 1) % size],
+        left=left,
+        right=right,
         segments=tuple(slice(*b) for b in segments),
         pipelined=segments[0][1] - segments[0][0] > chunk,
         reduce_scatter=phase(rank, [rank - step - 1 for step in range(size - 1)]),
@@ -281,13 +287,12 @@ def _build_staged(
     ch: Channel, count: int, itemsize: int, pieces: int, order: tuple[int, ...] | None = None
 ) -> StagedPlan:
     size = ch.size
-    ranks = order or tuple(range(size))  # around the ring, as `_build`
-    position = ranks.index(ch.rank)
+    position, left, right = _around(size, ch.rank, order)
     items = staged_items(size, position, count, pieces)
     piece = max(max(it.out.stop - it.out.start, it.into.stop - it.into.start) for it in items)
     return StagedPlan(
-        left=ranks[(position - 1) % size],
-        right=ranks[(position + 1) % size],
+        left=left,
+        right=right,
         items=tuple(items),
         piece=piece,
         slots=min(2, pieces),
