@@ -9,9 +9,10 @@ For n bytes on p ranks (p' = 2^floor(log2 p); every cost is 0 at p = 1):
 
 - ring:         2(p-1)a + 2(p-1)/p n b + (p-1)/p n g
 - rabenseifner: 2 log2(p) a + 2(p-1)/p n b + (p-1)/p n g                      (p a power of two)
-                (2 log2(p') + 3) a + (2(p'-1)/p' + 2) n b + ((p'-1)/p' + 1/2) n g   (otherwise:
-                the first 2(p-p') ranks pair up and halve their data first, and the p-p'
-                ranks left out get the whole result at the end; Thakur et al. 2005, sec. 4.4)
+                (2 log2(p') + 2) a + (2(p'-1)/p' + 2) n b + ((p'-1)/p' + 1) n g   (otherwise:
+                the first 2(p-p') ranks pair up, the even one sends its whole buffer to the
+                odd one, which reduces it and sends the whole result back at the end: the
+                simple fold of Thakur et al. 2005, sec. 4.4, which is what runs here)
 - naive:        (p-1)(a + n b) + (p+1) n g      (p-1 shifted exchanges, then p-1 reductions
                 and 2 copies of the buffer, a copy costing what a reduction does)
 - ps:           gather (p-1)(a + n b) + (p+1) n g at the root (reductions, 2 copies) + Bcast, which is
@@ -35,8 +36,10 @@ Used by other modules (the bench's ``predicted (us)`` column, ``auto``)::
 raises it for an unknown algorithm or a non-positive size or rank count. With calibrated
 `Params`, steps in which every rank works are slowed by ranks/cores when the ranks outnumber
 the calibrated cores (`oversubscription`), unless the calibration measured them with that many
-ranks busy at once (`Busy`, one entry per rank count calibrated); `Link` and `Nodes` assume a
-core or GPU per rank.
+ranks busy at once (`Busy`, one entry per rank count calibrated; `Params.partial` for the
+phases some ranks sit out, waiting). A call adds `Busy.call` (the agreement) and, from
+COLD_FROM bytes, `Busy.cold` (its fixed costs paid again with cold caches). `Link` and
+`Nodes` assume a core or GPU per rank.
 
 Command line (only rank 0 prints; user errors exit 2 with one line, no traceback)::
 
@@ -99,6 +102,26 @@ class Busy:
     beta: float
     gamma: float
     call: float = 0.0
+    cold: float = 0.0  # what a call adds when it starts with cold caches (see COLD_FROM)
+
+
+# A call that moves this much data per rank leaves the per-core caches cold: the interpreter
+# and mpi4py then reload their own state, which more than doubled the fixed cost of a call
+# here (a one-element call at 2 ranks after a 4 MiB write: 67 -> 156-176 us). Below it,
+# a share of `cold`, in proportion.
+COLD_FROM = 1 << 20
+
+
+def flush_bytes() -> int:
+    """What calibration writes to leave a rank's caches cold: twice the per-core L2 (4 MiB
+    here), from sysfs; 4 MiB where the kernel does not say."""
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            if (index / "level").read_text().strip() == "2":
+                return 2 * parse_size((index / "size").read_text().strip().rstrip("B"))
+        except (OSError, ModelError):
+            break
+    return 4 << 20
 
 
 @dataclass(frozen=True)
@@ -119,6 +142,9 @@ class Params:
     busy: dict[int, Busy] = field(default_factory=dict, compare=False)
     inter_alpha: float | None = None  # between nodes, when calibrated across nodes (alpha/beta: inside)
     inter_beta: float | None = None
+    # partial[p]: at p ranks, with only the largest power of two below p at work and the rest
+    # waiting in MPI, as in Rabenseifner's folded steps and the first steps of a binomial tree
+    partial: dict[int, Busy] = field(default_factory=dict, compare=False)
 
     @property
     def link(self) -> Link:
@@ -185,7 +211,8 @@ class Phase:
     ``distance`` is the rank distance of the partner (to find the link on a machine of
     nodes); ``pattern`` says who sends at once: "shift" (every rank r to r+d), "xor" (every
     rank r to r^d), "single" (one rank alone, as a root does), "local" (every rank computes,
-    no message), "root" (the root alone computes).
+    no message), "root" (the root alone computes). ``partial``: some ranks sit out the
+    phase, waiting in MPI (Rabenseifner's fold, the first steps of a binomial tree).
     """
 
     messages: float
@@ -193,6 +220,7 @@ class Phase:
     reduced: float = 0.0
     distance: int = 1
     pattern: str = "shift"
+    partial: bool = False  # only some of the ranks work in it, the others wait in MPI
 
 
 def _log2_floor(p: int) -> int:
@@ -211,20 +239,18 @@ def ring_all_gather(n: float, p: int) -> list[Phase]:
 
 def _rabenseifner(n: float, p: int) -> list[Phase]:
     """Recursive halving reduce-scatter + recursive doubling all-gather, with the pre/post steps
-    for p not a power of two (the r = p - p' extra ranks fold into their even neighbours)."""
+    for p not a power of two: the first 2r ranks (r = p - p') pair up, each even one sends
+    its whole buffer to its odd partner, which reduces it, works for both in the p' core,
+    and sends the whole result back. Then every step has ranks that only wait."""
     if p == 1:
         return []
     k = _log2_floor(p)
-    pow2 = 1 << k
-    phases: list[Phase] = []
-    if pow2 != p:  # exchange halves with the neighbour, reduce, send the reduced half back
-        phases += [Phase(1, n / 2, n / 2, 1, "xor"), Phase(1, n / 2, 0.0, 1, "xor")]
-    halving = [Phase(1, n / 2 ** (s + 1), n / 2 ** (s + 1), 1 << s, "xor") for s in range(k)]
-    doubling = [Phase(1, n / 2 ** (s + 1), 0.0, 1 << s, "xor") for s in reversed(range(k))]
-    phases += halving + doubling
-    if pow2 != p:  # the folded ranks receive the whole result
-        phases.append(Phase(1, n, 0.0, 1, "xor"))
-    return phases
+    fold = (1 << k) != p
+    halving = [Phase(1, n / 2 ** (s + 1), n / 2 ** (s + 1), 1 << s, "xor", fold) for s in range(k)]
+    doubling = [Phase(1, n / 2 ** (s + 1), 0.0, 1 << s, "xor", fold) for s in reversed(range(k))]
+    if not fold:
+        return halving + doubling
+    return [Phase(1, n, n, 1, "xor", True), *halving, *doubling, Phase(1, n, 0.0, 1, "xor", True)]
 
 
 COPIES = 2  # whole-buffer copies naive (every rank) and ps (the root) make besides reducing
@@ -250,8 +276,9 @@ def _ps(n: float, p: int, bcast: str) -> list[Phase]:
     reduce = [Phase(0, 0.0, (p - 1) * n + COPIES * n, 0, "root")]  # and the root's two copies
     if bcast == "linear":
         back = [Phase(1, n, 0.0, d, "single") for d in range(1, p)]
-    else:  # binomial tree: at step s every rank that has the data sends to r + 2^s
-        back = [Phase(1, n, 0.0, 1 << s, "xor") for s in range(math.ceil(math.log2(p)))]
+    else:  # binomial tree: at step s every rank that has the data sends to r + 2^s, where there is one
+        steps = range(math.ceil(math.log2(p)))
+        back = [Phase(1, n, 0.0, 1 << s, "xor", 2 * min(1 << s, p - (1 << s)) < p) for s in steps]
     return gather + reduce + back
 
 
@@ -296,15 +323,20 @@ def seconds(
     ranks: int,
     slowdown: float = 1.0,
     busy: Busy | None = None,
+    partial: Busy | None = None,
 ) -> float:
     """The time of ``steps``: each phase on the link its messages cross, shared by the flows that
     cross at once; phases in which every rank works are ``slowdown`` times slower (`oversubscription`),
-    or, where ``busy`` figures were measured for these ranks, cost what those say; steps that
-    cross between nodes are not slowed: they wait on the network, not on the cores."""
+    or, where ``busy`` figures were measured for these ranks, cost what those say (``partial``
+    ones for phases that some ranks sit out, where measured); steps that cross between nodes
+    are not slowed: they wait on the network, not on the cores."""
     total = 0.0
     for step in steps:
-        if busy is not None and step.pattern in CONCURRENT:
-            total += step.reduced * busy.gamma + step.messages * (busy.alpha + step.nbytes * busy.beta)
+        figures = partial if step.partial and partial is not None else busy
+        if figures is not None and step.pattern in CONCURRENT:
+            total += step.reduced * figures.gamma + step.messages * (
+                figures.alpha + step.nbytes * figures.beta
+            )
             continue
         cost, flows = step.reduced * gamma, 0
         if step.messages:
@@ -346,21 +378,24 @@ def predict(
     _check_size(nbytes, ranks)
     if bcast not in BCAST_FORMS:
         raise ModelError(f"unknown bcast form {bcast!r}; choose one of {', '.join(BCAST_FORMS)}")
-    slowdown, busy = 1.0, None
+    slowdown, busy, partial = 1.0, None, None
     if isinstance(params, Params):
         two_level = params.nodes(per_node or 1) if ranks > (per_node or 1) else None
         machine: Link | Nodes = two_level or params.link
         gamma = params.gamma if gamma is None else gamma
         slowdown = oversubscription(ranks, params.cores)
-        busy = None if two_level else params.busy.get(ranks)  # measured on one machine, flat
+        if not two_level:  # measured on one machine, flat
+            busy, partial = params.busy.get(ranks), params.partial.get(ranks)
     else:
         machine = params
         if gamma is None:
             raise ModelError("predict: gamma is needed with a Link or Nodes")
-    call = busy.call if busy is not None else 0.0  # the default call agrees first (check=True)
+    call = 0.0  # the default call agrees first (check=True), and large ones start cold
+    if busy is not None:
+        call = busy.call + busy.cold * min(1.0, nbytes / COLD_FROM)
     if algorithm == "mpi":
         return call + min(
-            seconds(phases(a, nbytes, ranks), machine, gamma, ranks, slowdown, busy)
+            seconds(phases(a, nbytes, ranks), machine, gamma, ranks, slowdown, busy, partial)
             for a in ("ring", "rabenseifner")
         )
     if algorithm == "hierarchical":
@@ -368,7 +403,7 @@ def predict(
             raise ModelError("hierarchical needs a machine of nodes (--gpus-per-node)")
         return _hierarchical(nbytes, ranks, machine, gamma, slowdown)
     steps = phases(algorithm, nbytes, ranks, bcast=bcast)
-    return call + seconds(steps, machine, gamma, ranks, slowdown, busy)
+    return call + seconds(steps, machine, gamma, ranks, slowdown, busy, partial)
 
 
 def oversubscription(ranks: int, cores: int | None) -> float:
@@ -445,29 +480,34 @@ def load_params(path: str | os.PathLike[str] | None = None) -> Params:
             )
         values[key] = None if value is None else float(value)
     busy = _load_busy(data.get("busy", {}), where)
-    meta = {k: v for k, v in data.items() if k not in values and k not in ("cores", "busy")}
+    partial = _load_busy(data.get("partial", {}), where, "partial")
+    meta = {k: v for k, v in data.items() if k not in values and k not in ("cores", "busy", "partial")}
     meta["path"] = str(where)
-    return Params(**values, cores=cores, meta=meta, busy=busy)
+    return Params(**values, cores=cores, meta=meta, busy=busy, partial=partial)
 
 
-def _load_busy(table: Any, where: Path) -> dict[int, Busy]:
-    """The ``busy`` table of a calibration file: {"p": {"alpha": ..., "beta": ..., "gamma": ...}}."""
+def _load_busy(table: Any, where: Path, name: str = "busy") -> dict[int, Busy]:
+    """The ``busy`` (or ``partial``) table of a calibration file:
+    {"p": {"alpha": ..., "beta": ..., "gamma": ..., "call": ..., "cold": ...}}."""
     if not isinstance(table, dict):
-        raise ModelError(f"corrupt calibration file {where}: busy must be an object")
+        raise ModelError(f"corrupt calibration file {where}: {name} must be an object")
     busy = {}
     for key, entry in table.items():
         ok = str(key).isdigit() and int(key) > 1 and isinstance(entry, dict)
         values = [entry.get(k) for k in ("alpha", "beta", "gamma")] if ok else []
-        call = entry.get("call", 0.0) if ok else 0.0
         if not ok or not all(
             not isinstance(v, bool) and isinstance(v, int | float) and 0 < v < math.inf for v in values
         ):
             raise ModelError(
-                f"corrupt calibration file {where}: busy[{key!r}] must hold positive alpha, beta, gamma"
+                f"corrupt calibration file {where}: {name}[{key!r}] must hold positive alpha, beta, gamma"
             )
-        if isinstance(call, bool) or not isinstance(call, int | float) or not 0 <= call < math.inf:
-            raise ModelError(f"corrupt calibration file {where}: busy[{key!r}] call must be a number >= 0")
-        busy[int(key)] = Busy(*map(float, values), call=float(call))
+        extra = {k: entry.get(k, 0.0) for k in ("call", "cold")}
+        for k, v in extra.items():
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf:
+                raise ModelError(
+                    f"corrupt calibration file {where}: {name}[{key!r}] {k} must be a number >= 0"
+                )
+        busy[int(key)] = Busy(*map(float, values), **{k: float(v) for k, v in extra.items()})
     return busy
 
 
@@ -480,6 +520,7 @@ def save_params(params: Params, path: Path) -> None:
         "gamma": params.gamma,
         "cores": params.cores,
         "busy": {str(p): vars(b) for p, b in sorted(params.busy.items())},
+        "partial": {str(p): vars(b) for p, b in sorted(params.partial.items())},
         "inter_alpha": params.inter_alpha,
         "inter_beta": params.inter_beta,
     }
@@ -582,7 +623,12 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
         gamma = statistics.median(_gamma(array, n, large_repeats) for n in sizes)
     gamma = comm.bcast(gamma)
     # All ranks at once: a figure of one machine (across nodes the links above say it).
-    busy = {comm.Get_size(): _busy(comm, array, sizes, small_repeats, large_repeats)} if far is None else {}
+    busy, partial = {}, {}
+    if far is None:
+        busy[comm.Get_size()] = _busy(comm, array, sizes, small_repeats, large_repeats)
+        figures = _partial(comm, array, sizes, small_repeats, large_repeats)
+        if figures is not None:
+            partial[comm.Get_size()] = figures
     from mpi4py import MPI
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -596,6 +642,7 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
         "quick": quick,
         "sizes": sizes,
         "nodes": list(topo.per_node),
+        "flush_bytes": flush_bytes(),
     }
     if one_way_beta is not None:
         meta["inter_beta_one_way"] = one_way_beta
@@ -608,6 +655,7 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
         busy=busy,
         inter_alpha=inter_alpha,
         inter_beta=inter_beta,
+        partial=partial,
     )
 
 
@@ -621,16 +669,21 @@ def _idle(comm: Any) -> None:
 def _busy(comm: Any, array: str, sizes: Sequence[int], small: int, large: int) -> Busy:
     """alpha, beta, gamma with every rank at work at once, as in a ring step: each rank sends to
     its right neighbour while receiving from its left, then adds. Each sample is the slowest
-    rank's time (a step waits for it); the figure is the median of the samples."""
+    rank's time (a step waits for it); the figure is the median of the samples. ``cold`` is
+    what the one-element call adds after each rank wrote `flush_bytes`, as a large call
+    leaves the caches."""
     import numpy as np
     from mpi4py import MPI
 
     rank, size = comm.Get_rank(), comm.Get_size()
     right, left = (rank + 1) % size, (rank - 1) % size
+    flush = np.ones(flush_bytes() // 8)
 
-    def slowest(run: Any, repeats: int) -> float:
+    def slowest(run: Any, repeats: int, cold: bool = False) -> float:
         samples = np.empty(repeats + 2)
         for i in range(repeats + 2):  # 2 warm-ups
+            if cold:
+                flush.fill(float(i))
             comm.Barrier()
             start = time.perf_counter()
             run()
@@ -654,8 +707,37 @@ def _busy(comm: Any, array: str, sizes: Sequence[int], small: int, large: int) -
         return lambda: hpcring.allreduce(one, algorithm="ring", comm=comm, check=check)
 
     bare, checked = slowest(ring(False), small // 5), slowest(ring(True), small // 5)
+    cold = slowest(ring(True), small // 5, cold=True)
     alpha = max(latency, bare / (2 * (size - 1)))
-    return Busy(alpha, beta, gamma, max(checked - bare, 0.0))
+    return Busy(alpha, beta, gamma, max(checked - bare, 0.0), max(cold - checked, 0.0))
+
+
+def _partial(comm: Any, array: str, sizes: Sequence[int], small: int, large: int) -> Busy | None:
+    """`_busy` figures of the largest power of two below p of the p ranks while the others
+    wait in a blocking receive, as Rabenseifner's folded ranks and the leaves of a
+    binomial Bcast do (on shared cores they still spin); None below 3 ranks. The ranks at
+    work are those of Rabenseifner's core where p is not a power of two, so that with
+    ranks bound to cores they share cores as its steps do; else the lower half."""
+    import numpy as np
+    from mpi4py import MPI
+
+    rank, size = comm.Get_rank(), comm.Get_size()
+    if size < 3:
+        return None
+    extra = size - (1 << _log2_floor(size))
+    ranks = [r for r in range(size) if r >= 2 * extra or r % 2] if extra else list(range(size // 2))
+    tick = np.zeros(1, np.uint8)
+    working = comm.Split(0 if rank in ranks else MPI.UNDEFINED, rank)
+    figures = None
+    if working != MPI.COMM_NULL:
+        figures = _busy(working, array, sizes, small, large)
+        working.Free()
+        if rank == ranks[0]:
+            for waiter in sorted(set(range(size)) - set(ranks)):
+                comm.Send(tick, waiter, tag=10)
+    else:
+        comm.Recv(tick, ranks[0], tag=10)
+    return comm.bcast(figures, root=ranks[0])
 
 
 def _adder(array: str, nbytes: int) -> Any:
@@ -960,7 +1042,9 @@ def _keep_busy(params: Params, path: Path) -> Params:
         return params
     if old.meta.get("host") != params.meta.get("host"):
         return params
-    return dataclasses.replace(params, busy={**old.busy, **params.busy})
+    return dataclasses.replace(
+        params, busy={**old.busy, **params.busy}, partial={**old.partial, **params.partial}
+    )
 
 
 def _mpi_main(args: argparse.Namespace) -> int:
@@ -996,6 +1080,13 @@ def _mpi_main(args: argparse.Namespace) -> int:
                     print(
                         f"#   all {p} ranks busy: alpha {b.alpha * 1e6:.3g} us, "
                         f"beta {b.beta * 1e9:.4g} ns/B ({1 / b.beta / GB:.3g} GB/s), "
+                        f"gamma {b.gamma * 1e9:.4g} ns/B ({1 / b.gamma / GB:.3g} GB/s); a call "
+                        f"{b.call * 1e6:.3g} us, {b.cold * 1e6:.3g} us more with cold caches"
+                    )
+                for p, b in sorted(params.partial.items()):
+                    print(
+                        f"#   {1 << _log2_floor(p - 1)} of {p} ranks busy, the rest waiting: alpha "
+                        f"{b.alpha * 1e6:.3g} us, beta {b.beta * 1e9:.4g} ns/B ({1 / b.beta / GB:.3g} GB/s), "
                         f"gamma {b.gamma * 1e9:.4g} ns/B ({1 / b.gamma / GB:.3g} GB/s)"
                     )
         else:

@@ -6,6 +6,7 @@ the whole buffer costs 1 + 10 and reducing it costs 1.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -27,12 +28,13 @@ def t(algorithm: str, p: int, **kwargs) -> float:
     return predict(algorithm, N, p, LINK, gamma=GAMMA, **kwargs)
 
 
-# ring: 2(p-1) + 2(p-1)/p * 10 + (p-1)/p * 1; rabenseifner (p' = 2^floor(log2 p) < p):
-# (2 log2 p' + 3) + (2(p'-1)/p' + 2) * 10 + ((p'-1)/p' + 1/2) * 1; naive: (p-1)(11) + (p-1) + 2
+# ring: 2(p-1) + 2(p-1)/p * 10 + (p-1)/p * 1; rabenseifner (p' = 2^floor(log2 p) < p: the
+# whole buffer folded in, reduced, and sent back): (2 log2 p' + 2) + (2(p'-1)/p' + 2) * 10
+# + ((p'-1)/p' + 1) * 1; naive: (p-1)(11) + (p-1) + 2
 # (two copies); ps: (p-1)(11) + (p-1) + 2 + ceil(log2 p)(11) binomial or (p-1)(11) linear.
 HAND = {
     "ring": {1: 0.0, 2: 12.5, 3: 4 + 40 / 3 + 2 / 3, 4: 21.75, 1000: 1998 + 19.98 + 0.999},
-    "rabenseifner": {1: 0.0, 2: 12.5, 3: 36.0, 4: 19.75, 1000: 21 + 39.9609375 + 1.498046875},
+    "rabenseifner": {1: 0.0, 2: 12.5, 3: 35.5, 4: 19.75, 1000: 20 + 39.9609375 + 1.998046875},
     "naive": {1: 0.0, 2: 14.0, 3: 26.0, 4: 38.0, 1000: 11990.0},
     "ps": {1: 0.0, 2: 25.0, 3: 48.0, 4: 60.0, 1000: 10989 + 999 + 2 + 110.0},
 }
@@ -148,6 +150,29 @@ def test_busy_figures_replace_the_pair_for_steps_every_rank_takes() -> None:
     assert predict("ring", N, 3, params) == pytest.approx(1.5 * t("ring", 3))  # no busy figures for 3
 
 
+def test_partial_figures_price_the_phases_some_ranks_sit_out() -> None:
+    """Rabenseifner at 3 ranks: every phase has a rank waiting (fold, core of 2, unfold), so all
+    of it is priced at the partial figures; the ring keeps the all-busy ones. A binomial Bcast
+    at 4 ranks: step 0 (one pair) partial, step 1 (two pairs) all busy."""
+    busy, partial = model.Busy(2.0, 0.02, 0.004), model.Busy(3.0, 0.03, 0.005)
+    params = Params(1.0, 0.01, GAMMA, cores=2, busy={3: busy, 4: busy}, partial={3: partial, 4: partial})
+    fold, core = (3 + 1000 * 0.03) + 1000 * 0.005, 2 * (3 + 500 * 0.03) + 500 * 0.005
+    assert predict("rabenseifner", N, 3, params) == pytest.approx(fold + core + (3 + 1000 * 0.03))
+    assert predict("ring", N, 3, params) == pytest.approx(4 * (2 + N / 3 * 0.02) + 2 / 3 * N * 0.004)
+    root = 33 + 3 + 2  # gather and reduce at the pair figures, as before
+    assert predict("ps", N, 4, params) == pytest.approx(root + (3 + 1000 * 0.03) + (2 + 1000 * 0.02))
+
+
+def test_a_large_call_starts_cold() -> None:
+    """`cold` is charged in full from COLD_FROM bytes up, in proportion below."""
+    busy = model.Busy(2.0, 0.0, 0.0, call=5.0, cold=40.0)
+    params = Params(1.0, 1e-12, 1e-12, cores=2, busy={2: busy})
+    full, quarter = model.COLD_FROM, model.COLD_FROM // 4
+    assert predict("ring", full, 2, params) == pytest.approx(5 + 40 + 2 * 2)
+    assert predict("ring", quarter, 2, params) == pytest.approx(5 + 10 + 2 * 2)
+    assert predict("ring", 16 * full, 2, params) == pytest.approx(5 + 40 + 2 * 2)
+
+
 def test_busy_figures_round_trip_and_merge(tmp_path: Path) -> None:
     path = tmp_path / "model.json"
     two = Params(1e-6, 1e-10, 1e-11, 2, {"host": "h"}, {2: model.Busy(2e-6, 2e-10, 2e-11)})
@@ -160,6 +185,12 @@ def test_busy_figures_round_trip_and_merge(tmp_path: Path) -> None:
     assert set(model._keep_busy(elsewhere, path).busy) == {4}  # another host's figures are not mixed in
     model.save_params(merged, path)
     assert model.load_params(path).busy == merged.busy
+    three = Params(1e-6, 1e-10, 1e-11, 2, {"host": "h"}, {3: model.Busy(5e-6, 5e-10, 5e-11, 1e-5, 2e-4)})
+    three = model._keep_busy(dataclasses.replace(three, partial={3: model.Busy(6e-6, 6e-10, 6e-11)}), path)
+    model.save_params(three, path)
+    loaded = model.load_params(path)
+    assert loaded.busy[3] == model.Busy(5e-6, 5e-10, 5e-11, 1e-5, 2e-4) and set(loaded.busy) == {2, 3, 4}
+    assert loaded.partial == {3: model.Busy(6e-6, 6e-10, 6e-11)}
 
 
 @pytest.mark.parametrize(
@@ -169,6 +200,20 @@ def test_corrupt_busy_figures_are_a_user_error(tmp_path: Path, busy: object) -> 
     path = tmp_path / "model.json"
     path.write_text(json.dumps({"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-11, "busy": busy}))
     with pytest.raises(ModelError, match="busy"):
+        model.load_params(path)
+
+
+@pytest.mark.parametrize(
+    ("table", "value"),
+    [
+        ("partial", {"3": {"alpha": 1, "beta": 0, "gamma": 1}}),
+        ("busy", {"2": {"alpha": 1, "beta": 1, "gamma": 1, "cold": -1}}),
+    ],
+)
+def test_corrupt_partial_or_cold_figures_are_a_user_error(tmp_path: Path, table: str, value: object) -> None:
+    path = tmp_path / "model.json"
+    path.write_text(json.dumps({"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-11, table: value}))
+    with pytest.raises(ModelError, match=table):
         model.load_params(path)
 
 

@@ -46,6 +46,10 @@ def test_calibration_writes_a_valid_file(shared_dir: Path) -> None:
         ok = all(0 < v < 1 for v in (params.alpha, params.beta, params.gamma)) and params.cores >= 1
         busy = params.busy.get(WORLD.size)  # all ranks exchanging and adding at once
         ok = ok and busy is not None and all(0 < v < 1 for v in (busy.alpha, busy.beta, busy.gamma))
+        ok = ok and busy is not None and 0 <= busy.call < 1 and 0 <= busy.cold < 1
+        partial = params.partial.get(WORLD.size)  # 2 (of 3 or 4) at work while the others wait
+        ok = ok and (partial is not None) == (WORLD.size >= 3)
+        ok = ok and (partial is None or all(0 < v < 1 for v in (partial.alpha, partial.beta, partial.gamma)))
     except model.ModelError:
         ok = False
     assert everywhere(WORLD, ok), "the calibration file does not load as valid parameters"
