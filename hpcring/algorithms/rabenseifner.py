@@ -87,14 +87,18 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     xp, incoming = ch.xp, ch.scratch("rabenseifner", plan.scratch, src.dtype)
 
     # `current` holds this rank's partial result: src until the first reduction writes
-    # dst, so an out-of-place call never copies src first.
+    # dst, so an out-of-place call never copies src first. Until then, out of place, what
+    # arrives lands straight in dst and is reduced there (as the ring does, and for the
+    # same gain: no scratch pass, and the reduction writes memory just brought in).
     current = src
     if plan.folded_from is not None:
-        ch.recv(incoming, plan.folded_from)
-        op.combine(xp, incoming, src, dst)
+        theirs = dst if dst is not src else incoming
+        ch.recv(theirs, plan.folded_from)
+        op.combine(xp, theirs, src, dst)
         current = dst
     for step in plan.steps:  # reduce-scatter by recursive halving
-        theirs = incoming[: step.keep.stop - step.keep.start]
+        direct = current is src and dst is not src
+        theirs = dst[step.keep] if direct else incoming[: step.keep.stop - step.keep.start]
         ch.sendrecv(current[step.give], step.partner, theirs, step.partner)
         mine = current[step.keep]
         if step.lower:
