@@ -293,6 +293,21 @@ def gpu_identity() -> str:
     return f"device {device.id}"
 
 
+def copyto_bandwidth(nbytes: int, repeats: int = 5) -> float:
+    """Bytes per second of one ``np.copyto`` of ``nbytes`` between arrays already paged in
+    (median of ``repeats``): what one process gets from memory, the yardstick of an
+    all-reduce through one machine's shared memory (each busbw byte costs several
+    bytes of memory traffic)."""
+    src = np.ones(max(nbytes, 1), dtype=np.uint8)
+    dst = np.zeros_like(src)
+    times = []
+    for _ in range(repeats + 1):  # the first copy pages dst in
+        start = time.perf_counter()
+        np.copyto(dst, src)
+        times.append(time.perf_counter() - start)
+    return src.nbytes / sorted(times[1:])[len(times[1:]) // 2]
+
+
 def pinned_d2h_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
     """Bytes per second of one device-to-host copy into pinned memory (median of ``repeats``).
 

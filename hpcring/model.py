@@ -589,7 +589,7 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
                 comm.Recv(buf, source=0, tag=7)
                 comm.Send(buf, dest=0, tag=7)
             samples.append((time.perf_counter() - start) / 2)
-        _idle(comm)
+        idle_barrier(comm)
         return comm.bcast(statistics.median(samples[2:]), root=0)
 
     def both_ways(nbytes: int, repeats: int, peer: int) -> float:
@@ -603,7 +603,7 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
                 start = time.perf_counter()
                 comm.Sendrecv(send, other, 9, recv, other, 9)
                 samples.append(time.perf_counter() - start)
-        _idle(comm)
+        idle_barrier(comm)
         return comm.bcast(statistics.median(samples[2:]) if rank == 0 else None, root=0)
 
     def link(peer: int) -> tuple[float, float]:
@@ -659,7 +659,7 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
     )
 
 
-def _idle(comm: Any) -> None:
+def idle_barrier(comm: Any) -> None:
     """A barrier that sleeps between polls: ranks waiting here leave the cores to those at work."""
     request = comm.Ibarrier()
     while not request.Test():

@@ -259,6 +259,7 @@ def test_bench_runs_and_writes_every_row() -> None:
             and all(r["time_us_min"] <= r["time_us"] <= r["time_us_max"] for r in rows)
             and all(r["busbw"] == pytest.approx(r["algbw"] * busbw_factor(COMM.Get_size())) for r in rows)
             and [e["size"] for e in report["summary"]] == [8, 16, 32, 64]
+            and report["header"]["copyto_GBps"] > 0  # the yardstick of the same run, on the CPU
         )
     if COMM.Get_rank() == 0:
         with open(plot, "rb") as stream:

@@ -4,7 +4,9 @@
     python tools/median_of_runs.py run*.json
 
 On a shared, noisy machine one run's rows jump by 2x from minute to minute; the median
-over separate runs (each itself a median over iterations) is what the docs quote.
+over separate runs (each itself a median over iterations) is what the docs quote. Where
+the runs measured np.copyto (the bench does on the CPU), also the ring's busbw at the
+largest size against it.
 """
 
 from __future__ import annotations
@@ -19,10 +21,15 @@ def main(paths: list[str]) -> None:
     times: dict[tuple[int, str], list[float]] = defaultdict(list)
     busbw: dict[tuple[int, str], list[float]] = defaultdict(list)
     ranks = set()
+    copyto: list[tuple[int, float, float]] = []  # (largest size, ring busbw, np.copyto GB/s) per run
     for path in paths:
         with open(path) as stream:
             report = json.load(stream)
         ranks.add(report["header"]["ranks"])
+        ring = [r for r in report["rows"] if r["algorithm"] == "ring"]
+        if ring and report["header"].get("copyto_GBps"):
+            top = max(ring, key=lambda r: r["size"])
+            copyto.append((top["size"], top["busbw"], report["header"]["copyto_GBps"]))
         for row in report["rows"]:
             name = f"auto:{row['chosen']}" if row.get("chosen") else row["algorithm"]
             key = (row["size"], name.split(":")[0])
@@ -43,6 +50,13 @@ def main(paths: list[str]) -> None:
             ratio = f" ({value / base:4.2f}x)" if base else ""
             cells.append(f"{value:>10.3f}{ratio:>8}")
         print(f"  {size:>10} " + " ".join(cells))
+    if copyto:
+        ratios = [ring / bandwidth for _, ring, bandwidth in copyto]
+        print(
+            f"# ring at {copyto[0][0]} B against one process's np.copyto of the same size, same run: "
+            f"median {statistics.median(ratios):.3f}x (runs: {', '.join(f'{r:.3f}' for r in ratios)}; "
+            f"np.copyto {statistics.median(b for _, _, b in copyto):.2f} GB/s)"
+        )
 
 
 if __name__ == "__main__":
