@@ -239,6 +239,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="fewer iterations (at least 3) where the warm-up predicts a row would take longer (1.0; 0: off)",
     )
+    add(
+        "--passes",
+        type=_positive(int, 1),
+        default=1,
+        help="run the whole sweep N times and keep, per row, the pass with the median time: "
+        "a slow spell of seconds then hits every algorithm alike, not one (default 1)",
+    )
     add("--no-agree", action="store_true", help="time allreduce(check=False): skip the agreement step")
     add(
         "--tune",
@@ -479,6 +486,7 @@ def _header(args: argparse.Namespace, argv: list[str], comm: MPI.Intracomm, dev:
         "op": args.op,
         "algorithms": args.algorithms,
         "iters": args.iters,
+        "passes": args.passes,
         "warmup": args.warmup,
         "max_time_s": args.max_time,
         "check": bool(args.check),
@@ -540,7 +548,8 @@ def _format_header(h: dict[str, Any]) -> str:
         *_gpu_header(h),
         *(f"# {name}: not run: {why}" for name, why in h.get("not_run", {}).items()),
         f"# dtype {h['dtype']}  op {h['op']}  iters {h['iters']} (fewer past {h['max_time_s']:g} s/row)  "
-        f"warmup {h['warmup']}  check {int(h['check'])}  agree {int(h['agree'])}  {h['placement']}",
+        f"warmup {h['warmup']}  passes {h['passes']}  check {int(h['check'])}  agree {int(h['agree'])}  "
+        f"{h['placement']}",
         f"# time: {h['time']};  busbw = algbw * 2(G-1)/G = algbw * {h['busbw_factor']:.4g};  "
         "sent/rank: bytes handed to MPI per call, max over ranks",
         "#",
@@ -642,6 +651,16 @@ def write_tuning(rows: list[Row], *, size: int, header: dict[str, Any]) -> tuple
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(data, indent=1) + "\n")
     return path, key
+
+
+def median_rows(passes: list[list[Row]]) -> list[Row]:
+    """Per (size, algorithm), the row of the pass whose median time is the median of the passes
+    (the upper one of an even count), in the order the first pass measured them."""
+    cells: dict[tuple[int, str], list[Row]] = {}
+    for one in passes:
+        for row in one:
+            cells.setdefault((row.size, row.algorithm), []).append(row)
+    return [sorted(rows, key=lambda r: r.time_us)[len(rows) // 2] for rows in cells.values()]
 
 
 def summarize(rows: list[Row]) -> list[dict[str, Any]]:
@@ -803,21 +822,32 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
     sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor, args.dtype.itemsize)
     if rank == 0:
         print(_format_header(header), flush=True)
-    progress = _Progress(len(sizes) * len(args.algorithms), enabled=rank == 0)
-    rows: list[Row] = []
-    for nbytes in sizes:
-        for algorithm in args.algorithms:
-            row = _measure(args, comm, dev, nbytes, algorithm, corrupt_rank)
-            if params is not None:
-                row.predicted_us = _predicted(row.chosen or algorithm, nbytes, comm, params)
-            rows.append(row)
-            if rank == 0:
-                progress.clear()
-                print(_format_row(row), flush=True)
-            progress.step(f"{algorithm} {format_size(nbytes)}B")
+    progress = _Progress(len(sizes) * len(args.algorithms) * args.passes, enabled=rank == 0)
+    passes: list[list[Row]] = []
+    for done in range(args.passes):
+        if rank == 0 and args.passes > 1:
+            progress.clear()
+            print(f"# pass {done + 1} of {args.passes}", flush=True)
+        passes.append([])
+        for nbytes in sizes:
+            for algorithm in args.algorithms:
+                row = _measure(args, comm, dev, nbytes, algorithm, corrupt_rank)
+                if params is not None:
+                    row.predicted_us = _predicted(row.chosen or algorithm, nbytes, comm, params)
+                passes[-1].append(row)
+                if rank == 0:
+                    progress.clear()
+                    print(_format_row(row), flush=True)
+                progress.step(f"{algorithm} {format_size(nbytes)}B")
+    rows = median_rows(passes)
+    if rank == 0 and args.passes > 1:
+        progress.clear()
+        print(f"# per row, the pass with the median time of {args.passes}", flush=True)
+        print("\n".join(map(_format_row, rows)), flush=True)
 
     summary = summarize(rows)
-    failed = any(r.wrong for r in rows) or not all(r.bytes_match for r in rows)
+    every = [r for one in passes for r in one]
+    failed = any(r.wrong for r in every) or not all(r.bytes_match for r in every)
     if dev.name != "gpu":  # rank 0 alone, the others asleep: the memory bandwidth one process gets
         comm.Barrier()
         copyto = copyto_bandwidth(max(sizes)) if rank == 0 else None
@@ -829,11 +859,10 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         print(_ceiling_line(header, rows), flush=True)
         if args.json:
             with open(args.json, "w") as stream:
-                json.dump(
-                    {"header": header, "rows": [asdict(r) for r in rows], "summary": summary},
-                    stream,
-                    indent=1,
-                )
+                report = {"header": header, "rows": [asdict(r) for r in rows], "summary": summary}
+                if args.passes > 1:
+                    report["passes"] = [[asdict(r) for r in one] for one in passes]
+                json.dump(report, stream, indent=1)
         if args.plot:
             _plot(args.plot, header, rows)
         if args.tune:

@@ -22,10 +22,12 @@ from mpi4py import MPI
 
 from hpcring import ALGORITHMS
 from hpcring.bench import (
+    Row,
     busbw_factor,
     expected_bytes_sent,
     expected_result,
     main,
+    median_rows,
     parse_size,
     sweep,
     verifiable_input,
@@ -301,6 +303,39 @@ def test_a_corrupted_result_is_counted_and_fails_the_run() -> None:
     last = COMM.Get_size() - 1
     status, report = _run(TINY, corrupt_rank=last)
     ok = status == 1 and report is not None and all(r["wrong"] == 1 for r in report["rows"])
+    assert everywhere(COMM, ok)
+
+
+def test_median_rows_keeps_the_median_pass_per_row() -> None:
+    def row(size: int, algorithm: str, time_us: float) -> Row:
+        return Row(size, size // 4, "float32", "sum", algorithm, 1, time_us, time_us, time_us, 1.0, 1.0,
+                   None, None, None, None, None)  # fmt: skip
+
+    passes = [
+        [row(8, "ring", 5.0), row(8, "mpi", 1.0)],
+        [row(8, "ring", 9.0), row(8, "mpi", 3.0)],
+        [row(8, "ring", 7.0), row(8, "mpi", 2.0)],
+    ]
+    assert [(r.algorithm, r.time_us) for r in median_rows(passes)] == [("ring", 7.0), ("mpi", 2.0)]
+    assert [r.time_us for r in median_rows(passes[:2])] == [9.0, 3.0]  # even: the upper one
+    assert median_rows([passes[0]]) == passes[0]
+
+
+@pytest.mark.mpi
+def test_passes_keep_every_pass_and_one_row_per_cell() -> None:
+    status, report = _run([*TINY, "-a", "ring,mpi", "--passes", "3"])
+    ok = status == 0 and report is not None
+    if ok:
+        cells = [(r["size"], r["algorithm"]) for r in report["rows"]]
+        ok = (
+            report["header"]["passes"] == 3
+            and len(report["passes"]) == 3
+            and all([(r["size"], r["algorithm"]) for r in one] == cells for one in report["passes"])
+            and all(
+                sorted(one[i]["time_us"] for one in report["passes"])[1] == report["rows"][i]["time_us"]
+                for i in range(len(cells))
+            )
+        )
     assert everywhere(COMM, ok)
 
 
