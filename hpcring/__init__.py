@@ -25,6 +25,7 @@ def __getattr__(name: str) -> Any:
     if name == "allreduce":
         from .api import allreduce
 
+        globals()["allreduce"] = allreduce  # MPI is loaded now: later calls skip this hook
         return allreduce
     if name == "select_device":  # imports CuPy where it is installed: also on first use
         from .backend import select_device

@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -88,39 +87,58 @@ def attached(comm: MPI.Intracomm, key: str, build: Callable[[], Any]) -> Any:
 
 def channel_for(comm: MPI.Intracomm, backend: Backend) -> Channel:
     """The cached Channel of ``comm`` for ``backend``."""
-    state = _state(comm)
-    with _lock:
-        channel = state.get(backend.name)
-        if channel is None:
-            channel = state[backend.name] = Channel(state["comm"], backend)
-        return channel
+    return _channel(_state(comm), backend)
 
 
-@contextmanager
-def _exclusive(comm: MPI.Intracomm) -> Iterator[None]:
+def _channel(state: dict[str, Any], backend: Backend) -> Channel:
+    channel = state.get(backend.name)  # a dict read is atomic: no lock once it is made
+    if channel is None:
+        with _lock:
+            channel = state.get(backend.name)
+            if channel is None:
+                channel = state[backend.name] = Channel(state["comm"], backend)
+    return channel
+
+
+_thread_level: int | None = None  # MPI's thread level, fixed once MPI is initialized
+
+
+class _Exclusive:
     """One all-reduce at a time per communicator, and none from threads MPI was not set up for.
 
     Two threads interleaving collectives on one communicator would match each other's
-    messages: refuse the second one instead of corrupting both.
+    messages: refuse the second one instead of corrupting both. (A class, not a
+    generator-based context manager: this runs on every call, where microseconds count.)
     """
-    level = MPI.Query_thread()
-    if level < MPI.THREAD_SERIALIZED and threading.current_thread() is not threading.main_thread():
-        raise RuntimeError(
-            "hpcring.allreduce: called from a second thread, but MPI was initialized without thread "
-            "support; initialize MPI with MPI_THREAD_MULTIPLE (mpi4py's default) to use threads"
-        )
-    busy = _state(comm)["busy"]
-    if not busy.acquire(blocking=False):
-        raise RuntimeError(
-            "hpcring.allreduce: another thread is running an all-reduce on this communicator; "
-            "give each thread its own communicator (comm.Dup())"
-        )
-    serial = _serialized if level == MPI.THREAD_SERIALIZED else nullcontext()
-    try:
-        with serial:
-            yield
-    finally:
-        busy.release()
+
+    __slots__ = ("busy", "serial")
+
+    def __init__(self, state: dict[str, Any]) -> None:
+        global _thread_level
+        level = _thread_level
+        if level is None:
+            level = _thread_level = MPI.Query_thread()
+        if level < MPI.THREAD_SERIALIZED and threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(
+                "hpcring.allreduce: called from a second thread, but MPI was initialized without thread "
+                "support; initialize MPI with MPI_THREAD_MULTIPLE (mpi4py's default) to use threads"
+            )
+        self.busy = state["busy"]
+        self.serial = _serialized if level == MPI.THREAD_SERIALIZED else None
+
+    def __enter__(self) -> None:
+        if not self.busy.acquire(blocking=False):
+            raise RuntimeError(
+                "hpcring.allreduce: another thread is running an all-reduce on this communicator; "
+                "give each thread its own communicator (comm.Dup())"
+            )
+        if self.serial is not None:
+            self.serial.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.serial is not None:
+            self.serial.release()
+        self.busy.release()
 
 
 _serialized = threading.Lock()  # under MPI_THREAD_SERIALIZED, one MPI call at a time in all
@@ -290,7 +308,8 @@ def allreduce(
         if not check:
             raise
         problem, backend = error, backend_for(np.empty(0))
-    channel = channel_for(comm, backend)
+    state = _state(comm)
+    channel = _channel(state, backend)
     if problem is None:
         try:
             _check_memory(channel, algorithm, x.size, x.dtype.itemsize)
@@ -298,9 +317,8 @@ def allreduce(
             if not check:
                 raise
             problem = error
-    with _exclusive(comm):
+    with _Exclusive(state):
         if check and channel.size > 1:
-            state = _state(comm)
             state["calls"] = call = state.get("calls", 0) + 1
             agree(
                 channel.comm,

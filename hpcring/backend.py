@@ -136,7 +136,7 @@ class Backend:
         return bool(array.flags.writeable)
 
     def data_pointer(self, array: Any) -> int:
-        return int(array.ctypes.data)
+        return int(array.__array_interface__["data"][0])  # `ctypes.data` builds an object: slower
 
     def check_device(self, array: Any, name: str) -> None:
         """ValueError if ``array`` lives somewhere this rank's MPI calls cannot use; host memory is fine."""
@@ -146,7 +146,7 @@ class Backend:
         return None
 
     def shares_memory(self, a: Any, b: Any) -> bool:
-        return bool(np.shares_memory(a, b))
+        return bool(np.may_share_memory(a, b) and np.shares_memory(a, b))  # bounds first: cheap
 
     def empty(self, count: int, dtype: np.dtype) -> Any:
         return self.xp.empty(count, dtype=dtype)

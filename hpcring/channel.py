@@ -193,6 +193,9 @@ class Channel:
     def allreduce(self, src: Any, dst: Any, op: Any) -> None:
         """MPI_Allreduce with a typed buffer (the MPI library must know the dtype)."""
         self.bytes_unknown = True
+        if not self.backend.device:  # host memory: MPI reads and writes the arrays themselves
+            self.comm.Allreduce(MPI.IN_PLACE if src is dst else src, dst, op)
+            return
         view = self.backend.mpi_view
         if src is dst:
             with view(dst, copy_in=True, copy_out=True) as d:
