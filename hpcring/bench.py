@@ -248,6 +248,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add("--no-agree", action="store_true", help="time allreduce(check=False): skip the agreement step")
     add(
+        "--in-place",
+        action="store_true",
+        help="time allreduce(x) in place, x rewritten with the input before each call (untimed); "
+        "default: out of place, allreduce(x, out=)",
+    )
+    add(
         "--tune",
         action="store_true",
         help="write the fastest algorithm per size to the tuning file that algorithm 'auto' reads",
@@ -366,7 +372,10 @@ def _measure(
     rank, size, dtype = comm.Get_rank(), comm.Get_size(), args.dtype
     count = nbytes // dtype.itemsize
     x = verifiable_input(dev.xp, count, dtype, args.op, rank)
-    out = dev.xp.empty_like(x)
+    # In place, the result lands in x: each call starts from the input rewritten (untimed),
+    # as a training step's fresh gradients; out of place, x stays as it is.
+    pristine = x.copy() if args.in_place else None
+    out = x if args.in_place else dev.xp.empty_like(x)
     agree = not args.no_agree
     channel = channel_for(comm, backend_for(x))
     chosen = auto.chosen(channel, nbytes) if algorithm == "auto" else None  # collective on first use
@@ -374,8 +383,14 @@ def _measure(
     def call() -> None:
         allreduce(x, op=args.op, algorithm=algorithm, comm=comm, out=out, check=agree)
 
+    def refill() -> None:
+        if pristine is not None:
+            x[...] = pristine
+            dev.sync()
+
     start = MPI.Wtime()
     for _ in range(args.warmup):
+        refill()
         call()
     dev.sync()
     iters = args.iters
@@ -388,6 +403,7 @@ def _measure(
     sent_before = channel.bytes_sent
     comm.Barrier()
     for i in range(iters):
+        refill()
         t0 = MPI.Wtime()
         call()
         dev.sync()
@@ -398,7 +414,9 @@ def _measure(
     wrong: int | None = None
     if args.check:
         expected = expected_result(dev.xp, count, dtype, args.op, size)
-        out[...] = expected + 1  # stale or untouched output can never pass
+        if pristine is None:
+            out[...] = expected + 1  # stale or untouched output can never pass
+        refill()  # in place, the input itself: it differs from the result wherever G > 1
         call()
         if corrupt_rank == rank and count:
             out[count // 2] += 1  # test hook: one wrong element on one rank
@@ -491,7 +509,9 @@ def _header(args: argparse.Namespace, argv: list[str], comm: MPI.Intracomm, dev:
         "max_time_s": args.max_time,
         "check": bool(args.check),
         "agree": not args.no_agree,
-        "placement": "out-of-place (out=), input constant across iterations",
+        "placement": "in place, input rewritten before each call (untimed)"
+        if args.in_place
+        else "out-of-place (out=), input constant across iterations",
         "time": "per iteration max over ranks; median over iterations",
         "busbw_factor": busbw_factor(comm.Get_size()),
         "argv": argv,

@@ -340,6 +340,19 @@ def test_passes_keep_every_pass_and_one_row_per_cell() -> None:
 
 
 @pytest.mark.mpi
+def test_in_place_rows_are_checked_from_the_input_each_time() -> None:
+    """In place every algorithm's result is checked (each call starts from the input again,
+    or the sums would compound), and a corrupted element is still caught."""
+    status, report = _run([*TINY, "--in-place"])
+    ok = status == 0 and report is not None
+    ok = ok and report["header"]["placement"].startswith("in place")
+    ok = ok and all(r["wrong"] == 0 for r in report["rows"]) and len(report["rows"]) == 4 * len(ALGORITHMS)
+    status, report = _run([*TINY, "--in-place", "-a", "ring"], corrupt_rank=0)
+    ok = ok and status == 1 and report is not None and all(r["wrong"] == 1 for r in report["rows"])
+    assert everywhere(COMM, ok)
+
+
+@pytest.mark.mpi
 def test_check_off_reports_nothing_wrong() -> None:
     status, report = _run([*TINY, "-c", "0", "-a", "ring,mpi"], corrupt_rank=0)
     ok = status == 0 and report is not None and all(r["wrong"] is None for r in report["rows"])
