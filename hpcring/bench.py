@@ -378,7 +378,7 @@ def _measure(
     out = x if args.in_place else dev.xp.empty_like(x)
     agree = not args.no_agree
     channel = channel_for(comm, backend_for(x))
-    chosen = auto.chosen(channel, nbytes) if algorithm == "auto" else None  # collective on first use
+    chosen = auto.chosen(channel, nbytes, args.in_place) if algorithm == "auto" else None  # collective
 
     def call() -> None:
         allreduce(x, op=args.op, algorithm=algorithm, comm=comm, out=out, check=agree)
@@ -651,9 +651,12 @@ def tuning_table(rows: list[Row]) -> list[list[Any]]:
     return table
 
 
-def write_tuning(rows: list[Row], *, size: int, header: dict[str, Any]) -> tuple[Path, str]:
+def write_tuning(
+    rows: list[Row], *, size: int, header: dict[str, Any], in_place: bool = False
+) -> tuple[Path, str]:
     """Merge this rank count's thresholds into the tuning file (other rank counts are kept);
-    returns the file and the table's key (the rank count, or "HxL" on nodes)."""
+    returns the file and the table's key (the rank count, or "HxL" on nodes; "-in-place"
+    added for calls in place)."""
     path = auto.tuning_path()
     try:
         data = json.loads(path.read_text())
@@ -664,6 +667,7 @@ def write_tuning(rows: list[Row], *, size: int, header: dict[str, Any]) -> tuple
     nodes = header.get("topology") or {"two_level": False}
     two_level = nodes["two_level"]
     key = auto.table_key(size, nodes["nodes"], nodes["ranks_per_node"][0]) if two_level else str(size)
+    key += auto.IN_PLACE if in_place else ""
     data["tables"][key] = tuning_table(rows)
     data.setdefault("measured", {})[key] = {
         k: header[k] for k in ("mpi_library", "hosts", "device", "dtype", "op") if k in header
@@ -886,7 +890,7 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         if args.plot:
             _plot(args.plot, header, rows)
         if args.tune:
-            path, key = write_tuning(rows, size=comm.Get_size(), header=header)
+            path, key = write_tuning(rows, size=comm.Get_size(), header=header, in_place=args.in_place)
             print(f"# tuning for {comm.Get_size()} ranks (table {key}) written to {path}", flush=True)
         if failed:
             sys.stderr.write(

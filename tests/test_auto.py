@@ -82,6 +82,44 @@ def test_unusable_file_warns_once_and_falls_back(tmp_path, content: str, match: 
     assert len(caught) == 1
 
 
+def test_in_place_calls_have_their_own_table_else_the_out_of_place_one(tmp_path) -> None:
+    assert auto.table_key(8, in_place=True) == "8-in-place"
+    assert auto.table_key(8, nodes=2, per_node=4, in_place=True) == "2x4-in-place"
+    path = tmp_path / "t.json"
+    write(path, {"4": [[None, "ring"]]})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # falling back to the out-of-place table is quiet
+        assert auto.load("4-in-place", path, fallback="4") == ((None, "ring"),)
+    write(path, {"4": [[None, "ring"]], "4-in-place": [[4 << 20, "mpi"], [None, "ring"]]})
+    assert auto.load("4-in-place", path, fallback="4") == ((4 << 20, "mpi"), (None, "ring"))
+
+
+@pytest.mark.mpi
+def test_auto_follows_the_in_place_table_in_place(tmp_path_factory, monkeypatch) -> None:
+    comm = MPI.COMM_WORLD
+    folder = comm.bcast(str(tmp_path_factory.mktemp("tune")) if comm.rank == 0 else None)
+    path = f"{folder}/tuning.json"
+    tables = {str(comm.size): [[None, "ring"]], f"{comm.size}-in-place": [[None, "rabenseifner"]]}
+    if comm.rank == 0:
+        with open(path, "w") as stream:
+            json.dump({"format": auto.FORMAT, "tables": tables}, stream)
+    comm.Barrier()
+    monkeypatch.setenv("HPCRING_TUNING", path)
+    private = comm.Dup()
+    x = np.full(1000, comm.rank + 1, dtype=np.float64)
+    out = hpcring.allreduce(x, algorithm="auto", comm=private, out=np.empty_like(x))
+    hpcring.allreduce(x, algorithm="auto", comm=private)
+    channel = channel_for(private, backend_for(x))
+    ok = (
+        auto.chosen(channel, x.nbytes) == "ring"
+        and auto.chosen(channel, x.nbytes, in_place=True) == "rabenseifner"
+    )
+    total = comm.size * (comm.size + 1) / 2
+    ok = ok and bool((out == total).all() and (x == total).all()) and identical_everywhere(comm, x)
+    assert everywhere(comm, ok)
+    private.Free()
+
+
 @pytest.mark.mpi
 def test_auto_follows_the_tuning_file(tmp_path_factory, monkeypatch) -> None:
     """Every size band runs the algorithm the file names, with correct, identical results."""

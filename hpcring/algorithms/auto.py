@@ -39,9 +39,17 @@ DEFAULT_TWO_LEVEL: tuple[tuple[int | None, str], ...] = ((32 << 10, "mpi"), (Non
 FORMAT = 1
 
 
-def table_key(size: int, nodes: int = 1, per_node: int = 1) -> str:
-    """The tuning file's key for a communicator: its rank count, or "HxL" on H nodes of L ranks."""
-    return f"{nodes}x{per_node}" if nodes > 1 and per_node > 1 else str(size)
+def table_key(size: int, nodes: int = 1, per_node: int = 1, in_place: bool = False) -> str:
+    """The tuning file's key for a communicator: its rank count, or "HxL" on H nodes of L ranks;
+    "-in-place" added for the table of calls in place (`bench --tune --in-place`)."""
+    key = f"{nodes}x{per_node}" if nodes > 1 and per_node > 1 else str(size)
+    return key + IN_PLACE if in_place else key
+
+
+# In place the library's own Allreduce skips the copy of the input that out of place it makes
+# first, so the crossovers move: at 2 ranks `mpi` won up to 4 MiB in place, and only up to
+# 64 KiB out of place (docs/benchmarking.md). A call in place reads this table where tuned.
+IN_PLACE = "-in-place"
 
 
 def tuning_path() -> Path:
@@ -50,8 +58,12 @@ def tuning_path() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "hpcring" / "tuning.json"
 
 
-def load(size: int | str, path: Path | None = None) -> tuple[tuple[int | None, str], ...]:
-    """The thresholds for ``size`` ranks (or a `table_key`) from the tuning file; the defaults otherwise."""
+def load(
+    size: int | str, path: Path | None = None, fallback: str | None = None
+) -> tuple[tuple[int | None, str], ...]:
+    """The thresholds for ``size`` ranks (or a `table_key`) from the tuning file, else those of
+    the key ``fallback`` (quietly: the in-place table falls back to the out-of-place one),
+    else the defaults."""
     from . import BASELINES, MODULES  # late: this module is one of them
 
     path = tuning_path() if path is None else path
@@ -62,6 +74,8 @@ def load(size: int | str, path: Path | None = None) -> tuple[tuple[int | None, s
         data = json.loads(path.read_text())
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
+        if fallback is not None and str(size) not in data["tables"]:
+            return load(fallback, path)
         rows = data["tables"][str(size)]
         table = tuple((None if limit is None else int(limit), str(name)) for limit, name in rows)
         if not table or table[-1][0] is not None:
@@ -89,29 +103,33 @@ def choose(nbytes: int, table: tuple[tuple[int | None, str], ...] = DEFAULT) -> 
     return table[-1][1]
 
 
-def _table(ch: Channel) -> tuple[tuple[int | None, str], ...]:
-    """The table of this communicator: read by rank 0 once, broadcast, then cached as a plan."""
+def _table(ch: Channel, in_place: bool = False) -> tuple[tuple[int | None, str], ...]:
+    """The table of this communicator for calls in place or not: read by rank 0 once,
+    broadcast, then cached as a plan."""
 
     def build() -> tuple[tuple[int | None, str], ...]:
         nodes = topology.of(ch.comm)  # collective on first use, like the bcast
-        key = table_key(ch.size, nodes.nodes, nodes.per_node[0]) if nodes.two_level else ch.size
-        return ch.comm.bcast(load(key) if ch.rank == 0 else None, root=0)
+        key = table_key(ch.size, nodes.nodes, nodes.per_node[0]) if nodes.two_level else str(ch.size)
+        table = load(key + IN_PLACE, fallback=key) if in_place else load(key)
+        return ch.comm.bcast(table if ch.rank == 0 else None, root=0)
 
-    return ch.plan(("auto-table",), build)
+    return ch.plan(("auto-table", in_place), build)
 
 
-def chosen(ch: Channel, nbytes: int) -> str:
-    """What `allreduce` below runs for an ``nbytes`` message on this channel (collective on first use)."""
-    return choose(nbytes, _table(ch))
+def chosen(ch: Channel, nbytes: int, in_place: bool = False) -> str:
+    """What `allreduce` below runs for an ``nbytes`` message on this channel, in place or not
+    (collective on first use)."""
+    return choose(nbytes, _table(ch, in_place))
 
 
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
-    """dst <- op over all ranks of src, by the algorithm tuned for this size.
+    """dst <- op over all ranks of src, by the algorithm tuned for this size and placement.
 
     The choice for a size is a plan of its own: a warm call pays one lookup (a 4 KiB
     call takes about 20 us here, so each microsecond of choosing shows)."""
-    nbytes = src.nbytes
-    ch.plan(("auto", nbytes), lambda: _package().get(chosen(ch, nbytes)))(ch, src, dst, op)
+    nbytes, in_place = src.nbytes, dst is src
+    choice = ch.plan(("auto", nbytes, in_place), lambda: _package().get(chosen(ch, nbytes, in_place)))
+    choice(ch, src, dst, op)
 
 
 def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> int | None:
