@@ -83,8 +83,6 @@ def test_unusable_file_warns_once_and_falls_back(tmp_path, content: str, match: 
 
 
 def test_in_place_calls_have_their_own_table_else_the_out_of_place_one(tmp_path) -> None:
-    assert auto.table_key(8, in_place=True) == "8-in-place"
-    assert auto.table_key(8, nodes=2, per_node=4, in_place=True) == "2x4-in-place"
     path = tmp_path / "t.json"
     write(path, {"4": [[None, "ring"]]})
     with warnings.catch_warnings():

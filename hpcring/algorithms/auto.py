@@ -39,17 +39,16 @@ DEFAULT_TWO_LEVEL: tuple[tuple[int | None, str], ...] = ((32 << 10, "mpi"), (Non
 FORMAT = 1
 
 
-def table_key(size: int, nodes: int = 1, per_node: int = 1, in_place: bool = False) -> str:
-    """The tuning file's key for a communicator: its rank count, or "HxL" on H nodes of L ranks;
-    "-in-place" added for the table of calls in place (`bench --tune --in-place`)."""
-    key = f"{nodes}x{per_node}" if nodes > 1 and per_node > 1 else str(size)
-    return key + IN_PLACE if in_place else key
-
-
-# In place the library's own Allreduce skips the copy of the input that out of place it makes
-# first, so the crossovers move: at 2 ranks `mpi` won up to 4 MiB in place, and only up to
-# 64 KiB out of place (docs/benchmarking.md). A call in place reads this table where tuned.
+# Added to a table's key for calls in place (`bench --tune --in-place` writes it). In place the
+# library's own Allreduce skips the copy of the input that out of place it makes first, so the
+# crossovers move: at 2 ranks `mpi` won up to 4 MiB in place, and only up to 64 KiB out of
+# place (docs/benchmarking.md). Where a file has no in-place table, the other one serves.
 IN_PLACE = "-in-place"
+
+
+def table_key(size: int, nodes: int = 1, per_node: int = 1) -> str:
+    """The tuning file's key for a communicator: its rank count, or "HxL" on H nodes of L ranks."""
+    return f"{nodes}x{per_node}" if nodes > 1 and per_node > 1 else str(size)
 
 
 def tuning_path() -> Path:
