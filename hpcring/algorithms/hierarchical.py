@@ -109,20 +109,16 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     local, cross = topo.channels(ch)
     inter = inter_module()
     sent_before = local.bytes_sent + cross.bytes_sent
-    xp, size, me, itemsize = ch.xp, local.size, local.rank, dst.dtype.itemsize
+    size, me, itemsize = local.size, local.rank, dst.dtype.itemsize
     seg = ch.plan(
         ("hierarchical", src.size, size), lambda: tuple(slice(*b) for b in segment_bounds(src.size, size))
     )
     left, right = (me - 1) % size, (me + 1) % size
-    # Reduce-scatter in the node, as in the ring: at step s local rank j sends its partial
-    # sum of shard j - s and reduces the one of shard j - s - 1 from its left neighbour.
-    # Step 0 sends from src and every reduction writes dst, so out of place copies nothing.
-    incoming = ch.scratch("hierarchical", seg[0].stop - seg[0].start, dst.dtype)
-    for step in range(size - 1):
-        out_seg, in_seg = seg[(me - step) % size], seg[(me - step - 1) % size]
-        buf = incoming[: in_seg.stop - in_seg.start]
-        local.sendrecv((src if step == 0 else dst)[out_seg], right, buf, left)
-        op.combine(xp, src[in_seg], buf, dst[in_seg])
+    # Reduce-scatter in the node, the ring's: at step s local rank j sends its partial sum
+    # of shard j - s and reduces the one of shard j - s - 1 from its left neighbour. Step 0
+    # sends from src and every reduction writes dst, so out of place copies nothing.
+    incoming = None if dst is not src else ch.scratch("hierarchical", seg[0].stop - seg[0].start, dst.dtype)
+    ring.reduce_scatter(local, seg, me, left, right, src, dst, op, incoming)
     # Shard j + 1 now holds this node's sum: all-reduce it with the same shard of every node.
     # Streamed in chunks below the TCP eager limit (ring.NETWORK_CHUNK_BYTES), so the link
     # keeps sending while a chunk is reduced; HPCRING_CHUNK_BYTES overrides it.
