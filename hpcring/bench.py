@@ -664,10 +664,7 @@ def write_tuning(
             raise ValueError
     except (OSError, ValueError):
         data = {"format": auto.FORMAT, "tables": {}, "measured": {}}
-    nodes = header.get("topology") or {"two_level": False}
-    two_level = nodes["two_level"]
-    key = auto.table_key(size, nodes["nodes"], nodes["ranks_per_node"][0]) if two_level else str(size)
-    key += auto.IN_PLACE if in_place else ""
+    key = auto.key_for(size, header.get("topology"), in_place)
     data["tables"][key] = tuning_table(rows)
     data.setdefault("measured", {})[key] = {
         k: header[k] for k in ("mpi_library", "hosts", "device", "dtype", "op") if k in header

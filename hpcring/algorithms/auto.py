@@ -51,6 +51,16 @@ def table_key(size: int, nodes: int = 1, per_node: int = 1) -> str:
     return f"{nodes}x{per_node}" if nodes > 1 and per_node > 1 else str(size)
 
 
+def key_for(size: int, shape: dict[str, Any] | None, in_place: bool = False) -> str:
+    """The key of the table that calls of ``size`` ranks read (in place or not), where
+    ``shape`` is their `topology.summary` (None: one node): "HxL" only where `hierarchical`
+    applies. `bench --tune` writes under the same key."""
+    key = str(size)
+    if shape and shape["two_level"]:
+        key = table_key(size, shape["nodes"], shape["ranks_per_node"][0])
+    return key + IN_PLACE if in_place else key
+
+
 def tuning_path() -> Path:
     """Where the tuning file is read and written: HPCRING_TUNING, else the user's cache."""
     env = os.environ.get("HPCRING_TUNING", "").strip()
@@ -107,9 +117,9 @@ def _table(ch: Channel, in_place: bool = False) -> tuple[tuple[int | None, str],
     broadcast, then cached as a plan."""
 
     def build() -> tuple[tuple[int | None, str], ...]:
-        nodes = topology.of(ch.comm)  # collective on first use, like the bcast
-        key = table_key(ch.size, nodes.nodes, nodes.per_node[0]) if nodes.two_level else str(ch.size)
-        table = load(key + IN_PLACE, fallback=key) if in_place else load(key)
+        shape = topology.summary(topology.of(ch.comm))  # collective on first use, like the bcast
+        key = key_for(ch.size, shape)
+        table = load(key_for(ch.size, shape, in_place=True), fallback=key) if in_place else load(key)
         return ch.comm.bcast(table if ch.rank == 0 else None, root=0)
 
     return ch.plan(("auto-table", in_place), build)
