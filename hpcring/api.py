@@ -160,15 +160,7 @@ def _validate(x: Any, out: Any, op: str, algorithm: str) -> tuple[Backend, Op, b
     if not x.flags.c_contiguous:
         raise ValueError("hpcring.allreduce: x must be C-contiguous (use xp.ascontiguousarray)")
     backend.check_device(x, "x")
-    in_place = out is None or (
-        out is x
-        or (
-            backend.owns(out)
-            and out.nbytes == x.nbytes
-            and x.nbytes > 0
-            and backend.data_pointer(out) == backend.data_pointer(x)
-        )
-    )
+    in_place = out is None or out is x or (backend.owns(out) and backend.same_memory(out, x))
     if in_place:
         if not backend.writeable(x):
             raise ValueError("hpcring.allreduce: x is read-only; pass out= for an out-of-place result")
