@@ -227,13 +227,22 @@ def _format_bytes(nbytes: float) -> str:
     raise AssertionError("unreachable")
 
 
+# Scratch by (algorithm, count, itemsize, ranks, rank), for `_check_memory`.
+_needs: dict[tuple[str, int, int, int, int], int] = {}
+
+
 def _check_memory(channel: Channel, algorithm: str, count: int, itemsize: int) -> None:
     """MemoryError, before anything is allocated, when the algorithm's scratch cannot fit.
 
     The limit is the memory the backend still has (HPCRING_MEMORY_LIMIT caps it, for a
     job that shares its node or device with other work).
     """
-    need = algorithms.scratch_bytes(algorithm, count, itemsize, channel.size, channel.rank)
+    key = (algorithm, count, itemsize, channel.size, channel.rank)
+    need = _needs.get(key)
+    if need is None:  # a pure function of the call: worked out once (auto's asks two modules)
+        if len(_needs) >= 256:
+            _needs.clear()
+        need = _needs[key] = algorithms.scratch_bytes(algorithm, count, itemsize, channel.size, channel.rank)
     need -= channel.scratch_held()
     if need <= 0:
         return
@@ -302,9 +311,11 @@ def allreduce(
         problem, backend = error, backend_for(np.empty(0))
     state = _state(comm)
     channel = _channel(state, backend)
+    run = algorithm  # what will run: `auto` resolves to its choice once it has made it for this size
     if problem is None:
         try:
-            _check_memory(channel, algorithm, x.size, x.dtype.itemsize)
+            run = algorithms.resolved(algorithm, channel, x.nbytes, in_place)
+            _check_memory(channel, run, x.size, x.dtype.itemsize)
         except (MemoryError, ValueError) as error:
             if not check:
                 raise
@@ -326,7 +337,7 @@ def allreduce(
         dst = src if in_place else out.reshape(-1)
         call_begin(algorithm, channel, src, dst)
         if channel.size > 1 and src.size > 0:
-            algorithms.get(algorithm)(channel, src, dst, reduction)
+            algorithms.get(run)(channel, src, dst, reduction)
             if reduction.name == "mean":
                 channel.xp.true_divide(dst, channel.size, out=dst)
         elif dst is not src:  # nothing to exchange: every algorithm would only copy

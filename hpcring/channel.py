@@ -60,6 +60,10 @@ class Channel:
             self._plans.move_to_end(key)
         return plan
 
+    def cached(self, key: tuple[Any, ...]) -> Any:
+        """The plan for ``key`` if one was built (None otherwise); builds nothing, moves nothing."""
+        return self._plans.get(key)
+
     def resource(self, name: str, build: Callable[[], Any]) -> Any:
         """An object made once per channel by ``build()`` and kept as long as it (a library's own
         communicator, say); unlike plans, never evicted. ``build`` may be collective."""

@@ -11,6 +11,7 @@ from helpers import everywhere, identical_everywhere
 from mpi4py import MPI
 
 import hpcring
+from hpcring import algorithms
 from hpcring.algorithms import auto
 from hpcring.api import channel_for
 from hpcring.backend import backend_for
@@ -138,5 +139,36 @@ def test_auto_follows_the_tuning_file(tmp_path_factory, monkeypatch) -> None:
         same = identical_everywhere(comm, x)
         ran = auto.chosen(channel_for(private, backend_for(x)), x.nbytes)
         ok &= ran == want and same and bool((x == comm.size * (comm.size + 1) / 2).all())
+    assert everywhere(comm, ok)
+    private.Free()
+
+
+@pytest.mark.mpi
+def test_a_size_auto_has_chosen_runs_and_is_priced_as_its_choice(tmp_path_factory, monkeypatch) -> None:
+    """Once auto has chosen for a size, later calls run the choice directly, and the memory
+    guard prices that choice (here `mpi`: no scratch), not the default table's."""
+    comm = MPI.COMM_WORLD
+    if comm.size == 1:
+        pytest.skip("one rank never runs an algorithm")
+    folder = comm.bcast(str(tmp_path_factory.mktemp("tune")) if comm.rank == 0 else None)
+    path = f"{folder}/tuning.json"
+    if comm.rank == 0:
+        with open(path, "w") as stream:
+            json.dump({"format": auto.FORMAT, "tables": {str(comm.size): [[None, "mpi"]]}}, stream)
+    comm.Barrier()
+    monkeypatch.setenv("HPCRING_TUNING", path)
+    monkeypatch.delenv("HPCRING_MEMORY_LIMIT", raising=False)
+    private = comm.Dup()
+    x = np.full(100_000, comm.rank + 1, dtype=np.float64)  # the default table runs the ring here
+    channel = channel_for(private, backend_for(x))
+    ok = algorithms.resolved("auto", channel, x.nbytes, False) == "auto"  # nothing chosen yet
+    hpcring.allreduce(x, algorithm="auto", comm=private, out=np.empty_like(x))
+    ok &= algorithms.resolved("auto", channel, x.nbytes, False) == "mpi"
+    ok &= algorithms.resolved("auto", channel, x.nbytes, True) == "auto"  # in place: its own choice
+    monkeypatch.setenv("HPCRING_MEMORY_LIMIT", "1")
+    out = hpcring.allreduce(x, algorithm="auto", comm=private, out=np.empty_like(x))
+    ok &= bool((out == comm.size * (comm.size + 1) / 2).all()) and identical_everywhere(comm, out)
+    with pytest.raises(MemoryError, match="'auto' needs"):  # a size not chosen yet: the default's price
+        hpcring.allreduce(x[:-1], algorithm="auto", comm=private, out=np.empty_like(x[:-1]))
     assert everywhere(comm, ok)
     private.Free()

@@ -61,6 +61,18 @@ def get(name: str) -> Algorithm:
     return module(name).allreduce
 
 
+def resolved(name: str, ch: Any, nbytes: int, in_place: bool) -> str:
+    """The algorithm a call of ``name`` will run, where the channel already knows it without
+    communicating (`auto`'s choice for a size it has seen); else ``name`` itself."""
+    resolve = _RESOLVERS.get(name)
+    return (resolve(ch, nbytes, in_place) or name) if resolve is not None else name
+
+
+_RESOLVERS: dict[str, Callable[..., str | None]] = {
+    name: module.resolve for name, module in MODULES.items() if hasattr(module, "resolve")
+}
+
+
 def refuses(name: str, backend: Any) -> str | None:
     """Why algorithm ``name`` cannot take this backend's arrays (a local check), or None."""
     check = getattr(module(name), "refuses", None)
@@ -93,5 +105,6 @@ __all__ = [
     "get",
     "module",
     "refuses",
+    "resolved",
     "scratch_bytes",
 ]
