@@ -61,8 +61,11 @@ class Channel:
         return plan
 
     def cached(self, key: tuple[Any, ...]) -> Any:
-        """The plan for ``key`` if one was built (None otherwise); builds nothing, moves nothing."""
-        return self._plans.get(key)
+        """The plan for ``key`` if one was built, as a use of it (None otherwise; builds nothing)."""
+        plan = self._plans.get(key)
+        if plan is not None:
+            self._plans.move_to_end(key)
+        return plan
 
     def resource(self, name: str, build: Callable[[], Any]) -> Any:
         """An object made once per channel by ``build()`` and kept as long as it (a library's own
