@@ -634,18 +634,33 @@ def _predicted(algorithm: str, nbytes: int, comm: MPI.Intracomm, params: model.P
         return None  # hierarchical on nodes, but the calibration saw one node only
 
 
-def tuning_table(rows: list[Row]) -> list[list[Any]]:
+# A size keeps the algorithm of the size below it unless another is faster by more than this.
+# Timings of one row differ from pass to pass by a median 1.0% at 2 ranks, 2.6% at 3 and 3.4%
+# at 4 (75th percentile 2.4%, 6.1%, 7.8%; five passes of 4 KiB-256 MiB, 2026-11-30), so two
+# algorithms closer than a few percent are a coin toss: at 4 ranks one tuning chose the ring
+# for 4-16 MiB, Rabenseifner for 64 MiB (1.2% ahead) and the ring again for 256 MiB, and in
+# five later runs Rabenseifner at 64 MiB came out 11% behind the ring.
+TUNING_TIE = 0.05
+
+
+def tuning_table(rows: list[Row], tie: float = TUNING_TIE) -> list[list[Any]]:
     """Thresholds for `auto` from measured rows: per size the fastest algorithm, runs merged.
 
     Each entry is [largest size in bytes, algorithm]; the last one is open-ended (None),
-    so sizes beyond the sweep take the algorithm that won its largest size.
+    so sizes beyond the sweep take the algorithm that won its largest size. Where the
+    algorithm chosen for the size below is within ``tie`` (a fraction) of the fastest, it
+    stays: a band ends only where another algorithm is ahead by more than the noise.
     """
+    rows = [r for r in rows if r.algorithm not in ("auto", *algorithms.BASELINES)]
     table: list[list[Any]] = []
-    for entry in summarize([r for r in rows if r.algorithm not in ("auto", *algorithms.BASELINES)]):
-        if table and table[-1][1] == entry["best"]:
-            table[-1][0] = entry["size"]
+    for nbytes in sorted({r.size for r in rows}):
+        times = {r.algorithm: r.time_us for r in rows if r.size == nbytes}
+        best = min(times, key=times.__getitem__)
+        incumbent = table[-1][1] if table else None
+        if incumbent in times and times[incumbent] <= times[best] * (1 + tie):
+            table[-1][0] = nbytes
         else:
-            table.append([entry["size"], entry["best"]])
+            table.append([nbytes, best])
     if table:
         table[-1][0] = None
     return table

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +22,7 @@ from helpers import everywhere
 from mpi4py import MPI
 
 from hpcring import ALGORITHMS
+from hpcring.algorithms import auto
 from hpcring.bench import (
     Row,
     busbw_factor,
@@ -30,6 +32,7 @@ from hpcring.bench import (
     median_rows,
     parse_size,
     sweep,
+    tuning_table,
     verifiable_input,
 )
 from hpcring.ops import DTYPES, OPS, check_op
@@ -319,6 +322,50 @@ def test_median_rows_keeps_the_median_pass_per_row() -> None:
     assert [(r.algorithm, r.time_us) for r in median_rows(passes)] == [("ring", 7.0), ("mpi", 2.0)]
     assert [r.time_us for r in median_rows(passes[:2])] == [9.0, 3.0]  # even: the upper one
     assert median_rows([passes[0]]) == passes[0]
+
+
+def test_tuning_table_changes_algorithm_only_past_the_noise() -> None:
+    def row(size: int, algorithm: str, time_us: float) -> Row:
+        return Row(size, size // 4, "float32", "sum", algorithm, 1, time_us, time_us, time_us, 1.0, 1.0,
+                   None, None, None, None, None)  # fmt: skip
+
+    times = {  # size: (mpi, ring, rabenseifner), us
+        4: (1.0, 3.0, 2.0),
+        8: (1.0, 3.0, 1.04),  # rabenseifner 4% behind mpi: mpi stays
+        16: (2.0, 3.0, 1.0),  # rabenseifner ahead by 2x: a new band
+        32: (9.0, 5.0, 4.0),
+        64: (20.0, 9.9, 10.0),  # the ring 1% ahead: rabenseifner stays
+        128: (40.0, 10.0, 20.0),  # the ring ahead by 2x
+        256: (80.0, 20.0, 19.5),  # rabenseifner 2.5% ahead: the ring stays, open-ended
+    }
+    names = ("mpi", "ring", "rabenseifner")
+    rows = [row(size, name, t) for size, cell in times.items() for name, t in zip(names, cell, strict=True)]
+    rows.append(row(16, "auto", 0.1))  # what auto measured is never a choice
+    assert tuning_table(rows) == [[8, "mpi"], [64, "rabenseifner"], [None, "ring"]]
+    no_tie = [[8, "mpi"], [32, "rabenseifner"], [128, "ring"], [None, "rabenseifner"]]
+    assert tuning_table(rows, tie=0.0) == no_tie  # the fastest at each size, as measured
+
+
+@pytest.mark.mpi
+def test_tune_writes_a_table_auto_reads(monkeypatch) -> None:
+    """`--tune` measures, writes this rank count's table (merged into the file), and auto loads it."""
+    folder = _shared_dir()
+    path = Path(folder) / "tuning.json"
+    if COMM.Get_rank() == 0:
+        path.write_text(json.dumps({"format": auto.FORMAT, "tables": {"999": [[None, "ps"]]}}))
+    COMM.Barrier()
+    monkeypatch.setenv("HPCRING_TUNING", str(path))
+    status, _ = _run([*TINY, "-a", "ring,mpi", "--passes", "2", "--tune"])
+    ok = status == 0
+    if COMM.Get_rank() == 0:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a table for this rank count is there: no fallback
+            table = auto.load(COMM.Get_size(), path)
+        names = {name for _, name in table}
+        kept = auto.load(999, path) == ((None, "ps"),)  # other rank counts' tables stay
+        ok = ok and kept and table[-1][0] is None and names <= {"ring", "mpi"}
+        shutil.rmtree(folder, ignore_errors=True)
+    assert everywhere(COMM, ok)
 
 
 @pytest.mark.mpi
