@@ -51,13 +51,11 @@ class Channel:
         neighbours, schedules), so a warm call only reads them. They live as long as this
         Channel, which lives in the communicator's attribute: freeing the communicator frees them.
         """
-        plan = self._plans.get(key)
+        plan = self.cached(key)
         if plan is None:
             plan = self._plans[key] = build()
             if len(self._plans) > self.PLANS:
                 self._plans.popitem(last=False)
-        else:
-            self._plans.move_to_end(key)
         return plan
 
     def cached(self, key: tuple[Any, ...]) -> Any:

@@ -137,8 +137,13 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     The choice for a size is a plan of its own, so later calls of that size need no
     communication to make it; `hpcring.api` then runs the choice directly (`resolve`)."""
     nbytes, in_place = src.nbytes, dst is src
-    name = ch.plan(("auto", nbytes, in_place), lambda: chosen(ch, nbytes, in_place))
+    name = ch.plan(_choice_key(nbytes, in_place), lambda: chosen(ch, nbytes, in_place))
     _package().get(name)(ch, src, dst, op)
+
+
+def _choice_key(nbytes: int, in_place: bool) -> tuple[Any, ...]:
+    """The plan key under which the choice for a size and placement is kept."""
+    return ("auto", nbytes, in_place)
 
 
 def resolve(ch: Channel, nbytes: int, in_place: bool) -> str | None:
@@ -148,7 +153,7 @@ def resolve(ch: Channel, nbytes: int, in_place: bool) -> str | None:
     A 4 KiB call takes 15-20 us at 2 ranks and 60 at 3 ranks sharing 2 cores, where each
     microsecond of Python costs several: the memory guard prices the choice itself (often
     `mpi`, no scratch), and the call skips this module's own dispatch."""
-    return ch.cached(("auto", nbytes, in_place))
+    return ch.cached(_choice_key(nbytes, in_place))
 
 
 def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> int | None:
