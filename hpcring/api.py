@@ -8,6 +8,7 @@ and the user's buffers are untouched when it is raised.
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable
@@ -227,8 +228,9 @@ def _format_bytes(nbytes: float) -> str:
     raise AssertionError("unreachable")
 
 
-# Scratch by (algorithm, count, itemsize, ranks, rank), for `_check_memory`.
-_needs: dict[tuple[str, int, int, int, int], int] = {}
+# The scratch formula is a pure function of the call's shape, worked out once per shape
+# (auto's asks two modules): a warm call only looks it up.
+_scratch_bytes = functools.lru_cache(maxsize=256)(algorithms.scratch_bytes)
 
 
 def _check_memory(channel: Channel, algorithm: str, count: int, itemsize: int) -> None:
@@ -237,13 +239,7 @@ def _check_memory(channel: Channel, algorithm: str, count: int, itemsize: int) -
     The limit is the memory the backend still has (HPCRING_MEMORY_LIMIT caps it, for a
     job that shares its node or device with other work).
     """
-    key = (algorithm, count, itemsize, channel.size, channel.rank)
-    need = _needs.get(key)
-    if need is None:  # a pure function of the call: worked out once (auto's asks two modules)
-        if len(_needs) >= 256:
-            _needs.clear()
-        need = _needs[key] = algorithms.scratch_bytes(algorithm, count, itemsize, channel.size, channel.rank)
-    need -= channel.scratch_held()
+    need = _scratch_bytes(algorithm, count, itemsize, channel.size, channel.rank) - channel.scratch_held()
     if need <= 0:
         return
     available = channel.backend.available_bytes()
