@@ -140,11 +140,7 @@ class Backend:
 
     def same_memory(self, a: Any, b: Any) -> bool:
         """Whether ``a`` and ``b`` are the same non-empty bytes (another view of them: in place)."""
-        # The bounds check first: it is a fifth of the cost of reading two data pointers, and an
-        # out-of-place call (the usual case) needs nothing more.
-        if a.nbytes != b.nbytes or a.nbytes == 0 or not np.may_share_memory(a, b):
-            return False
-        return self.data_pointer(a) == self.data_pointer(b)
+        return bool(a.nbytes == b.nbytes > 0 and self.data_pointer(a) == self.data_pointer(b))
 
     def check_device(self, array: Any, name: str) -> None:
         """ValueError if ``array`` lives somewhere this rank's MPI calls cannot use; host memory is fine."""
@@ -211,9 +207,6 @@ class CupyBackend(Backend):
 
     def data_pointer(self, array: Any) -> int:
         return int(array.data.ptr)
-
-    def same_memory(self, a: Any, b: Any) -> bool:
-        return bool(a.nbytes == b.nbytes > 0 and self.data_pointer(a) == self.data_pointer(b))
 
     def current_device(self) -> int | None:
         return int(cupy.cuda.Device().id)
