@@ -91,6 +91,18 @@ def test_read_only_and_overlap() -> None:
     assert everywhere(WORLD, (result == WORLD.size).all() and (x == 1).all())
 
 
+def test_out_that_is_another_view_of_x_is_in_place() -> None:
+    """out= the very bytes of x (another view, not the same object) is in place, not an overlap."""
+    x = np.ones((2, 4))
+    result = hpcring.allreduce(x, out=x.reshape(8))
+    ok = result is x and (x == WORLD.size).all()  # in place returns x, as allreduce(x) does
+    readonly = np.ones(8)
+    readonly.flags.writeable = False  # in place, so refused like allreduce(readonly) itself
+    view = readonly.view()
+    raises_everywhere(ValueError, "x is read-only", lambda: hpcring.allreduce(readonly, out=view))
+    assert everywhere(WORLD, bool(ok))
+
+
 def test_bad_comm() -> None:
     raises_everywhere(TypeError, "intracommunicator", lambda: hpcring.allreduce(np.ones(2), comm="world"))
     null = MPI.COMM_NULL
