@@ -26,19 +26,37 @@ import numpy as np
 
 from .trace import clock, staging
 
+_CUPY_IMPORT_ERROR = ""  # why `import cupy` failed, where it is installed but broken
 try:  # CuPy is optional: without it (or without a GPU) only the NumPy backend exists.
     import cupy
-except Exception:  # ImportError, or a CUDA library that fails to load
+except Exception as error:  # ImportError, or a CUDA library that fails to load
     cupy = None
+    if not (isinstance(error, ModuleNotFoundError) and error.name == "cupy"):
+        _CUPY_IMPORT_ERROR = f"{type(error).__name__}: {error}"
+
+
+def _cupy_problem() -> str:
+    """Why CuPy can't compute here ('' when it can), in words fit for a one-line error."""
+    if cupy is None:
+        if _CUPY_IMPORT_ERROR:
+            return f"CuPy fails to import ({_CUPY_IMPORT_ERROR})"
+        return "needs CuPy: pip install 'hpcring[gpu]'"
+    try:
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as error:  # no driver, or one too old for CuPy's CUDA runtime
+        return f"CuPy sees no GPU ({error})"
+    return "" if count > 0 else "CuPy sees no GPU"
 
 
 def _cupy_usable() -> bool:
-    if cupy is None:
-        return False
-    try:
-        return cupy.cuda.runtime.getDeviceCount() > 0
-    except Exception:
-        return False
+    return not _cupy_problem()
+
+
+def gpu_problem() -> str:
+    """Why this rank won't compute on a GPU, or '' if it will: what `--device gpu` reports."""
+    if os.environ.get("HPCRING_DEVICE", "").strip().lower() == "cpu":
+        return "HPCRING_DEVICE=cpu is set"
+    return _cupy_problem()
 
 
 def available_backends() -> list[str]:
@@ -467,7 +485,7 @@ def select_device(comm: Any = None) -> int | None:
     # The split runs on every rank whatever it decides next, so ranks that see
     # different environments (a node without a GPU) still call the same collectives.
     local_rank = node_local_rank(comm)
-    if os.environ.get("HPCRING_DEVICE", "").strip().lower() == "cpu" or not _cupy_usable():
+    if gpu_problem():
         return None
     device = local_device(local_rank, cupy.cuda.runtime.getDeviceCount())
     if device is not None:

@@ -37,7 +37,7 @@ from mpi4py import MPI
 from . import ALGORITHMS, __version__, algorithms, info, model, topology
 from .algorithms import auto
 from .api import allreduce, channel_for
-from .backend import backend_for, copyto_bandwidth, select_device
+from .backend import backend_for, copyto_bandwidth, gpu_problem, select_device
 from .errors import abort_on_error
 from .ops import DTYPES, OPS, check_op
 
@@ -313,13 +313,14 @@ class Device:
 
 def _device(choice: str, comm: MPI.Intracomm) -> Device | str:
     """The device to run on, or the reason it cannot be had (decided together by all ranks)."""
-    have_gpu = "cupy" in info()["backends"]
-    want_gpu = choice == "gpu" or (choice == "auto" and have_gpu)
-    problem = "" if have_gpu or not want_gpu else "--device gpu: CuPy sees no GPU on this rank"
-    # Ranks may differ (a node without a GPU): agree, so no rank starts timing alone.
-    if not comm.allreduce(not problem, op=MPI.LAND):
-        return problem or "--device gpu: some rank sees no GPU"
-    if not want_gpu:
+    # Ranks may differ (a node without a GPU): agree, so no rank starts timing (or calls
+    # select_device's collective) alone; auto runs on GPUs only where every rank has one.
+    problems = comm.allgather("" if choice == "cpu" else gpu_problem())
+    missing = [(rank, problem) for rank, problem in enumerate(problems) if problem]
+    if choice == "gpu" and missing:
+        rank, problem = missing[0]
+        return f"--device gpu: {problem} (rank {rank}; {len(missing)} of {len(problems)} ranks)"
+    if choice == "cpu" or missing:
         return Device("cpu", np)
     import cupy
 

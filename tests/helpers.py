@@ -1,10 +1,14 @@
-"""Small helpers shared by the MPI tests: agreement on verdicts, result hashes."""
+"""Small helpers shared by the tests: agreement on verdicts, result hashes, launching jobs."""
 
 from __future__ import annotations
 
 import hashlib
+import os
+import shutil
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -40,3 +44,25 @@ def raises_everywhere(kind: type[Exception], match: str, call: Callable[[], obje
         ok = False
     assert everywhere(world, ok), f"expected {kind.__name__} matching {match!r} on every rank"
     assert everywhere(world, time.monotonic() - start < 10)
+
+
+def mpiexec() -> str | None:
+    """The mpiexec beside this Python (the Open MPI wheel's), else the one on PATH."""
+    local = Path(sys.executable).parent / "mpiexec"
+    return str(local) if local.exists() else shutil.which("mpiexec")
+
+
+def launcher_env() -> dict[str, str]:
+    """This process's environment minus what a running MPI job (or singleton) left in it."""
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if not key.startswith(("PMIX_", "PRTE_", "OMPI_COMM_", "OMPI_FILE_", "OMPI_MCA_orte", "OMPI_MCA_ess"))
+    }
+    env.update(
+        OMPI_ALLOW_RUN_AS_ROOT="1",
+        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
+        OMPI_MCA_rmaps_base_oversubscribe="1",
+        PYTHONUNBUFFERED="1",
+    )
+    return env

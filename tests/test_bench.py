@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import everywhere
+from helpers import everywhere, launcher_env, mpiexec
 from mpi4py import MPI
 
 from hpcring import ALGORITHMS
 from hpcring.algorithms import auto
+from hpcring.backend import gpu_problem
 from hpcring.bench import (
     Row,
     busbw_factor,
@@ -164,27 +165,6 @@ def test_matplotlib_is_imported_only_for_plot() -> None:
     assert done.stdout.strip() == "False", done.stderr
 
 
-def _mpiexec() -> str | None:
-    local = Path(sys.executable).parent / "mpiexec"
-    return str(local) if local.exists() else shutil.which("mpiexec")
-
-
-def _launcher_env() -> dict[str, str]:
-    """This process's environment minus what a running MPI job (or singleton) left in it."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("PMIX_", "PRTE_", "OMPI_COMM_", "OMPI_FILE_", "OMPI_MCA_orte", "OMPI_MCA_ess"))
-    }
-    env.update(
-        OMPI_ALLOW_RUN_AS_ROOT="1",
-        OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-        OMPI_MCA_rmaps_base_oversubscribe="1",
-        PYTHONUNBUFFERED="1",
-    )
-    return env
-
-
 BAD_INPUTS = {
     "unknown-flag": ["--bogus"],
     "bad-size": ["-b", "12Q"],
@@ -192,16 +172,17 @@ BAD_INPUTS = {
     "unknown-algorithm": ["-a", "naive,foo"],
     "unknown-dtype": ["-d", "float8"],
     "op-dtype": ["-o", "mean", "-d", "int32"],
+    **({"gpu-without-one": ["--device", "gpu"]} if gpu_problem() else {}),
 }
 
 
-@pytest.mark.skipif(_mpiexec() is None, reason="no mpiexec")
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
 def test_bad_input_exits_2_on_all_ranks_and_says_so_once() -> None:
     """Each bad command line under mpiexec -n 2: status 2, one usage error, no hang (all run at once)."""
-    command = [_mpiexec() or "mpiexec", "--oversubscribe", "-n", "2", sys.executable, "-m", "hpcring.bench"]
+    command = [mpiexec() or "mpiexec", "--oversubscribe", "-n", "2", sys.executable, "-m", "hpcring.bench"]
     jobs = {
         name: subprocess.Popen(
-            [*command, *bad], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_launcher_env()
+            [*command, *bad], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launcher_env()
         )
         for name, bad in BAD_INPUTS.items()
     }
@@ -425,3 +406,22 @@ def test_bad_input_returns_2_everywhere_printed_by_rank_0_only(capsys: pytest.Ca
     err = capsys.readouterr().err
     printed = err.count("error: minbytes") == 1
     assert everywhere(COMM, status == 2 and printed == (COMM.Get_rank() == 0))
+
+
+@pytest.mark.mpi
+def test_the_device_is_agreed_when_one_rank_may_not_use_a_gpu(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Rank 0 alone told HPCRING_DEVICE=cpu: `--device gpu` fails on every rank (rank 0 says
+    which rank and why), and `auto` runs on the CPU everywhere, instead of some ranks entering
+    select_device's collective while the others start the sweep. On a machine with GPUs this is
+    the mixed case; without one every rank agrees anyway."""
+    if COMM.Get_rank() == 0:
+        monkeypatch.setenv("HPCRING_DEVICE", "cpu")
+    status = main([*TINY, "-a", "ring", "--device", "gpu"])
+    err = capsys.readouterr().err
+    said = err.count("error: --device gpu: HPCRING_DEVICE=cpu is set (rank 0;") == (COMM.Get_rank() == 0)
+    ok = status == 2 and said
+    status, report = _run([*TINY, "-a", "ring", "--device", "auto"])
+    ok = ok and status == 0 and report is not None and report["header"]["device"] == "cpu"
+    assert everywhere(COMM, ok)
