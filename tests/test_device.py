@@ -1,4 +1,5 @@
-"""Device selection: the pure modulo rule, the node-local rank, and select_device without a GPU.
+"""Device selection: the pure modulo rule, the node-local rank, and select_device without a GPU;
+`--device gpu` where there is none.
 
 Also the guard for launchers that start singletons (srun --mpi=pmi2 exits 0 with N
 worlds of size 1): with HPCRING_EXPECT_RANKS set, as jobs/test.slurm does, the world
@@ -8,13 +9,15 @@ must have exactly that many ranks.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
-from helpers import everywhere
+from helpers import everywhere, launcher_env, mpiexec
 from mpi4py import MPI
 
 import hpcring
-from hpcring.backend import available_backends, local_device, node_local_rank
+from hpcring.backend import available_backends, gpu_problem, local_device, node_local_rank
 
 
 @pytest.mark.parametrize(
@@ -85,3 +88,17 @@ def test_world_has_the_expected_ranks() -> None:
         f"the launcher started a world of {MPI.COMM_WORLD.Get_size()} ranks, expected {expected}: "
         "(1 means singletons: use srun --mpi=pmix or mpirun)"
     )
+
+
+@pytest.mark.skipif(not gpu_problem(), reason="this machine has a usable GPU")
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
+@pytest.mark.parametrize("example", ["train", "overlap"])
+def test_examples_on_gpu_without_one_say_why(example: str) -> None:
+    """`--device gpu` without CuPy or a GPU: every rank exits with the reason, not a CUDA traceback."""
+    command = [mpiexec() or "mpiexec", "-n", "2", sys.executable, "-m", f"hpcring.examples.{example}"]
+    done = subprocess.run(
+        [*command, "--device", "gpu"], capture_output=True, text=True, timeout=120, env=launcher_env()
+    )
+    assert done.returncode != 0
+    assert done.stderr.count(f"--device gpu: {gpu_problem()}") == 2, done.stderr
+    assert "Traceback" not in done.stderr

@@ -19,13 +19,19 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
 import hpcring
-from hpcring.examples.train import Optimizer, init_params, limit_threads, load_digits_split, loss_and_backward
+from hpcring.examples.train import (
+    Optimizer,
+    array_module,
+    init_params,
+    limit_threads,
+    load_digits_split,
+    loss_and_backward,
+)
 from hpcring.training import GradientSync
 
 
@@ -61,11 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     limit_threads(args.threads)
     comm = MPI.COMM_WORLD
     size, rank = comm.Get_size(), comm.Get_rank()
-    xp: Any = np
-    if args.device == "gpu":  # compute on the GPU leaves the CPU to the communication thread
-        import cupy as xp
-
-        hpcring.select_device(comm)
+    xp = array_module(args.device, comm)  # compute on the GPU leaves the CPU to the communication thread
     x, y, _, _ = load_digits_split()
     dtype = np.dtype(args.dtype)
     params = init_params([x.shape[1], *[args.width] * args.depth, 10], 0, dtype, xp)

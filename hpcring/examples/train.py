@@ -30,9 +30,25 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcring
+from hpcring.backend import gpu_problem
 from hpcring.training import GradientSync
 
 TEST_SIZE = 297  # 1500 training images, 297 held out; the split is fixed (seed 0), not the run's seed
+
+
+def array_module(device: str, comm: MPI.Intracomm) -> Any:
+    """NumPy for ``cpu``; for ``gpu``, CuPy on this rank's GPU (`hpcring.select_device`).
+
+    Collective with ``gpu``. Where CuPy or a GPU is missing, every such rank exits with a
+    sentence saying which, instead of a CUDA traceback from the first array it makes.
+    """
+    if device != "gpu":
+        return np
+    if hpcring.select_device(comm) is None:
+        raise SystemExit(f"--device gpu: {gpu_problem()}")
+    import cupy
+
+    return cupy
 
 
 def load_digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -164,15 +180,7 @@ def train(
     report: Callable[[dict[str, float]], None] | None = None,
 ) -> Result:
     """Train on ``comm``; every rank returns the same weights (bitwise) and the same losses."""
-    xp = np
-    if device == "gpu":
-        try:
-            import cupy as xp
-        except ImportError:
-            raise SystemExit("--device gpu needs CuPy: pip install 'hpcring[gpu]'") from None
-        node = comm.Split_type(MPI.COMM_TYPE_SHARED)  # one GPU per rank: local rank mod #GPUs
-        xp.cuda.Device(node.Get_rank() % xp.cuda.runtime.getDeviceCount()).use()
-        node.Free()
+    xp = array_module(device, comm)
     size, rank = comm.Get_size(), comm.Get_rank()
     np_dtype = np.dtype(dtype)
     x_train, y_train, x_test, y_test = load_digits_split()
