@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# The tests that meet CuPy, on a machine where CuPy is installed but sees no GPU: the serial
+# suite, then the device, bench and staging tests at 2 ranks. Refuses to run where CuPy is
+# missing or a GPU is visible, so a green run means this case was really tested.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_rmaps_base_oversubscribe=1
+export PYTHONUNBUFFERED=1
+python - <<'PY'
+import sys
+
+from hpcring.backend import cupy, gpu_problem
+
+if cupy is None or not gpu_problem().startswith("CuPy sees no GPU"):
+    sys.exit(f"tests/run_no_gpu.sh needs CuPy installed and no GPU; here: {gpu_problem() or 'a GPU'}")
+print("CuPy", cupy.__version__, "installed;", gpu_problem())
+PY
+python -m pytest -q "$@"
+timeout --signal=KILL 600 mpiexec --oversubscribe -n 2 python -m pytest -q --with-mpi -m mpi \
+  tests/test_device.py tests/test_bench.py tests/test_staging.py "$@"
