@@ -409,6 +409,7 @@ def test_bad_input_returns_2_everywhere_printed_by_rank_0_only(capsys: pytest.Ca
 
 
 @pytest.mark.mpi
+@pytest.mark.gpu  # runs everywhere; marked so that tests/gpu/check.sh runs it where it matters
 def test_the_device_is_agreed_when_one_rank_may_not_use_a_gpu(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
