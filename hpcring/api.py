@@ -161,10 +161,15 @@ def _validate(x: Any, out: Any, op: str, algorithm: str) -> tuple[Backend, Op, b
     if not x.flags.c_contiguous:
         raise ValueError("hpcring.allreduce: x must be C-contiguous (use xp.ascontiguousarray)")
     backend.check_device(x, "x")
-    # Another view of x's very bytes is in place; any other overlap is refused below. The overlap
-    # test runs once, and only where it finds one are the data pointers read.
+    # Another view of x's very bytes (C-contiguous, x's dtype, any shape) is in place; any other
+    # overlap is refused below. The overlap test runs once, and only where it finds one are the
+    # data pointers read.
     overlaps = out is not None and out is not x and backend.owns(out) and backend.shares_memory(x, out)
-    in_place = out is None or out is x or (overlaps and backend.same_memory(out, x))
+    in_place = (
+        out is None
+        or out is x
+        or (overlaps and out.dtype == x.dtype and out.flags.c_contiguous and backend.same_memory(out, x))
+    )
     if in_place:
         if not backend.writeable(x):
             raise ValueError("hpcring.allreduce: x is read-only; pass out= for an out-of-place result")

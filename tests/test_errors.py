@@ -103,6 +103,16 @@ def test_out_that_is_another_view_of_x_is_in_place() -> None:
     assert everywhere(WORLD, bool(ok))
 
 
+def test_out_on_x_bytes_with_another_dtype_or_strides_is_refused() -> None:
+    """x's bytes seen as another dtype, or a strided view that starts at x and spans as many
+    bytes, are not x: refused for what they are, not taken for in place (x unchanged)."""
+    x = np.ones(8, dtype=np.float32)
+    raises_everywhere(ValueError, "dtype", lambda: hpcring.allreduce(x, out=x.view(np.int32)))
+    base = np.arange(16, dtype=np.float32)
+    raises_everywhere(ValueError, "C-contiguous", lambda: hpcring.allreduce(base[:8], out=base[::2]))
+    assert everywhere(WORLD, bool((x == 1).all() and (base == np.arange(16)).all()))
+
+
 def test_bad_comm() -> None:
     raises_everywhere(TypeError, "intracommunicator", lambda: hpcring.allreduce(np.ones(2), comm="world"))
     null = MPI.COMM_NULL
