@@ -200,6 +200,26 @@ def test_bad_cupy_input_on_one_rank(case: str) -> None:
 @pytest.mark.mpi
 @pytest.mark.gpu
 @needs_gpu
+def test_cupy_out_on_x_bytes() -> None:
+    """On CuPy as on NumPy: another view of x's bytes is in place; an overlap, x's bytes as
+    another dtype, or a strided view are refused on every rank, and x is left as it was."""
+    import cupy
+
+    hpcring.select_device()
+    comm = MPI.COMM_WORLD
+    x = cupy.ones((2, 4), dtype=cupy.float32)
+    result = hpcring.allreduce(x, out=x.reshape(8))
+    ok = result is x and bool((x == comm.size).all())
+    buf = cupy.ones(16, dtype=cupy.float32)
+    raises_everywhere(ValueError, "overlaps", lambda: hpcring.allreduce(buf[:8], out=buf[4:12]))
+    raises_everywhere(ValueError, "dtype", lambda: hpcring.allreduce(buf[:8], out=buf[:8].view(cupy.int32)))
+    raises_everywhere(ValueError, "C-contiguous", lambda: hpcring.allreduce(buf[:8], out=buf[::2]))
+    assert everywhere(comm, ok and bool((buf == 1).all()))
+
+
+@pytest.mark.mpi
+@pytest.mark.gpu
+@needs_gpu
 def test_cupy_array_on_another_device() -> None:
     import cupy
 
