@@ -272,7 +272,10 @@ def test_nccl_runs_on_its_own_gpu() -> None:
     nccl.allreduce(ch, x, out, OPS["sum"])
     g = own.size
     want = np.arange(1000, dtype=np.float32) * g + g * (g - 1) // 2
-    assert everywhere(comm, np.array_equal(out.get(), want))
+    ok = np.array_equal(out.get(), want)
+    mean = hpcring.allreduce(x, algorithm="nccl", op="mean", comm=own)  # a sum to NCCL, then / g
+    ok = ok and mean is x and np.array_equal(x.get(), want / g)
+    assert everywhere(comm, ok)
 
 
 class _HostStaging:

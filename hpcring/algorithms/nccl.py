@@ -79,7 +79,7 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     comm = _communicator(ch)
     count, dtype = src.size, src.dtype
     if dtype.kind == "c":  # a complex sum is the sum of its real and imaginary parts
-        if op.name != "sum":
+        if op.ufunc != "add":
             raise TypeError(f"hpcring.allreduce: nccl cannot apply op={op.name!r} to {dtype.name}")
         count, dtype = 2 * count, src.real.dtype
     types = {
@@ -89,10 +89,16 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
         "int32": nccl.NCCL_INT32,
         "int64": nccl.NCCL_INT64,
     }
-    ops = {"sum": nccl.NCCL_SUM, "prod": nccl.NCCL_PROD, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}
+    # By element-wise function, so mean (a sum, divided by the caller) is a sum here too.
+    ops = {
+        "add": nccl.NCCL_SUM,
+        "multiply": nccl.NCCL_PROD,
+        "maximum": nccl.NCCL_MAX,
+        "minimum": nccl.NCCL_MIN,
+    }
     ch.bytes_unknown = True
     stream = cupy.cuda.get_current_stream()
-    comm.allReduce(src.data.ptr, dst.data.ptr, count, types[dtype.name], ops[op.name], stream.ptr)
+    comm.allReduce(src.data.ptr, dst.data.ptr, count, types[dtype.name], ops[op.ufunc], stream.ptr)
     stream.synchronize()  # like every algorithm: the result is complete on return
 
 
