@@ -16,6 +16,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator
@@ -215,7 +216,9 @@ class CupyBackend(Backend):
     def __init__(self) -> None:
         self.xp = cupy
         self.direct, self.reason = cuda_aware()
-        self._pinned: dict[int, np.ndarray] = {}
+        # Pinned slots per thread: an iallreduce's worker stages while the caller may run a
+        # blocking allreduce (on another communicator), and the two must not share buffers.
+        self._local = threading.local()
 
     def owns(self, array: Any) -> bool:
         return isinstance(array, cupy.ndarray)
@@ -255,13 +258,13 @@ class CupyBackend(Backend):
         cupy.cuda.get_current_stream().synchronize()
 
     def _host(self, nbytes: int, slot: int) -> np.ndarray:
-        """Grow-only pinned host buffer for staging slot ``slot``."""
-        buf = self._pinned.get(slot)
+        """Grow-only pinned host buffer for this thread's staging slot ``slot``."""
+        pinned = self._local.__dict__.setdefault("pinned", {})
+        buf = pinned.get(slot)
         if buf is None or buf.nbytes < nbytes:
             import cupyx
 
-            buf = cupyx.empty_pinned(max(nbytes, 1), dtype=np.uint8)
-            self._pinned[slot] = buf
+            buf = pinned[slot] = cupyx.empty_pinned(max(nbytes, 1), dtype=np.uint8)
         return buf[:nbytes]
 
     @contextmanager

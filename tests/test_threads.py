@@ -1,9 +1,12 @@
-"""Threads: one communicator per thread works; two threads on one communicator get an error."""
+"""Threads: one communicator per thread works (NumPy and CuPy); two threads on one communicator
+get an error."""
 
 from __future__ import annotations
 
+import importlib
 import threading
 import time
+from contextlib import nullcontext
 
 import numpy as np
 import pytest
@@ -12,23 +15,42 @@ from mpi4py import MPI
 
 import hpcring
 from hpcring.api import _state
+from hpcring.backend import available_backends
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
 
 
 @pytest.mark.skipif(MPI.Query_thread() < MPI.THREAD_MULTIPLE, reason="needs MPI_THREAD_MULTIPLE")
-def test_two_threads_two_communicators() -> None:
+@pytest.mark.parametrize(
+    "array",
+    [
+        "numpy",
+        pytest.param(
+            "cupy",
+            marks=[
+                pytest.mark.gpu,
+                pytest.mark.skipif("cupy" not in available_backends(), reason="needs CuPy and a GPU"),
+            ],
+        ),
+    ],
+)
+def test_two_threads_two_communicators(array: str) -> None:
+    """Each thread its own communicator, at once; on CuPy with host staging, each thread its
+    own pinned buffers too (shared ones mixed the two threads' data)."""
+    xp = np if array == "numpy" else importlib.import_module("cupy")
+    device = hpcring.select_device() if array == "cupy" else None
     comms = [WORLD.Dup(), WORLD.Dup()]
     results: dict[int, bool] = {}
 
     def work(index: int) -> None:
         ok = True
-        for call in range(40):
-            x = np.full(1000 + index, WORLD.rank + call, dtype=np.float64)
-            algorithm = hpcring.ALGORITHMS[call % len(hpcring.ALGORITHMS)]
-            hpcring.allreduce(x, comm=comms[index], algorithm=algorithm)
-            ok &= bool((x == WORLD.size * (WORLD.size - 1) / 2 + WORLD.size * call).all())
+        with nullcontext() if device is None else xp.cuda.Device(device):  # the device is per thread
+            for call in range(40):
+                x = xp.full(1000 + index, WORLD.rank + call, dtype=np.float64)
+                algorithm = hpcring.ALGORITHMS[call % len(hpcring.ALGORITHMS)]
+                hpcring.allreduce(x, comm=comms[index], algorithm=algorithm)
+                ok &= bool((x == WORLD.size * (WORLD.size - 1) / 2 + WORLD.size * call).all())
         results[index] = ok
 
     threads = [threading.Thread(target=work, args=(i,)) for i in range(2)]
