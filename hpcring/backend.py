@@ -106,7 +106,7 @@ def cuda_aware() -> tuple[bool, str]:
     query = getattr(lib, "MPIX_GPU_query_support", None)
     if query is not None:
         flag = ctypes.c_int(0)
-        mpix_gpu_type_cuda = 1  # MPIX_GPU_SUPPORT_CUDA in MPICH's mpi.h
+        mpix_gpu_type_cuda = 0  # MPIX_GPU_SUPPORT_CUDA in MPICH's mpix.h (1 is Level Zero, 2 HIP)
         if query(ctypes.c_int(mpix_gpu_type_cuda), ctypes.byref(flag)) == 0:
             return bool(flag.value), f"MPIX_GPU_query_support(CUDA) = {flag.value}"
     return False, "MPI library does not say: host staging"
