@@ -303,6 +303,9 @@ class CupyBackend(Backend):
             with device:
                 event.synchronize()
                 yield
+                # The call's last kernels (mean's division, a one-rank copy) are queued on
+                # this thread's stream: done before the request says so.
+                cupy.cuda.get_current_stream().synchronize()
 
         return entered
 
