@@ -87,17 +87,21 @@ def attached(comm: MPI.Intracomm, key: str, build: Callable[[], Any]) -> Any:
 
 
 def channel_for(comm: MPI.Intracomm, backend: Backend) -> Channel:
-    """The cached Channel of ``comm`` for ``backend``."""
+    """The cached Channel of ``comm`` for ``backend`` (on its current device)."""
     return _channel(_state(comm), backend)
 
 
 def _channel(state: dict[str, Any], backend: Backend) -> Channel:
-    channel = state.get(backend.name)  # a dict read is atomic: no lock once it is made
+    # One per device: scratch, plans and NCCL's communicator live on the GPU they were made on,
+    # and a rank may switch GPUs between calls (`with cupy.cuda.Device(i):`).
+    device = backend.current_device()
+    key = backend.name if device is None else f"{backend.name}:{device}"
+    channel = state.get(key)  # a dict read is atomic: no lock once it is made
     if channel is None:
         with _lock:
-            channel = state.get(backend.name)
+            channel = state.get(key)
             if channel is None:
-                channel = state[backend.name] = Channel(state["comm"], backend)
+                channel = state[key] = Channel(state["comm"], backend)
     return channel
 
 

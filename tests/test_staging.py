@@ -230,6 +230,10 @@ def test_cupy_array_on_another_device() -> None:
     with cupy.cuda.Device(other):
         x = cupy.ones(10, dtype=cupy.float32)
     raises_everywhere(ValueError, "current device", lambda: hpcring.allreduce(x))
+    hpcring.allreduce(cupy.ones(10, dtype=cupy.float32), algorithm="ring")  # scratch on this GPU
+    with cupy.cuda.Device(other):  # made current, that GPU is fine, with scratch of its own
+        hpcring.allreduce(x, algorithm="ring")
+    assert everywhere(MPI.COMM_WORLD, bool((x == MPI.COMM_WORLD.size).all()))
 
 
 @pytest.mark.mpi
