@@ -744,10 +744,9 @@ def _adder(array: str, nbytes: int) -> Any:
     """acc += other on float32 of ``nbytes`` with the array module in use, pages touched once."""
     import numpy as np
 
-    from .backend import available_backends, backend_named
+    from .backend import backend_named
 
-    if array not in available_backends():
-        raise ModelError(f"array module {array!r} is not usable here; choose one of {available_backends()}")
+    _check_array(array)
     backend = backend_named(array)
     acc = backend.xp.ones(nbytes // 4, dtype=np.float32)
     other = backend.xp.ones(nbytes // 4, dtype=np.float32)
@@ -1053,7 +1052,24 @@ def _mpi_main(args: argparse.Namespace) -> int:
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
+    # What each rank can check alone is checked, and agreed on, before any collective: a rank
+    # that fails it must not leave the others waiting in the measurements.
     problem: str | None = None
+    try:
+        if args.calibrate:
+            _check_array(args.array)
+        else:
+            params = load_params(args.params)
+            import hpcring
+
+            names = _names(args, [a for a in hpcring.ALGORITHMS if a in ALGORITHMS])
+            sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
+            if args.iterations <= 0:
+                raise ModelError(f"--iterations must be positive, got {args.iterations}")
+    except ModelError as error:
+        problem = str(error)
+    if _first_problem(comm, problem):
+        return 2
     try:
         if args.calibrate:
             output = Path(args.output).expanduser() if args.output else default_path()
@@ -1090,13 +1106,6 @@ def _mpi_main(args: argparse.Namespace) -> int:
                         f"gamma {b.gamma * 1e9:.4g} ns/B ({1 / b.gamma / GB:.3g} GB/s)"
                     )
         else:
-            params = load_params(args.params)
-            import hpcring
-
-            names = _names(args, [a for a in hpcring.ALGORITHMS if a in ALGORITHMS])
-            sizes = [parse_size(s) for s in args.sizes.split(",") if s.strip()]
-            if args.iterations <= 0:
-                raise ModelError(f"--iterations must be positive, got {args.iterations}")
             rows = validate(comm, params, sizes, names, args.iterations, args.bcast)
             if rank == 0:
                 print(
@@ -1117,13 +1126,23 @@ def _mpi_main(args: argparse.Namespace) -> int:
     except ModelError as error:
         problem = str(error)
     # Errors found on one rank (a file only rank 0 wrote, say) still give every rank exit 2.
-    problems = comm.allgather(problem)
-    first = next((p for p in problems if p is not None), None)
-    if first is not None:
-        if rank == 0:
-            print(f"python -m hpcring.model: error: {first}", file=sys.stderr)
-        return 2
-    return 0
+    return 2 if _first_problem(comm, problem) else 0
+
+
+def _first_problem(comm: Any, problem: str | None) -> bool:
+    """Collective: whether any rank has a problem; rank 0 prints the first one."""
+    first = next((p for p in comm.allgather(problem) if p is not None), None)
+    if first is not None and comm.Get_rank() == 0:
+        print(f"python -m hpcring.model: error: {first}", file=sys.stderr)
+    return first is not None
+
+
+def _check_array(array: str) -> None:
+    """ModelError unless ``array`` (numpy, cupy) is usable in this process."""
+    from .backend import available_backends
+
+    if array not in available_backends():
+        raise ModelError(f"array module {array!r} is not usable here; choose one of {available_backends()}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

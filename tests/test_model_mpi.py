@@ -64,3 +64,23 @@ def test_validate_runs_and_agrees_on_errors(shared_dir: Path) -> None:
     assert everywhere(WORLD, code == 0)
     code = model.main(["--validate", "--params", str(shared_dir / "absent.json")])
     assert everywhere(WORLD, code == 2)
+
+
+def test_a_problem_on_one_rank_stops_every_rank_before_measuring(shared_dir: Path) -> None:
+    """Checked and agreed before any collective: an array module this machine lacks (it hung:
+    rank 0 failed in its gamma while the others waited in the broadcast after it), and a
+    parameter file that only one rank fails to read (it hung in validate's barrier)."""
+    from hpcring.backend import available_backends
+
+    missing = next((a for a in ("cupy", "numpy") if a not in available_backends()), None)
+    if missing is not None and WORLD.size > 1:
+        output = shared_dir / "m.json"
+        code = model.main(["--calibrate", "--quick", "--array", missing, "--output", str(output)])
+        assert everywhere(WORLD, code == 2 and not output.exists())
+    params = shared_dir / "given.json"
+    if WORLD.rank == 0:
+        model.save_params(model.Params(1e-6, 1e-10, 1e-10, cores=2), params)
+    WORLD.Barrier()
+    mine = params if WORLD.rank < WORLD.size - 1 or WORLD.size == 1 else shared_dir / "absent.json"
+    code = model.main(["--validate", "--params", str(mine), "--sizes", "4K", "--iterations", "1"])
+    assert everywhere(WORLD, code == (0 if WORLD.size == 1 else 2))
