@@ -1,6 +1,7 @@
 """Agreement before data moves: every rank arrives, with the same call, or all raise.
 
-Each rank sends one small row (call number, count, dtype, op, algorithm, local verdict)
+Each rank sends one small row (call number, count, dtype, op, algorithm, array kind,
+placement, local verdict)
 to rank 0 with a non-blocking send; rank 0 receives them, knows exactly who arrived,
 and broadcasts a one-word verdict. So a mismatch or a bad argument on any rank becomes
 an exception on every rank, and a rank that never arrives becomes a `StallError` on the
@@ -24,7 +25,7 @@ from .errors import StallError
 
 ROOT = 0
 TAG_ARRIVE, TAG_STALL = 1, 2  # the algorithms use tag 0 on the same private communicator
-FIELDS = ("call", "count", "dtype", "op", "algorithm", "array")
+FIELDS = ("call", "count", "dtype", "op", "algorithm", "array", "placement")
 
 
 def _wait(requests: Sequence[MPI.Request], deadline: float | None, probe: Any = None) -> bool:
@@ -58,7 +59,7 @@ def agree(
 ) -> None:
     """Raise on every rank if any rank failed, disagrees on ``row``, or does not arrive in time.
 
-    ``row`` is (call, count, dtype, op, algorithm, array) as integers; ``describe(field, value)``
+    ``row`` is (call, count, dtype, op, algorithm, array, placement) as integers; ``describe(field, value)``
     names a value for messages; ``what`` names the operation for StallError.
     """
     size, rank = comm.Get_size(), comm.Get_rank()

@@ -205,11 +205,13 @@ _ALG_NAMES = list(algorithms.MODULES)
 _ARRAYS = ["numpy.ndarray", "cupy.ndarray"]
 
 
-def _signature(call: int, x: Any, op: str, algorithm: str) -> list[int]:
+def _signature(call: int, x: Any, op: str, algorithm: str, in_place: bool | None) -> list[int]:
     """What must agree across ranks, as integers (-1 where a value is not one we know).
 
     The array kind is part of it: NumPy on some ranks and CuPy on others would stage
     and sum fine, but almost always means a rank that skipped moving its data to the GPU.
+    So is the placement, as MPI asks of MPI_IN_PLACE: `auto` keeps a choice per size and
+    placement, and ranks that chose differently would run different algorithms.
     """
     count = int(getattr(x, "size", -1)) if hasattr(x, "dtype") else -1
     dtype = getattr(x, "dtype", None)
@@ -221,12 +223,19 @@ def _signature(call: int, x: Any, op: str, algorithm: str) -> list[int]:
         _OP_NAMES.index(op) if op in _OP_NAMES else -1,
         _ALG_NAMES.index(algorithm) if algorithm in _ALG_NAMES else -1,
         _ARRAYS.index(kind) if kind in _ARRAYS else -1,
+        -1 if in_place is None else int(in_place),
     ]
 
 
 def _describe(field: str, value: int) -> str:
     """A value of the agreement row, as a person would name it."""
-    names = {"dtype": [d.name for d in DTYPES], "op": _OP_NAMES, "algorithm": _ALG_NAMES, "array": _ARRAYS}
+    names = {
+        "dtype": [d.name for d in DTYPES],
+        "op": _OP_NAMES,
+        "algorithm": _ALG_NAMES,
+        "array": _ARRAYS,
+        "placement": ["out of place (out=)", "in place"],
+    }
     if field in names:
         return names[field][value] if value >= 0 else "?"
     return str(value)
@@ -304,13 +313,14 @@ def allreduce(
 
     In place unless ``out`` is given (then ``x`` is left as it was). ``op`` is one of
     sum, mean, max, min, prod; ``algorithm`` one of `hpcring.ALGORITHMS`. With ``check``
-    (the default) the ranks first agree on count, dtype, op and algorithm, so a mismatch
+    (the default) the ranks first agree on count, dtype, op, algorithm and placement, so a mismatch
     or a bad argument on any rank raises on every rank before any data moves, and a rank
     that does not arrive within ``timeout`` seconds (default `HPCRING_TIMEOUT`, 300; 0 waits
     forever) makes the others raise `hpcring.StallError` naming it.
     """
     comm = intracomm(comm, "allreduce")
     problem: Exception | None = None
+    in_place: bool | None = None
     try:
         backend, reduction, in_place = _validate(x, out, op, algorithm)
     except (TypeError, ValueError) as error:
@@ -333,7 +343,7 @@ def allreduce(
             state["calls"] = call = state.get("calls", 0) + 1
             agree(
                 channel.comm,
-                _signature(call, x, op, algorithm),
+                _signature(call, x, op, algorithm, in_place),
                 problem,
                 timeout=default_timeout() if timeout is None else timeout,
                 describe=_describe,

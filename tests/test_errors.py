@@ -45,6 +45,23 @@ def test_op_and_algorithm_mismatch() -> None:
     assert everywhere(WORLD, (x == 1).all())
 
 
+def test_placement_mismatch() -> None:
+    """In place on some ranks, out= on others: refused as MPI refuses a partial MPI_IN_PLACE.
+    Under auto it hung: a rank that had chosen for that size and placement ran its choice
+    while another entered the table's broadcast."""
+    if WORLD.size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    x = np.ones(256, dtype=np.float32)
+    hpcring.allreduce(x.copy(), algorithm="auto")  # every rank has chosen for 1 KiB in place
+    out = np.zeros_like(x) if WORLD.rank == 1 else None
+    raises_everywhere(
+        ValueError,
+        "disagree on placement: in place on rank",
+        lambda: hpcring.allreduce(x, algorithm="auto", out=out),
+    )
+    assert everywhere(WORLD, bool((x == 1).all()) and (out is None or (out == 0).all()))
+
+
 def test_one_bad_rank_fails_everywhere() -> None:
     """A local mistake on the last rank becomes an error on all ranks, not a hang."""
     bad = WORLD.rank == WORLD.size - 1
