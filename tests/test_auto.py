@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,6 +82,32 @@ def test_unusable_file_warns_once_and_falls_back(tmp_path, content: str, match: 
     with pytest.warns(UserWarning, match=match) as caught:
         assert auto.load(4, path) == auto.DEFAULT
     assert len(caught) == 1
+
+
+def test_a_path_that_cannot_even_be_tested_warns(tmp_path) -> None:
+    """exists() raises for a name too long (it returns False only for some errors)."""
+    with pytest.warns(UserWarning, match="ignoring tuning file"):
+        assert auto.load(4, tmp_path / ("x" * 300)) == auto.DEFAULT
+
+
+@pytest.mark.mpi
+def test_only_rank_0_reads_the_tuning_file(tmp_path_factory, monkeypatch) -> None:
+    """The other ranks take rank 0's table: what they would find themselves (here a path that
+    raises on the last rank, which left rank 0 alone in the broadcast) does not matter."""
+    comm = MPI.COMM_WORLD
+    folder = comm.bcast(str(tmp_path_factory.mktemp("tune")) if comm.rank == 0 else None)
+    path = f"{folder}/tuning.json"
+    if comm.rank == 0:
+        write(Path(path), {str(comm.size): [[None, "rabenseifner"]]})
+    comm.Barrier()
+    mine = path if comm.rank < comm.size - 1 or comm.size == 1 else f"{folder}/{'x' * 300}"
+    monkeypatch.setenv("HPCRING_TUNING", mine)
+    private = comm.Dup()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and no rank warns about a file it did not read
+        chosen = auto.chosen(channel_for(private, backend_for(np.ones(1))), 1 << 20)
+    assert everywhere(comm, chosen == "rabenseifner")
+    private.Free()
 
 
 def test_in_place_calls_have_their_own_table_else_the_out_of_place_one(tmp_path) -> None:

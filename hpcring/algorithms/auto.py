@@ -77,9 +77,9 @@ def load(
 
     path = tuning_path() if path is None else path
     default = DEFAULT_TWO_LEVEL if "x" in str(size) else DEFAULT
-    if not path.exists():
-        return default
     try:
+        if not path.exists():  # may raise too: a name too long, a folder not searchable
+            return default
         data = json.loads(path.read_text())
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
@@ -118,9 +118,11 @@ def _table(ch: Channel, in_place: bool = False) -> tuple[tuple[int | None, str],
 
     def build() -> tuple[tuple[int | None, str], ...]:
         shape = topology.summary(topology.of(ch.comm))  # collective on first use, like the bcast
+        if ch.rank != 0:  # only rank 0's copy counts, so only rank 0 reads (and warns)
+            return ch.comm.bcast(None, root=0)
         key = key_for(ch.size, shape)
         table = load(key_for(ch.size, shape, in_place=True), fallback=key) if in_place else load(key)
-        return ch.comm.bcast(table if ch.rank == 0 else None, root=0)
+        return ch.comm.bcast(table, root=0)
 
     return ch.plan(("auto-table", in_place), build)
 
