@@ -60,6 +60,17 @@ def gpu_problem() -> str:
     return _cupy_problem()
 
 
+def gpu_problem_anywhere(comm: Any) -> str:
+    """Collective over ``comm``: why some rank won't compute on a GPU ('' if every rank will),
+    naming the first such rank, so that all ranks take the same road."""
+    problems = comm.allgather(gpu_problem())
+    missing = [(rank, problem) for rank, problem in enumerate(problems) if problem]
+    if not missing:
+        return ""
+    rank, problem = missing[0]
+    return f"{problem} (rank {rank}; {len(missing)} of {len(problems)} ranks)"
+
+
 def available_backends() -> list[str]:
     """Array backends usable in this process: always numpy, cupy where a GPU is visible."""
     return ["numpy", "cupy"] if _cupy_usable() else ["numpy"]

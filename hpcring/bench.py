@@ -37,7 +37,7 @@ from mpi4py import MPI
 from . import ALGORITHMS, __version__, algorithms, info, model, topology
 from .algorithms import auto
 from .api import allreduce, channel_for
-from .backend import backend_for, copyto_bandwidth, gpu_problem, select_device
+from .backend import backend_for, copyto_bandwidth, gpu_problem_anywhere, select_device
 from .errors import abort_on_error
 from .ops import DTYPES, OPS, check_op
 
@@ -315,12 +315,10 @@ def _device(choice: str, comm: MPI.Intracomm) -> Device | str:
     """The device to run on, or the reason it cannot be had (decided together by all ranks)."""
     # Ranks may differ (a node without a GPU): agree, so no rank starts timing (or calls
     # select_device's collective) alone; auto runs on GPUs only where every rank has one.
-    problems = comm.allgather("" if choice == "cpu" else gpu_problem())
-    missing = [(rank, problem) for rank, problem in enumerate(problems) if problem]
-    if choice == "gpu" and missing:
-        rank, problem = missing[0]
-        return f"--device gpu: {problem} (rank {rank}; {len(missing)} of {len(problems)} ranks)"
-    if choice == "cpu" or missing:
+    problem = "" if choice == "cpu" else gpu_problem_anywhere(comm)
+    if choice == "gpu" and problem:
+        return f"--device gpu: {problem}"
+    if choice == "cpu" or problem:
         return Device("cpu", np)
     import cupy
 

@@ -90,15 +90,20 @@ def test_world_has_the_expected_ranks() -> None:
     )
 
 
-@pytest.mark.skipif(not gpu_problem(), reason="this machine has a usable GPU")
+@pytest.mark.gpu  # runs everywhere; marked so that tests/gpu/check.sh runs it where it matters
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
-@pytest.mark.parametrize("example", ["train", "overlap"])
-def test_examples_on_gpu_without_one_say_why(example: str) -> None:
-    """`--device gpu` without CuPy or a GPU: every rank exits with the reason, not a CUDA traceback."""
-    command = [mpiexec() or "mpiexec", "-n", "2", sys.executable, "-m", f"hpcring.examples.{example}"]
+@pytest.mark.parametrize(("example", "short"), [("train", "--max-steps"), ("overlap", "--steps")])
+def test_examples_on_gpu_where_a_rank_has_none_say_why(example: str, short: str) -> None:
+    """`--device gpu` with rank 1 told HPCRING_DEVICE=cpu (on a machine without CuPy or a GPU,
+    both ranks lack one): every rank exits with the reason, not a CUDA traceback or a hang
+    (on a GPU machine, rank 0 went on into the training alone)."""
+    program = [sys.executable, "-m", f"hpcring.examples.{example}", "--device", "gpu", short, "1"]
+    launcher = [mpiexec() or "mpiexec", "-n", "1", *program, ":", "-n", "1", "env", "HPCRING_DEVICE=cpu"]
     done = subprocess.run(
-        [*command, "--device", "gpu"], capture_output=True, text=True, timeout=120, env=launcher_env()
+        [*launcher, *program], capture_output=True, text=True, timeout=120, env=launcher_env()
     )
+    here = gpu_problem()
+    said = f"{here} (rank 0; 2 of 2 ranks)" if here else "HPCRING_DEVICE=cpu is set (rank 1; 1 of 2 ranks)"
     assert done.returncode != 0
-    assert done.stderr.count(f"--device gpu: {gpu_problem()}") == 2, done.stderr
+    assert done.stderr.count(f"--device gpu: {said}") == 2, done.stderr
     assert "Traceback" not in done.stderr

@@ -30,7 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcring
-from hpcring.backend import gpu_problem
+from hpcring.backend import gpu_problem_anywhere
 from hpcring.training import GradientSync
 
 TEST_SIZE = 297  # 1500 training images, 297 held out; the split is fixed (seed 0), not the run's seed
@@ -39,13 +39,15 @@ TEST_SIZE = 297  # 1500 training images, 297 held out; the split is fixed (seed 
 def array_module(device: str, comm: MPI.Intracomm) -> Any:
     """NumPy for ``cpu``; for ``gpu``, CuPy on this rank's GPU (`hpcring.select_device`).
 
-    Collective with ``gpu``. Where CuPy or a GPU is missing, every such rank exits with a
-    sentence saying which, instead of a CUDA traceback from the first array it makes.
+    Collective with ``gpu``. Where CuPy or a GPU is missing on any rank, every rank exits with
+    a sentence saying which rank lacks what, instead of a CUDA traceback (or a hang).
     """
     if device != "gpu":
         return np
-    if hpcring.select_device(comm) is None:
-        raise SystemExit(f"--device gpu: {gpu_problem()}")
+    problem = gpu_problem_anywhere(comm)  # agreed: no rank goes on alone into the training
+    if problem:
+        raise SystemExit(f"--device gpu: {problem}")
+    hpcring.select_device(comm)
     import cupy
 
     return cupy
