@@ -830,11 +830,17 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
     rank = comm.Get_rank()
     argv = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = parse_args(argv)
-    except _Usage as usage:
-        if rank == 0 and str(usage):
-            sys.stderr.write(str(usage))
-        return usage.status
+        args, usage = parse_args(argv), None
+    except _Usage as error:
+        usage = error
+    # argv is the same on every rank, but what is installed (matplotlib for --plot) may not
+    # be: agree, so that no rank goes on alone into the collectives below.
+    stops = [stop for stop in comm.allgather(None if usage is None else (usage.status, str(usage))) if stop]
+    if stops:
+        status, text = stops[0]
+        if rank == 0 and text:
+            sys.stderr.write(text)
+        return status
     if corrupt_rank is None and os.environ.get("HPCRING_BENCH_CORRUPT", "").strip():
         corrupt_rank = int(os.environ["HPCRING_BENCH_CORRUPT"])
 

@@ -426,3 +426,17 @@ def test_the_device_is_agreed_when_one_rank_may_not_use_a_gpu(
     status, report = _run([*TINY, "-a", "ring", "--device", "auto"])
     ok = ok and status == 0 and report is not None and report["header"]["device"] == "cpu"
     assert everywhere(COMM, ok)
+
+
+@pytest.mark.mpi
+def test_a_usage_error_on_one_rank_stops_every_rank(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--plot where only the last rank lacks matplotlib: every rank returns 2 and rank 0 says
+    why (the last rank returned alone and rank 0 went on into the sweep, and hung)."""
+    if COMM.Get_rank() == COMM.Get_size() - 1:
+        monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed here
+    folder = _shared_dir()
+    status = main([*TINY, "-a", "ring", "--plot", os.path.join(folder, "never.png")])
+    said = capsys.readouterr().err.count("error: --plot needs matplotlib") == (COMM.Get_rank() == 0)
+    assert everywhere(COMM, status == 2 and said)
