@@ -121,12 +121,15 @@ class GradientSync:
         self.engine: Engine = engine_for(comm)  # collective: every rank reaches it
         self.comm = comm
         self.op, self.algorithm, self.check = op, algorithm, check
-        problem = self._local_problem(grads, bucket_bytes, first_bucket_bytes)
-        mine = (
-            problem,
-            [(tuple(g.shape), str(g.dtype)) for g in grads] if problem is None else None,
-            (op, algorithm, int(bucket_bytes), int(first_bucket_bytes)),
-        )
+        try:  # any mistake here is still a verdict for the allgather: no rank may skip it
+            problem = self._local_problem(grads, bucket_bytes, first_bucket_bytes)
+            mine = (
+                problem,
+                [(tuple(g.shape), str(g.dtype)) for g in grads] if problem is None else None,
+                (op, algorithm, int(bucket_bytes), int(first_bucket_bytes)),
+            )
+        except (TypeError, ValueError) as error:  # bucket_bytes=None, grads not a list, ...
+            mine = (f"bad argument ({type(error).__name__}: {error})", None, None)
         _agree(comm.allgather(mine))
         self.backend: Backend = backend_for(grads[0]) if grads else backend_for(np.empty(0))
         self.shapes = [tuple(g.shape) for g in grads]

@@ -190,6 +190,16 @@ def test_errors_come_out_of_wait_on_every_rank() -> None:
 
 
 @mpi
+def test_an_argument_of_the_wrong_type_on_one_rank_raises_everywhere() -> None:
+    """bucket_bytes=None on the last rank raised TypeError there alone; the others hung."""
+    bucket = None if WORLD.rank == WORLD.size - 1 else 1 << 20
+    last = WORLD.size - 1
+    raises_everywhere(
+        ValueError, f"rank {last}: bad argument", lambda: GradientSync([np.zeros(3)], bucket_bytes=bucket)
+    )
+
+
+@mpi
 @pytest.mark.parametrize("difference", ["count", "shape", "dtype"])
 def test_gradient_lists_differing_between_ranks_raise_at_construction(difference: str) -> None:
     if WORLD.size == 1:
