@@ -1,9 +1,8 @@
 """Agreement before data moves: every rank arrives, with the same call, or all raise.
 
 Each rank sends one small row (call number, count, dtype, op, algorithm, array kind,
-placement, local verdict)
-to rank 0 with a non-blocking send; rank 0 receives them, knows exactly who arrived,
-and broadcasts a one-word verdict. So a mismatch or a bad argument on any rank becomes
+placement, local verdict) to rank 0 with a non-blocking send; rank 0 receives them, knows
+exactly who arrived, and broadcasts a one-word verdict. So a mismatch or a bad argument on any rank becomes
 an exception on every rank, and a rank that never arrives becomes a `StallError` on the
 others, naming it, after ``timeout`` seconds instead of a hang.
 
@@ -59,8 +58,9 @@ def agree(
 ) -> None:
     """Raise on every rank if any rank failed, disagrees on ``row``, or does not arrive in time.
 
-    ``row`` is (call, count, dtype, op, algorithm, array, placement) as integers; ``describe(field, value)``
-    names a value for messages; ``what`` names the operation for StallError.
+    ``row`` is (call, count, dtype, op, algorithm, array, placement) as integers;
+    ``describe(field, value)`` names a value for messages; ``what`` names the operation for
+    StallError.
     """
     size, rank = comm.Get_size(), comm.Get_rank()
     mine = np.array([*row, problem is not None], dtype=np.int64)

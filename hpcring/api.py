@@ -313,10 +313,10 @@ def allreduce(
 
     In place unless ``out`` is given (then ``x`` is left as it was). ``op`` is one of
     sum, mean, max, min, prod; ``algorithm`` one of `hpcring.ALGORITHMS`. With ``check``
-    (the default) the ranks first agree on count, dtype, op, algorithm and placement, so a mismatch
-    or a bad argument on any rank raises on every rank before any data moves, and a rank
-    that does not arrive within ``timeout`` seconds (default `HPCRING_TIMEOUT`, 300; 0 waits
-    forever) makes the others raise `hpcring.StallError` naming it.
+    (the default) the ranks first agree on count, dtype, op, algorithm and placement, so a
+    mismatch or a bad argument on any rank raises on every rank before any data moves, and a
+    rank that does not arrive within ``timeout`` seconds (default `HPCRING_TIMEOUT`, 300; 0
+    waits forever) makes the others raise `hpcring.StallError` naming it.
     """
     comm = intracomm(comm, "allreduce")
     problem: Exception | None = None
