@@ -1,9 +1,10 @@
 """`allreduce`: validation, agreement across ranks, dispatch by name, and mean.
 
 Validation happens in one place, here. With ``check=True`` every rank's local verdict
-and its (count, dtype, op, algorithm) travel in one small Allgather before any data
-moves, so a mistake on one rank becomes an exception on every rank instead of a hang,
-and the user's buffers are untouched when it is raised.
+and its (count, dtype, op, algorithm, array kind, placement) go to rank 0, which answers
+every rank (`agreement`), before any data moves, so a mistake on one rank becomes an
+exception on every rank instead of a hang, and the user's buffers are untouched when it
+is raised.
 """
 
 from __future__ import annotations
