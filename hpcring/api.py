@@ -312,12 +312,14 @@ def allreduce(
 ) -> Any:
     """Reduce ``x`` over all ranks of ``comm`` and return the result on every rank.
 
-    In place unless ``out`` is given (then ``x`` is left as it was). ``op`` is one of
-    sum, mean, max, min, prod; ``algorithm`` one of `hpcring.ALGORITHMS`. With ``check``
-    (the default) the ranks first agree on count, dtype, op, algorithm and placement, so a
-    mismatch or a bad argument on any rank raises on every rank before any data moves, and a
-    rank that does not arrive within ``timeout`` seconds (default `HPCRING_TIMEOUT`, 300; 0
-    waits forever) makes the others raise `hpcring.StallError` naming it.
+    In place unless ``out`` is given (then ``x`` is left as it was). ``x``: a C-contiguous
+    NumPy or CuPy array of float16/32/64, int32/64, complex64/128, or (NumPy only) ml_dtypes'
+    bfloat16. ``op`` is one of sum, mean, max, min, prod; ``algorithm`` one of
+    `hpcring.ALGORITHMS`. With ``check`` (the default) the ranks first agree on count,
+    dtype, op, algorithm and placement, so a mismatch or a bad argument on any rank raises
+    on every rank before any data moves, and a rank that does not arrive within ``timeout``
+    seconds (default `HPCRING_TIMEOUT`, 300; 0 waits forever) makes the others raise
+    `hpcring.StallError` naming it.
     """
     comm = intracomm(comm, "allreduce")
     problem: Exception | None = None

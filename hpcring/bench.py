@@ -39,7 +39,7 @@ from .algorithms import auto
 from .api import allreduce, channel_for
 from .backend import backend_for, copyto_bandwidth, gpu_problem_anywhere, select_device
 from .errors import abort_on_error
-from .ops import DTYPES, OPS, check_op
+from .ops import BFLOAT16, DTYPES, OPS, check_op
 
 # nccl-tests names for dtypes and ops, accepted beside NumPy's and hpcring's own.
 DTYPE_ALIASES = {
@@ -47,6 +47,7 @@ DTYPE_ALIASES = {
     "float": "float32",
     "double": "float64",
     "int": "int32",
+    "bf16": "bfloat16",
 }
 OP_ALIASES = {"avg": "mean"}
 USAGE_EXIT = 2
@@ -121,16 +122,20 @@ def sweep(minbytes: int, maxbytes: int, stepfactor: float, itemsize: int) -> lis
 # Verifiable data: small integers from (rank, index), periodic in the index.
 
 PERIOD = 60  # lcm of the residues used below, so a table of PERIOD values describes every index
+BFLOAT16_RANKS = 128  # ranks whose +-2 a bfloat16 sum can take in any order and stay exact
 
 
 def _value(op: str, dtype: np.dtype, rank: int, index: int) -> complex:
     """Rank ``rank``'s input at ``index``: integers small enough that any summation order is exact.
 
     Sums stay within +-2G (exact in float16 up to G = 1024), products are +-1 or +-2.
+    bfloat16 holds integers exactly only to 256: ranks from BFLOAT16_RANKS on give zeros.
     """
     if op == "prod":
         value = -1 if (rank + index) % 3 == 0 else 1
         return value * (2 if rank == 0 and index % 4 == 1 else 1)
+    if dtype == BFLOAT16 and rank >= BFLOAT16_RANKS:
+        return 0
     value = (rank + index) % 5 - 2
     if dtype.kind == "c":
         return complex(value, (2 * rank + index) % 3 - 1)
@@ -846,6 +851,8 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
 
     # From here on every rank runs the same collectives in the same order.
     dev = _device(args.device, comm)
+    if not isinstance(dev, str) and dev.name == "gpu" and args.dtype == BFLOAT16:
+        dev = "bfloat16 is ml_dtypes' NumPy dtype, CuPy has none: run it with --device cpu"
     if isinstance(dev, str):
         if rank == 0:
             sys.stderr.write(f"{build_parser().prog}: error: {dev}\n")

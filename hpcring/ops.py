@@ -2,6 +2,9 @@
 
 `mean` is `sum` followed by a division by the number of ranks, done by the caller,
 so every algorithm only ever sees sum, max, min or prod.
+
+bfloat16 is ml_dtypes' (the type JAX and TensorFlow hand to NumPy), on NumPy arrays:
+NumPy has no such dtype, and ml_dtypes gives it NumPy's add, maximum, minimum and multiply.
 """
 
 from __future__ import annotations
@@ -9,13 +12,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from .trace import reduction
 
-DTYPES: tuple[np.dtype, ...] = tuple(
-    np.dtype(name) for name in ("float16", "float32", "float64", "int32", "int64", "complex64", "complex128")
-)
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+_NUMPY_NAMES = ("float16", "float32", "float64", "int32", "int64", "complex64", "complex128")
+DTYPES: tuple[np.dtype, ...] = (*(np.dtype(name) for name in _NUMPY_NAMES), BFLOAT16)
+
+
+def kind(dtype: np.dtype) -> str:
+    """NumPy's kind letter (f float, i int, c complex), with bfloat16 a float: NumPy calls
+    every dtype it does not know "V", void."""
+    return "f" if dtype == BFLOAT16 else dtype.kind
 
 
 @dataclass(frozen=True)
@@ -57,5 +67,5 @@ OPS: dict[str, Op] = {
 
 def check_op(op: Op, dtype: np.dtype) -> None:
     """TypeError when ``op`` does not apply to ``dtype``."""
-    if dtype.kind not in op.kinds:
+    if kind(dtype) not in op.kinds:
         raise TypeError(f"hpcring.allreduce: op={op.name!r} does not apply to dtype {dtype.name}")

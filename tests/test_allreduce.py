@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import hpcring
 from hpcring.backend import available_backends
-from hpcring.ops import DTYPES, OPS
+from hpcring.ops import BFLOAT16, DTYPES, OPS, kind
 
 pytestmark = pytest.mark.mpi
 
@@ -102,7 +102,7 @@ def mpi_allreduce(comm: MPI.Intracomm, x: np.ndarray, op: str) -> np.ndarray | N
     out = np.empty_like(x)
     try:
         comm.Allreduce(x, out, OPS[op].mpi_op())
-    except (KeyError, ValueError, MPI.Exception):
+    except (KeyError, ValueError, BufferError, MPI.Exception):  # bfloat16: no MPI type
         return None
     if op == "mean":
         np.true_divide(out, comm.size, out=out)
@@ -130,7 +130,7 @@ def check_sizes(comm: MPI.Intracomm, algorithm: str, dtype: np.dtype, op: str) -
 
 
 def applies(op: str, dtype: np.dtype) -> bool:
-    return dtype.kind in OPS[op].kinds
+    return kind(dtype) in OPS[op].kinds
 
 
 # The innermost (top) parameters vary fastest: consecutive tests share (dtype, op), so the
@@ -144,8 +144,14 @@ def test_matrix(algorithm: str, dtype: np.dtype, op: str, comm_name: str, backen
     comm = comms[comm_name]
     if not applies(op, dtype):
         pytest.skip(f"{op} does not apply to {dtype}; test_op_dtype_refused covers it")
-    if algorithm == "mpi" and mpi_allreduce(comm, make_input(comm.rank, 1, dtype, op), op) is None:
-        pytest.skip(f"this MPI library cannot reduce {dtype}")
+    if backend == "cupy" and dtype == BFLOAT16:
+        pytest.skip("CuPy has no bfloat16 (ml_dtypes' is a NumPy dtype)")
+    if (
+        algorithm == "mpi"
+        and dtype != BFLOAT16
+        and mpi_allreduce(comm, make_input(comm.rank, 1, dtype, op), op) is None
+    ):
+        pytest.skip(f"this MPI library cannot reduce {dtype}")  # hpcring's mpi carries bfloat16 itself
     for n in sizes(comm.size):
         want = expected(comm.size, n, dtype, op)
         host = make_input(comm.rank, n, dtype, op).reshape(_shape(n))
