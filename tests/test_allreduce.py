@@ -203,12 +203,12 @@ def test_float_results_bitwise_identical(algorithm: str) -> None:
     """Inexact float sums (random data) must still give the same bits on every rank."""
     comm = MPI.COMM_WORLD
     rng = np.random.default_rng(comm.rank)
-    for dtype in (np.float16, np.float32, np.float64):
+    for dtype in (np.float16, np.float32, np.float64, BFLOAT16):
         x = rng.standard_normal(10_007).astype(dtype)
-        reference = np.empty_like(x)
-        comm.Allreduce(x, reference, MPI.SUM)
+        reference = np.empty(x.shape, dtype=np.float64)  # MPI's sum of the same values, wider
+        comm.Allreduce(x.astype(np.float64), reference, MPI.SUM)
         hpcring.allreduce(x, algorithm=algorithm)
         assert everywhere(comm, identical_everywhere(comm, x))
-        tolerance = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12}[dtype]
+        tolerance = {np.float16: 1e-2, np.float32: 1e-5, np.float64: 1e-12, BFLOAT16: 4e-2}[dtype]
         close = np.allclose(x.astype(np.float64), reference, rtol=tolerance, atol=tolerance * comm.size)
         assert everywhere(comm, close)
