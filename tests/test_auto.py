@@ -22,6 +22,18 @@ def write(path, tables, fmt=auto.FORMAT) -> None:
     path.write_text(json.dumps({"format": fmt, "tables": tables}))
 
 
+def shared_tuning(tmp_path_factory, monkeypatch, tables) -> Path:
+    """Collective: rank 0 writes ``tables`` to a tuning file every rank can see, and every rank's
+    HPCRING_TUNING names it."""
+    comm = MPI.COMM_WORLD
+    path = Path(comm.bcast(str(tmp_path_factory.mktemp("tune")) if comm.rank == 0 else None)) / "tuning.json"
+    if comm.rank == 0:
+        write(path, tables)
+    comm.Barrier()
+    monkeypatch.setenv("HPCRING_TUNING", str(path))
+    return path
+
+
 def test_choose() -> None:
     table = ((100, "mpi"), (1000, "rabenseifner"), (None, "ring"))
     assert [auto.choose(n, table) for n in (0, 100, 101, 1000, 1001, 10**12)] == [
@@ -95,13 +107,9 @@ def test_only_rank_0_reads_the_tuning_file(tmp_path_factory, monkeypatch) -> Non
     """The other ranks take rank 0's table: what they would find themselves (here a path that
     raises on the last rank, which left rank 0 alone in the broadcast) does not matter."""
     comm = MPI.COMM_WORLD
-    folder = comm.bcast(str(tmp_path_factory.mktemp("tune")) if comm.rank == 0 else None)
-    path = f"{folder}/tuning.json"
-    if comm.rank == 0:
-        write(Path(path), {str(comm.size): [[None, "rabenseifner"]]})
-    comm.Barrier()
-    mine = path if comm.rank < comm.size - 1 or comm.size == 1 else f"{folder}/{'x' * 300}"
-    monkeypatch.setenv("HPCRING_TUNING", mine)
+    path = shared_tuning(tmp_path_factory, monkeypatch, {str(comm.size): [[None, "rabenseifner"]]})
+    if comm.rank == comm.size - 1 and comm.size > 1:
+        monkeypatch.setenv("HPCRING_TUNING", str(path.parent / ("x" * 300)))
     private = comm.Dup()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # and no rank warns about a file it did not read
@@ -123,14 +131,8 @@ def test_in_place_calls_have_their_own_table_else_the_out_of_place_one(tmp_path)
 @pytest.mark.mpi
 def test_auto_follows_the_in_place_table_in_place(tmp_path_factory, monkeypatch) -> None:
     comm = MPI.COMM_WORLD
-    folder = comm.bcast(str(tmp_path_factory.mktemp("tune")) if comm.rank == 0 else None)
-    path = f"{folder}/tuning.json"
     tables = {str(comm.size): [[None, "ring"]], f"{comm.size}-in-place": [[None, "rabenseifner"]]}
-    if comm.rank == 0:
-        with open(path, "w") as stream:
-            json.dump({"format": auto.FORMAT, "tables": tables}, stream)
-    comm.Barrier()
-    monkeypatch.setenv("HPCRING_TUNING", path)
+    shared_tuning(tmp_path_factory, monkeypatch, tables)
     private = comm.Dup()
     x = np.full(1000, comm.rank + 1, dtype=np.float64)
     out = hpcring.allreduce(x, algorithm="auto", comm=private, out=np.empty_like(x))
@@ -150,14 +152,8 @@ def test_auto_follows_the_in_place_table_in_place(tmp_path_factory, monkeypatch)
 def test_auto_follows_the_tuning_file(tmp_path_factory, monkeypatch) -> None:
     """Every size band runs the algorithm the file names, with correct, identical results."""
     comm = MPI.COMM_WORLD
-    folder = comm.bcast(str(tmp_path_factory.mktemp("tune")) if comm.rank == 0 else None)
-    path = f"{folder}/tuning.json"
     table = [[64, "naive"], [512, "ps"], [4096, "rabenseifner"], [32768, "mpi"], [None, "ring"]]
-    if comm.rank == 0:
-        with open(path, "w") as stream:
-            json.dump({"format": auto.FORMAT, "tables": {str(comm.size): table}}, stream)
-    comm.Barrier()
-    monkeypatch.setenv("HPCRING_TUNING", path)
+    shared_tuning(tmp_path_factory, monkeypatch, {str(comm.size): table})
     private = comm.Dup()  # a fresh channel reads the file
     ok = True
     for count, want in ((8, "naive"), (64, "ps"), (1000, "mpi"), (100_000, "ring"), (500, "rabenseifner")):
@@ -177,13 +173,7 @@ def test_a_size_auto_has_chosen_runs_and_is_priced_as_its_choice(tmp_path_factor
     comm = MPI.COMM_WORLD
     if comm.size == 1:
         pytest.skip("one rank never runs an algorithm")
-    folder = comm.bcast(str(tmp_path_factory.mktemp("tune")) if comm.rank == 0 else None)
-    path = f"{folder}/tuning.json"
-    if comm.rank == 0:
-        with open(path, "w") as stream:
-            json.dump({"format": auto.FORMAT, "tables": {str(comm.size): [[None, "mpi"]]}}, stream)
-    comm.Barrier()
-    monkeypatch.setenv("HPCRING_TUNING", path)
+    shared_tuning(tmp_path_factory, monkeypatch, {str(comm.size): [[None, "mpi"]]})
     monkeypatch.delenv("HPCRING_MEMORY_LIMIT", raising=False)
     private = comm.Dup()
     x = np.full(100_000, comm.rank + 1, dtype=np.float64)  # the default table runs the ring here
