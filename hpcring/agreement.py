@@ -2,9 +2,9 @@
 
 Each rank sends one small row (call number, count, dtype, op, algorithm, array kind,
 placement, local verdict) to rank 0 with a non-blocking send; rank 0 receives them, knows
-exactly who arrived, and broadcasts a one-word verdict. So a mismatch or a bad argument on any rank becomes
-an exception on every rank, and a rank that never arrives becomes a `StallError` on the
-others, naming it, after ``timeout`` seconds instead of a hang.
+exactly who arrived, and broadcasts a one-word verdict. So a mismatch or a bad argument on
+any rank becomes an exception on every rank, and a rank that never arrives becomes a
+`StallError` on the others, naming it, after ``timeout`` seconds instead of a hang.
 
 Cost when nothing is wrong: G-1 tiny messages into rank 0 and one small broadcast,
 about the latency of one small Allgather (docs/reliability.md has the figures).
