@@ -13,22 +13,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import everywhere, identical_everywhere
+from helpers import BACKENDS, everywhere, identical_everywhere
 from mpi4py import MPI
 
 import hpcring
-from hpcring.backend import available_backends
 from hpcring.ops import BFLOAT16, DTYPES, OPS, kind
 
 pytestmark = pytest.mark.mpi
-
-HAVE_GPU = "cupy" in available_backends()
-BACKENDS = [
-    "numpy",
-    pytest.param(
-        "cupy", marks=[pytest.mark.gpu, pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and a GPU")]
-    ),
-]
 
 
 @pytest.fixture(scope="module")

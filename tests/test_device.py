@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import everywhere, launcher_env, mpiexec
+from helpers import everywhere, launcher_env, mpiexec, needs_gpu
 from mpi4py import MPI
 
 import hpcring
@@ -69,7 +69,7 @@ def test_select_device_without_gpu_is_none(monkeypatch: pytest.MonkeyPatch) -> N
 
 @pytest.mark.mpi
 @pytest.mark.gpu
-@pytest.mark.skipif("cupy" not in available_backends(), reason="needs CuPy and a GPU")
+@needs_gpu
 def test_select_device_with_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     import cupy
 

@@ -13,17 +13,14 @@ import sys
 
 import numpy as np
 import pytest
-from helpers import everywhere, identical_everywhere, raises_everywhere
+from helpers import everywhere, identical_everywhere, needs_gpu, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
 from hpcring.algorithms import nccl, ring
-from hpcring.backend import Backend, available_backends, verify_cuda_aware
+from hpcring.backend import Backend, verify_cuda_aware
 from hpcring.channel import Channel
 from hpcring.ops import OPS
-
-HAVE_GPU = "cupy" in available_backends()
-needs_gpu = pytest.mark.skipif(not HAVE_GPU, reason="needs CuPy and a GPU")
 
 
 def play(size: int, count: int, pieces: int, in_place: bool) -> list[np.ndarray]:

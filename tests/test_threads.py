@@ -10,31 +10,18 @@ from contextlib import nullcontext
 
 import numpy as np
 import pytest
-from helpers import everywhere
+from helpers import BACKENDS, everywhere
 from mpi4py import MPI
 
 import hpcring
 from hpcring.api import _state
-from hpcring.backend import available_backends
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
 
 
 @pytest.mark.skipif(MPI.Query_thread() < MPI.THREAD_MULTIPLE, reason="needs MPI_THREAD_MULTIPLE")
-@pytest.mark.parametrize(
-    "array",
-    [
-        "numpy",
-        pytest.param(
-            "cupy",
-            marks=[
-                pytest.mark.gpu,
-                pytest.mark.skipif("cupy" not in available_backends(), reason="needs CuPy and a GPU"),
-            ],
-        ),
-    ],
-)
+@pytest.mark.parametrize("array", BACKENDS)
 def test_two_threads_two_communicators(array: str) -> None:
     """Each thread its own communicator, at once; on CuPy with host staging, each thread its
     own pinned buffers too (shared ones mixed the two threads' data)."""

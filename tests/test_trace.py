@@ -18,12 +18,12 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import everywhere
+from helpers import everywhere, needs_gpu
 from mpi4py import MPI
 
 import hpcring
 from hpcring import viz
-from hpcring.backend import available_backends, backend_for
+from hpcring.backend import backend_for
 from hpcring.partition import segment_bounds
 
 TRACE = sys.modules["hpcring.trace"]  # the module; hpcring.trace is its context manager
@@ -200,7 +200,7 @@ def test_merge_joins_rank_files(tmp_path: Path) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.gpu
-@pytest.mark.skipif("cupy" not in available_backends(), reason="needs CuPy and a GPU")
+@needs_gpu
 def test_staging_copies_are_traced(shared_dir: Path) -> None:
     """Without CUDA-aware MPI every device buffer crosses to the host and back: both are events."""
     import cupy
