@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import functools
 import os
-import threading
-from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,132 +20,9 @@ from . import algorithms
 from .agreement import agree
 from .backend import Backend, backend_for
 from .channel import Channel
+from .comm import Exclusive, intracomm, state_of
 from .ops import DTYPES, OPS, Op, check_op
 from .trace import call_begin, call_end, local_copy
-
-_lock = threading.Lock()
-
-
-def _release(comm: MPI.Comm, keyval: int, state: dict[str, Any]) -> None:
-    """Attribute delete callback: the user freed their communicator, so free what we made for it."""
-    for close in reversed(state.pop("closers", [])):
-        close()
-    dup = state.pop("comm", None)
-    if dup is not None and not MPI.Is_finalized():
-        dup.Free()
-
-
-_keyval: int | None = None  # created on first use: importing hpcring must not need MPI initialized
-
-
-def _state(comm: MPI.Intracomm) -> dict[str, Any]:
-    """hpcring's per-communicator state, cached as an MPI attribute of the user's communicator.
-
-    The first call on a communicator (collective) duplicates it. Being an attribute, the
-    duplicate is released when the user frees that communicator, and never leaks one per call.
-    """
-    global _keyval
-    with _lock:
-        if _keyval is None:
-            _keyval = MPI.Comm.Create_keyval(delete_fn=_release)
-        state = comm.Get_attr(_keyval)
-        if state is not None:
-            return state
-        creating = _creating.setdefault(MPI._handleof(comm), threading.Lock())
-    # The Dup is collective: hold only this communicator's lock across it. A process-wide lock
-    # here deadlocks two threads that set up two communicators, when ranks take them in
-    # opposite orders (each rank's Dup waits for a rank whose other thread holds the lock).
-    with creating:
-        state = comm.Get_attr(_keyval)
-        if state is None:
-            state = {"comm": comm.Dup(), "busy": threading.Lock(), "lock": creating, "closers": []}
-            with _lock:
-                comm.Set_attr(_keyval, state)
-                _creating.pop(MPI._handleof(comm), None)
-        return state
-
-
-_creating: dict[int, threading.Lock] = {}  # communicator handle -> lock held while it is duplicated
-
-
-def attached(comm: MPI.Intracomm, key: str, build: Callable[[], Any]) -> Any:
-    """The object ``build()`` made for ``comm`` under ``key``, made once and cached with its state.
-
-    ``build`` may be collective (every rank reaches the first call in the same order): it runs
-    under this communicator's own lock only, as the Dup in `_state` does. An object with a
-    ``close()`` is closed, in reverse order of making, when the user frees the communicator.
-    """
-    state = _state(comm)
-    with state["lock"]:
-        made = state.get(key)
-        if made is None:
-            made = state[key] = build()
-            if hasattr(made, "close"):
-                state["closers"].append(made.close)
-        return made
-
-
-def channel_for(comm: MPI.Intracomm, backend: Backend) -> Channel:
-    """The cached Channel of ``comm`` for ``backend`` (on its current device)."""
-    return _channel(_state(comm), backend)
-
-
-def _channel(state: dict[str, Any], backend: Backend) -> Channel:
-    # One per device: scratch, plans and NCCL's communicator live on the GPU they were made on,
-    # and a rank may switch GPUs between calls (`with cupy.cuda.Device(i):`).
-    device = backend.current_device()
-    key = backend.name if device is None else f"{backend.name}:{device}"
-    channel = state.get(key)  # a dict read is atomic: no lock once it is made
-    if channel is None:
-        with _lock:
-            channel = state.get(key)
-            if channel is None:
-                channel = state[key] = Channel(state["comm"], backend)
-    return channel
-
-
-_thread_level: int | None = None  # MPI's thread level, fixed once MPI is initialized
-
-
-class _Exclusive:
-    """One all-reduce at a time per communicator, and none from threads MPI was not set up for.
-
-    Two threads interleaving collectives on one communicator would match each other's
-    messages: refuse the second one instead of corrupting both. (A class, not a
-    generator-based context manager: this runs on every call, where microseconds count.)
-    """
-
-    __slots__ = ("busy", "serial")
-
-    def __init__(self, state: dict[str, Any]) -> None:
-        global _thread_level
-        level = _thread_level
-        if level is None:
-            level = _thread_level = MPI.Query_thread()
-        if level < MPI.THREAD_SERIALIZED and threading.current_thread() is not threading.main_thread():
-            raise RuntimeError(
-                "hpcring.allreduce: called from a second thread, but MPI was initialized without thread "
-                "support; initialize MPI with MPI_THREAD_MULTIPLE (mpi4py's default) to use threads"
-            )
-        self.busy = state["busy"]
-        self.serial = _serialized if level == MPI.THREAD_SERIALIZED else None
-
-    def __enter__(self) -> None:
-        if not self.busy.acquire(blocking=False):
-            raise RuntimeError(
-                "hpcring.allreduce: another thread is running an all-reduce on this communicator; "
-                "give each thread its own communicator (comm.Dup())"
-            )
-        if self.serial is not None:
-            self.serial.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.serial is not None:
-            self.serial.release()
-        self.busy.release()
-
-
-_serialized = threading.Lock()  # under MPI_THREAD_SERIALIZED, one MPI call at a time in all
 
 
 def _validate(x: Any, out: Any, op: str, algorithm: str) -> tuple[Backend, Op, bool]:
@@ -280,14 +155,6 @@ def _check_memory(channel: Channel, algorithm: str, count: int, itemsize: int) -
     )
 
 
-def intracomm(comm: MPI.Intracomm | None, caller: str) -> MPI.Intracomm:
-    """``comm``, or COMM_WORLD for None; TypeError (naming ``caller``) for anything else."""
-    comm = MPI.COMM_WORLD if comm is None else comm
-    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        raise TypeError(f"hpcring.{caller}: comm must be an mpi4py intracommunicator, got {comm!r}")
-    return comm
-
-
 def default_timeout() -> float:
     """Seconds to wait for every rank to arrive: HPCRING_TIMEOUT, else 300; 0 waits forever."""
     raw = os.environ.get("HPCRING_TIMEOUT", "300")
@@ -330,8 +197,8 @@ def allreduce(
         if not check:
             raise
         problem, backend = error, backend_for(np.empty(0))
-    state = _state(comm)
-    channel = _channel(state, backend)
+    state = state_of(comm)
+    channel = state.channel(backend)
     run = algorithm  # what will run: `auto` resolves to its choice once it has made it for this size
     if problem is None:
         try:
@@ -341,9 +208,9 @@ def allreduce(
             if not check:
                 raise
             problem = error
-    with _Exclusive(state):
+    with Exclusive(state):
         if check and channel.size > 1:
-            state["calls"] = call = state.get("calls", 0) + 1
+            state.calls = call = state.calls + 1
             agree(
                 channel.comm,
                 _signature(call, x, op, algorithm, in_place),

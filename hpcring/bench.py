@@ -36,8 +36,9 @@ from mpi4py import MPI
 
 from . import ALGORITHMS, __version__, algorithms, info, model, topology
 from .algorithms import auto
-from .api import allreduce, channel_for
+from .api import allreduce
 from .backend import backend_for, copyto_bandwidth, gpu_problem_anywhere, select_device
+from .comm import channel_for
 from .errors import abort_on_error
 from .ops import BFLOAT16, DTYPES, OPS, check_op
 

@@ -32,6 +32,7 @@ from mpi4py import MPI
 
 from . import api
 from .backend import backend_for
+from .comm import attached, intracomm, state_of
 
 
 class Request:
@@ -92,7 +93,7 @@ class Engine:
 
     def __init__(self, comm: MPI.Intracomm) -> None:
         self.comm = comm.Dup()
-        api._state(self.comm)  # allreduce's own duplicate, made here: the worker runs no Dup
+        state_of(self.comm)  # allreduce's own duplicate, made here: the worker runs no Dup
         self.threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -126,11 +127,11 @@ class Engine:
 def engine_for(comm: MPI.Intracomm | None) -> Engine:
     """The engine of ``comm`` (COMM_WORLD if None); collective the first time on a communicator.
 
-    Cached with hpcring's other per-communicator state (`api.attached`), and closed when
+    Cached with hpcring's other per-communicator state (`hpcring.comm.attached`), and closed when
     the user frees the communicator.
     """
-    comm = api.intracomm(comm, "iallreduce")
-    return api.attached(comm, "engine", lambda: Engine(comm))
+    comm = intracomm(comm, "iallreduce")
+    return attached(comm, "engine", lambda: Engine(comm))
 
 
 def _handoff(x: Any) -> Callable[[], AbstractContextManager[None]]:

@@ -24,6 +24,7 @@ from typing import Any
 from mpi4py import MPI
 
 from .channel import Channel
+from .comm import channel_key
 
 
 @dataclass
@@ -39,15 +40,11 @@ class Topology:
     local: MPI.Intracomm | None = None  # the ranks of this node (None when unused)
     cross: MPI.Intracomm | None = None  # same local rank on every node (two-level case only)
     ring: tuple[int, ...] | None = None  # ``order`` where it differs from rank order, else None
-    _channels: dict[str, tuple[Channel, Channel]] = field(default_factory=dict, repr=False)
+    _channels: dict[Any, tuple[Channel, Channel]] = field(default_factory=dict, repr=False)
 
     @property
     def nodes(self) -> int:
         return len(self.per_node)
-
-    @property
-    def local_size(self) -> int:
-        return self.per_node[self.node]
 
     @property
     def uniform(self) -> bool:
@@ -67,12 +64,14 @@ class Topology:
         return f"{self.nodes} nodes, ranks per node {min(self.per_node)}-{max(self.per_node)}"
 
     def channels(self, channel: Channel) -> tuple[Channel, Channel]:
-        """Channels on the node-local and cross-node communicators, for ``channel``'s backend."""
-        made = self._channels.get(channel.backend.name)
+        """Channels on the node-local and cross-node communicators, for ``channel``'s backend and
+        device (scratch made on one GPU is not used on another, as for the main channel)."""
+        key = channel_key(channel.backend)
+        made = self._channels.get(key)
         if made is None:
             if self.local is None or self.cross is None:
                 raise RuntimeError("hpcring.topology: no sub-communicators (not a two-level topology)")
-            made = self._channels[channel.backend.name] = (
+            made = self._channels[key] = (
                 Channel(self.local, channel.backend),
                 Channel(self.cross, channel.backend),
             )

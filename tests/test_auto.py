@@ -14,8 +14,8 @@ from mpi4py import MPI
 import hpcring
 from hpcring import algorithms
 from hpcring.algorithms import auto
-from hpcring.api import channel_for
 from hpcring.backend import backend_for
+from hpcring.comm import channel_for
 
 
 def write(path, tables, fmt=auto.FORMAT) -> None:

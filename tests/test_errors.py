@@ -8,8 +8,8 @@ from helpers import everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
-from hpcring.api import channel_for
 from hpcring.backend import backend_for
+from hpcring.comm import channel_for
 
 pytestmark = pytest.mark.mpi
 

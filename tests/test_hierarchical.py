@@ -21,8 +21,8 @@ from test_allreduce import check_sizes
 import hpcring
 from hpcring import topology
 from hpcring.algorithms import bytes_sent, ring
-from hpcring.api import channel_for
 from hpcring.backend import backend_for
+from hpcring.comm import channel_for
 from hpcring.ops import DTYPES, OPS, kind
 
 pytestmark = pytest.mark.mpi

@@ -16,7 +16,7 @@ import numpy as np
 from mpi4py import MPI
 import hpcring
 from hpcring.algorithms import bytes_sent
-from hpcring.api import channel_for
+from hpcring.comm import channel_for
 from hpcring.backend import backend_for
 
 world = MPI.COMM_WORLD

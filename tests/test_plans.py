@@ -12,9 +12,9 @@ from helpers import everywhere
 from mpi4py import MPI
 
 import hpcring
-from hpcring.api import channel_for
 from hpcring.backend import backend_for
 from hpcring.channel import Channel
+from hpcring.comm import channel_for
 
 WORLD = MPI.COMM_WORLD
 

@@ -257,8 +257,8 @@ def test_nccl_runs_on_its_own_gpu() -> None:
     """One rank per GPU: NCCL bootstraps over MPI and reduces (on COMM_SELF where GPUs are shared)."""
     import cupy
 
-    from hpcring.api import channel_for
     from hpcring.backend import backend_for
+    from hpcring.comm import channel_for
     from hpcring.ops import OPS
 
     hpcring.select_device()

@@ -14,7 +14,7 @@ from helpers import BACKENDS, everywhere
 from mpi4py import MPI
 
 import hpcring
-from hpcring.api import _state
+from hpcring.comm import state_of
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
@@ -57,7 +57,7 @@ def test_second_thread_on_busy_communicator_is_refused() -> None:
         pytest.skip("a single rank never waits")
     comm = WORLD.Dup()
     hpcring.allreduce(np.ones(1), comm=comm)  # the private duplicate exists: no Dup in the way
-    busy = _state(comm)["busy"]
+    busy = state_of(comm).busy
     x = np.full(100, float(WORLD.rank))
     refused: list[str] = []
 

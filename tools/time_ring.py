@@ -19,9 +19,9 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcring.algorithms import REGISTRY
-from hpcring.api import channel_for
 from hpcring.backend import backend_for
 from hpcring.channel import Channel
+from hpcring.comm import channel_for
 from hpcring.ops import OPS, Op
 from hpcring.partition import segment_bounds
 

@@ -20,8 +20,8 @@ from test_allreduce import check_sizes
 import hpcring
 from hpcring import topology
 from hpcring.algorithms import bytes_sent
-from hpcring.api import channel_for
 from hpcring.backend import backend_for
+from hpcring.comm import channel_for
 
 HOSTS = int(os.environ.get("HPCRING_CLUSTER_HOSTS", "0"))
 PER_HOST = int(os.environ.get("HPCRING_CLUSTER_PER_HOST", "0"))

@@ -1,0 +1,169 @@
+"""hpcring's state for one user communicator: its private duplicate and what hangs off it.
+
+The first call on a communicator (collective) duplicates it, so hpcring's messages never
+meet the user's. The state is an MPI attribute of the user's communicator: it lives as
+long as that communicator, and the attribute's delete callback frees the duplicate and
+everything made for it (channels, the iallreduce engine, a library's own communicator)
+when the user frees it, so nothing leaks one per call.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from mpi4py import MPI
+
+from .channel import Channel
+
+_lock = threading.Lock()  # guards the keyval, the table of communicators being set up, channel creation
+_keyval: int | None = None  # created on first use: importing hpcring must not need MPI initialized
+_creating: dict[int, threading.Lock] = {}  # communicator handle -> lock held while it is duplicated
+
+
+@dataclass(eq=False)
+class CommState:
+    """What hpcring keeps for one user communicator."""
+
+    comm: MPI.Intracomm  # the private duplicate every hpcring message travels on
+    lock: threading.Lock  # held while something is made for this communicator (possibly collectively)
+    busy: threading.Lock = field(default_factory=threading.Lock)  # one all-reduce at a time
+    channels: dict[Any, Channel] = field(default_factory=dict)  # per array backend and device
+    made: dict[str, Any] = field(default_factory=dict)  # `attached` objects, by key
+    closers: list[Callable[[], None]] = field(default_factory=list)
+    calls: int = 0  # checked calls so far: the agreement names the call a rank stopped at
+
+    def channel(self, backend: Any) -> Channel:
+        """The Channel for ``backend``'s arrays on its current device, made on first use (local)."""
+        key = channel_key(backend)
+        channel = self.channels.get(key)  # a dict read is atomic: no lock once it is made
+        if channel is None:
+            with _lock:
+                channel = self.channels.get(key)
+                if channel is None:
+                    channel = self.channels[key] = Channel(self.comm, backend)
+        return channel
+
+    def close(self) -> None:
+        """Close what was made for this communicator, newest first, then free the duplicate."""
+        for close in reversed(self.closers):
+            close()
+        self.closers.clear()
+        self.channels.clear()
+        if not MPI.Is_finalized():
+            self.comm.Free()
+
+
+def channel_key(backend: Any) -> Any:
+    """What tells channels apart: the backend, and the device for one that has several.
+
+    Scratch, plans and NCCL's communicator live on the GPU they were made on, and a rank may
+    switch GPUs between calls (``with cupy.cuda.Device(i):``).
+    """
+    device = backend.current_device()
+    return backend.name if device is None else (backend.name, device)
+
+
+def _release(comm: MPI.Comm, keyval: int, state: CommState) -> None:
+    """Attribute delete callback: the user freed their communicator, so free what we made for it."""
+    state.close()
+
+
+def state_of(comm: MPI.Intracomm) -> CommState:
+    """hpcring's state for ``comm``; the first call on a communicator (collective) duplicates it."""
+    global _keyval
+    with _lock:
+        if _keyval is None:
+            _keyval = MPI.Comm.Create_keyval(delete_fn=_release)
+        state = comm.Get_attr(_keyval)
+        if state is not None:
+            return state
+        creating = _creating.setdefault(MPI._handleof(comm), threading.Lock())
+    # The Dup is collective: hold only this communicator's lock across it. A process-wide lock
+    # here deadlocks two threads that set up two communicators, when ranks take them in
+    # opposite orders (each rank's Dup waits for a rank whose other thread holds the lock).
+    with creating:
+        state = comm.Get_attr(_keyval)
+        if state is None:
+            state = CommState(comm=comm.Dup(), lock=creating)
+            with _lock:
+                comm.Set_attr(_keyval, state)
+                _creating.pop(MPI._handleof(comm), None)
+        return state
+
+
+def channel_for(comm: MPI.Intracomm, backend: Any) -> Channel:
+    """The cached Channel of ``comm`` for ``backend`` (on its current device)."""
+    return state_of(comm).channel(backend)
+
+
+def attached(comm: MPI.Intracomm, key: str, build: Callable[[], Any]) -> Any:
+    """The object ``build()`` made for ``comm`` under ``key``, made once and cached with its state.
+
+    ``build`` may be collective (every rank reaches the first call in the same order): it runs
+    under this communicator's own lock only, as the Dup in `state_of` does. An object with a
+    ``close()`` is closed, in reverse order of making, when the user frees the communicator.
+    """
+    state = state_of(comm)
+    with state.lock:
+        made = state.made.get(key)
+        if made is None:
+            made = state.made[key] = build()
+            if hasattr(made, "close"):
+                state.closers.append(made.close)
+        return made
+
+
+def intracomm(comm: MPI.Intracomm | None, caller: str) -> MPI.Intracomm:
+    """``comm``, or COMM_WORLD for None; TypeError (naming ``caller``) for anything else."""
+    comm = MPI.COMM_WORLD if comm is None else comm
+    if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
+        raise TypeError(f"hpcring.{caller}: comm must be an mpi4py intracommunicator, got {comm!r}")
+    return comm
+
+
+_thread_level: int | None = None  # MPI's thread level, fixed once MPI is initialized
+_serialized = threading.Lock()  # under MPI_THREAD_SERIALIZED, one MPI call at a time in all
+
+
+class Exclusive:
+    """One all-reduce at a time per communicator, and none from threads MPI was not set up for.
+
+    Two threads interleaving collectives on one communicator would match each other's
+    messages: refuse the second one instead of corrupting both. (A class, not a
+    generator-based context manager: this runs on every call, where microseconds count.)
+    """
+
+    __slots__ = ("busy", "serial")
+
+    def __init__(self, state: CommState) -> None:
+        global _thread_level
+        level = _thread_level
+        if level is None:
+            level = _thread_level = MPI.Query_thread()
+        if level < MPI.THREAD_SERIALIZED and threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(
+                "hpcring.allreduce: called from a second thread, but MPI was initialized without thread "
+                "support; initialize MPI with MPI_THREAD_MULTIPLE (mpi4py's default) to use threads"
+            )
+        self.busy = state.busy
+        self.serial = _serialized if level == MPI.THREAD_SERIALIZED else None
+
+    def __enter__(self) -> None:
+        if not self.busy.acquire(blocking=False):
+            raise RuntimeError(
+                "hpcring.allreduce: another thread is running an all-reduce on this communicator; "
+                "give each thread its own communicator (comm.Dup())"
+            )
+        if self.serial is not None:
+            self.serial.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        if self.serial is not None:
+            self.serial.release()
+        self.busy.release()
+
+
+__all__ = ["CommState", "Exclusive", "attached", "channel_for", "channel_key", "intracomm", "state_of"]
