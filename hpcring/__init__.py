@@ -40,10 +40,10 @@ def __getattr__(name: str) -> Any:
 
         return GradientSync
     if name == "ALGORITHMS":
-        from .algorithms import REGISTRY
+        from .algorithms import PORTABLE
 
-        globals()["ALGORITHMS"] = names = tuple(REGISTRY)
-        return names
+        globals()["ALGORITHMS"] = PORTABLE
+        return PORTABLE
     raise AttributeError(f"module 'hpcring' has no attribute {name!r}")
 
 

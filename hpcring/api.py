@@ -9,7 +9,6 @@ is raised.
 
 from __future__ import annotations
 
-import functools
 import os
 from typing import Any
 
@@ -23,6 +22,7 @@ from .channel import Channel
 from .comm import Exclusive, intracomm, state_of
 from .ops import DTYPES, OPS, Op, check_op
 from .trace import call_begin, call_end, local_copy
+from .units import format_bytes
 
 
 def _validate(x: Any, out: Any, op: str, algorithm: str) -> tuple[Backend, Op, bool]:
@@ -30,10 +30,6 @@ def _validate(x: Any, out: Any, op: str, algorithm: str) -> tuple[Backend, Op, b
     backend = backend_for(x)
     if op not in OPS:
         raise ValueError(f"hpcring.allreduce: unknown op {op!r}; choose one of {', '.join(OPS)}")
-    algorithms.get(algorithm)
-    refusal = algorithms.refuses(algorithm, backend)
-    if refusal:
-        raise TypeError(f"hpcring.allreduce: {refusal}")
     if x.dtype not in DTYPES:
         names = ", ".join(d.name for d in DTYPES)
         raise TypeError(f"hpcring.allreduce: dtype {x.dtype} is not supported; use one of {names}")
@@ -117,26 +113,13 @@ def _describe(field: str, value: int) -> str:
     return str(value)
 
 
-def _format_bytes(nbytes: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if nbytes < 1024 or unit == "TiB":
-            return f"{nbytes:.0f} {unit}" if unit == "B" else f"{nbytes:.1f} {unit}"
-        nbytes /= 1024
-    raise AssertionError("unreachable")
-
-
-# The scratch formula is a pure function of the call's shape, worked out once per shape
-# (auto's asks two modules): a warm call only looks it up.
-_scratch_bytes = functools.lru_cache(maxsize=256)(algorithms.scratch_bytes)
-
-
-def _check_memory(channel: Channel, algorithm: str, count: int, itemsize: int) -> None:
+def _check_memory(channel: Channel, algorithm: str, scratch: int, count: int, itemsize: int) -> None:
     """MemoryError, before anything is allocated, when the algorithm's scratch cannot fit.
 
     The limit is the memory the backend still has (HPCRING_MEMORY_LIMIT caps it, for a
     job that shares its node or device with other work).
     """
-    need = _scratch_bytes(algorithm, count, itemsize, channel.size, channel.rank) - channel.scratch_held()
+    need = scratch - channel.scratch_held()
     if need <= 0:
         return
     available = channel.backend.available_bytes()
@@ -149,9 +132,9 @@ def _check_memory(channel: Channel, algorithm: str, count: int, itemsize: int) -
         return
     ring = algorithms.scratch_bytes("ring", count, itemsize, channel.size, channel.rank)
     raise MemoryError(
-        f"hpcring.allreduce: algorithm {algorithm!r} needs {_format_bytes(need)} more scratch on "
+        f"hpcring.allreduce: algorithm {algorithm!r} needs {format_bytes(need)} more scratch on "
         f"rank {channel.rank} for {count} elements on {channel.size} ranks, but only "
-        f"{_format_bytes(available)} is available; algorithm='ring' needs {_format_bytes(ring)}"
+        f"{format_bytes(available)} is available; algorithm='ring' needs {format_bytes(ring)}"
     )
 
 
@@ -199,12 +182,11 @@ def allreduce(
         problem, backend = error, backend_for(np.empty(0))
     state = state_of(comm)
     channel = state.channel(backend)
-    run = algorithm  # what will run: `auto` resolves to its choice once it has made it for this size
     if problem is None:
         try:
-            run = algorithms.resolved(algorithm, channel, x.nbytes, in_place)
-            _check_memory(channel, run, x.size, x.dtype.itemsize)
-        except (MemoryError, ValueError) as error:
+            prepared = algorithms.prepare(algorithm, channel, x.size, x.dtype.itemsize, bool(in_place))
+            _check_memory(channel, prepared.name, prepared.scratch, x.size, x.dtype.itemsize)
+        except (MemoryError, TypeError, ValueError) as error:
             if not check:
                 raise
             problem = error
@@ -225,7 +207,7 @@ def allreduce(
         dst = src if in_place else out.reshape(-1)
         call_begin(algorithm, channel, src, dst)
         if channel.size > 1 and src.size > 0:
-            algorithms.get(run)(channel, src, dst, reduction)
+            prepared.run(channel, src, dst, reduction)
             if reduction.name == "mean":
                 channel.xp.true_divide(dst, channel.size, out=dst)
         elif dst is not src:  # nothing to exchange: every algorithm would only copy

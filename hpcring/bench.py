@@ -439,7 +439,7 @@ def _measure(
         per_node = nodes.per_node[0] if nodes.two_level else 1
         # Algorithms that run in node order (ranks placed round-robin, say) send what the rank
         # at that position of the order sends.
-        place = nodes.order.index if getattr(algorithms.module(ran), "RING_ORDER", False) else int
+        place = nodes.order.index if algorithms.entry(ran).ring_order else int
         formula = [
             expected_bytes_sent(ran, nbytes, size, place(r), dtype.itemsize, per_node) or 0
             for r in range(size)

@@ -178,10 +178,11 @@ def test_a_size_auto_has_chosen_runs_and_is_priced_as_its_choice(tmp_path_factor
     private = comm.Dup()
     x = np.full(100_000, comm.rank + 1, dtype=np.float64)  # the default table runs the ring here
     channel = channel_for(private, backend_for(x))
-    ok = algorithms.resolved("auto", channel, x.nbytes, False) == "auto"  # nothing chosen yet
+    ok = algorithms.prepare("auto", channel, x.size, x.itemsize, False).name == "auto"  # nothing chosen yet
     hpcring.allreduce(x, algorithm="auto", comm=private, out=np.empty_like(x))
-    ok &= algorithms.resolved("auto", channel, x.nbytes, False) == "mpi"
-    ok &= algorithms.resolved("auto", channel, x.nbytes, True) == "auto"  # in place: its own choice
+    ok &= algorithms.prepare("auto", channel, x.size, x.itemsize, False).name == "mpi"
+    # In place has a choice of its own, not made yet:
+    ok &= algorithms.prepare("auto", channel, x.size, x.itemsize, True).name == "auto"
     monkeypatch.setenv("HPCRING_MEMORY_LIMIT", "1")
     out = hpcring.allreduce(x, algorithm="auto", comm=private, out=np.empty_like(x))
     ok &= bool((out == comm.size * (comm.size + 1) / 2).all()) and identical_everywhere(comm, out)
