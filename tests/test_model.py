@@ -16,8 +16,10 @@ from pathlib import Path
 
 import pytest
 
-from hpcring import model
-from hpcring.model import Link, ModelError, Nodes, Params, busbw, predict
+from hpcring.model.cli import main, parse_size
+from hpcring.model.costs import COLD_FROM, MODELLED, Busy, Link, ModelError, Nodes, Params, predict
+from hpcring.model.params import default_path, keep_busy, load_params, save_params
+from hpcring.units import busbw
 
 LINK = Link(alpha=1.0, beta=0.01)
 GAMMA = 1e-3
@@ -133,8 +135,8 @@ def test_predict_rejects_bad_input(args: tuple, match: str) -> None:
 
 def test_params_round_trip(tmp_path: Path) -> None:
     path = tmp_path / "deep" / "model.json"
-    model.save_params(Params(1e-6, 1e-10, 1e-11, cores=2, meta={"host": "h"}), path)
-    loaded = model.load_params(path)
+    save_params(Params(1e-6, 1e-10, 1e-11, cores=2, meta={"host": "h"}), path)
+    loaded = load_params(path)
     assert (loaded.alpha, loaded.beta, loaded.gamma, loaded.cores) == (1e-6, 1e-10, 1e-11, 2)
     assert loaded.meta["host"] == "h"
 
@@ -143,7 +145,7 @@ def test_busy_figures_replace_the_pair_for_steps_every_rank_takes() -> None:
     """Measured with all p ranks busy: ring is 2(p-1) steps of (a_b + n/p b_b) plus (p-1)/p n g_b,
     with no oversubscription factor on top (the busy figures already hold it); ps keeps the
     pair figures for what its root does alone and the busy ones for the Bcast tree."""
-    busy = model.Busy(2.0, 0.02, 0.004)
+    busy = Busy(2.0, 0.02, 0.004)
     params = Params(1.0, 0.01, GAMMA, cores=2, busy={4: busy})
     assert predict("ring", N, 4, params) == pytest.approx(6 * (2 + 250 * 0.02) + 750 * 0.004)
     assert predict("ps", N, 4, params) == pytest.approx(33 + 3 + 2 + 2 * (2 + 1000 * 0.02))
@@ -154,7 +156,7 @@ def test_partial_figures_price_the_phases_some_ranks_sit_out() -> None:
     """Rabenseifner at 3 ranks: every phase has a rank waiting (fold, core of 2, unfold), so all
     of it is priced at the partial figures; the ring keeps the all-busy ones. A binomial Bcast
     at 4 ranks: step 0 (one pair) partial, step 1 (two pairs) all busy."""
-    busy, partial = model.Busy(2.0, 0.02, 0.004), model.Busy(3.0, 0.03, 0.005)
+    busy, partial = Busy(2.0, 0.02, 0.004), Busy(3.0, 0.03, 0.005)
     params = Params(1.0, 0.01, GAMMA, cores=2, busy={3: busy, 4: busy}, partial={3: partial, 4: partial})
     fold, core = (3 + 1000 * 0.03) + 1000 * 0.005, 2 * (3 + 500 * 0.03) + 500 * 0.005
     assert predict("rabenseifner", N, 3, params) == pytest.approx(fold + core + (3 + 1000 * 0.03))
@@ -165,9 +167,9 @@ def test_partial_figures_price_the_phases_some_ranks_sit_out() -> None:
 
 def test_a_large_call_starts_cold() -> None:
     """`cold` is charged in full from COLD_FROM bytes up, in proportion below."""
-    busy = model.Busy(2.0, 0.0, 0.0, call=5.0, cold=40.0)
+    busy = Busy(2.0, 0.0, 0.0, call=5.0, cold=40.0)
     params = Params(1.0, 1e-12, 1e-12, cores=2, busy={2: busy})
-    full, quarter = model.COLD_FROM, model.COLD_FROM // 4
+    full, quarter = COLD_FROM, COLD_FROM // 4
     assert predict("ring", full, 2, params) == pytest.approx(5 + 40 + 2 * 2)
     assert predict("ring", quarter, 2, params) == pytest.approx(5 + 10 + 2 * 2)
     assert predict("ring", 16 * full, 2, params) == pytest.approx(5 + 40 + 2 * 2)
@@ -175,22 +177,22 @@ def test_a_large_call_starts_cold() -> None:
 
 def test_busy_figures_round_trip_and_merge(tmp_path: Path) -> None:
     path = tmp_path / "model.json"
-    two = Params(1e-6, 1e-10, 1e-11, 2, {"host": "h"}, {2: model.Busy(2e-6, 2e-10, 2e-11)})
-    model.save_params(two, path)
-    four = Params(3e-6, 3e-10, 3e-11, 2, {"host": "h"}, {4: model.Busy(4e-6, 4e-10, 4e-11)})
-    merged = model._keep_busy(four, path)
-    assert merged.busy == {2: model.Busy(2e-6, 2e-10, 2e-11), 4: model.Busy(4e-6, 4e-10, 4e-11)}
+    two = Params(1e-6, 1e-10, 1e-11, 2, {"host": "h"}, {2: Busy(2e-6, 2e-10, 2e-11)})
+    save_params(two, path)
+    four = Params(3e-6, 3e-10, 3e-11, 2, {"host": "h"}, {4: Busy(4e-6, 4e-10, 4e-11)})
+    merged = keep_busy(four, path)
+    assert merged.busy == {2: Busy(2e-6, 2e-10, 2e-11), 4: Busy(4e-6, 4e-10, 4e-11)}
     assert merged.alpha == 3e-6  # the pair figures are the newest
-    elsewhere = Params(3e-6, 3e-10, 3e-11, 2, {"host": "other"}, {4: model.Busy(4e-6, 4e-10, 4e-11)})
-    assert set(model._keep_busy(elsewhere, path).busy) == {4}  # another host's figures are not mixed in
-    model.save_params(merged, path)
-    assert model.load_params(path).busy == merged.busy
-    three = Params(1e-6, 1e-10, 1e-11, 2, {"host": "h"}, {3: model.Busy(5e-6, 5e-10, 5e-11, 1e-5, 2e-4)})
-    three = model._keep_busy(dataclasses.replace(three, partial={3: model.Busy(6e-6, 6e-10, 6e-11)}), path)
-    model.save_params(three, path)
-    loaded = model.load_params(path)
-    assert loaded.busy[3] == model.Busy(5e-6, 5e-10, 5e-11, 1e-5, 2e-4) and set(loaded.busy) == {2, 3, 4}
-    assert loaded.partial == {3: model.Busy(6e-6, 6e-10, 6e-11)}
+    elsewhere = Params(3e-6, 3e-10, 3e-11, 2, {"host": "other"}, {4: Busy(4e-6, 4e-10, 4e-11)})
+    assert set(keep_busy(elsewhere, path).busy) == {4}  # another host's figures are not mixed in
+    save_params(merged, path)
+    assert load_params(path).busy == merged.busy
+    three = Params(1e-6, 1e-10, 1e-11, 2, {"host": "h"}, {3: Busy(5e-6, 5e-10, 5e-11, 1e-5, 2e-4)})
+    three = keep_busy(dataclasses.replace(three, partial={3: Busy(6e-6, 6e-10, 6e-11)}), path)
+    save_params(three, path)
+    loaded = load_params(path)
+    assert loaded.busy[3] == Busy(5e-6, 5e-10, 5e-11, 1e-5, 2e-4) and set(loaded.busy) == {2, 3, 4}
+    assert loaded.partial == {3: Busy(6e-6, 6e-10, 6e-11)}
 
 
 @pytest.mark.parametrize(
@@ -200,7 +202,7 @@ def test_corrupt_busy_figures_are_a_user_error(tmp_path: Path, busy: object) -> 
     path = tmp_path / "model.json"
     path.write_text(json.dumps({"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-11, "busy": busy}))
     with pytest.raises(ModelError, match="busy"):
-        model.load_params(path)
+        load_params(path)
 
 
 @pytest.mark.parametrize(
@@ -214,34 +216,55 @@ def test_corrupt_partial_or_cold_figures_are_a_user_error(tmp_path: Path, table:
     path = tmp_path / "model.json"
     path.write_text(json.dumps({"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-11, table: value}))
     with pytest.raises(ModelError, match=table):
-        model.load_params(path)
+        load_params(path)
 
 
 def test_unwritable_output_is_a_user_error(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
     with pytest.raises(ModelError, match="cannot write the calibration file"):
-        model.save_params(Params(1e-6, 1e-10, 1e-11), blocker / "model.json")
+        save_params(Params(1e-6, 1e-10, 1e-11), blocker / "model.json")
 
 
 def test_default_path_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HPCRING_MODEL", str(tmp_path / "m.json"))
-    assert model.default_path() == tmp_path / "m.json"
+    assert default_path() == tmp_path / "m.json"
     monkeypatch.delenv("HPCRING_MODEL")
-    assert model.default_path() == Path.home() / ".cache" / "hpcring" / "model.json"
+    assert default_path() == Path.home() / ".cache" / "hpcring" / "model.json"
 
 
 @pytest.mark.parametrize(("text", "nbytes"), [("1", 1), ("4K", 4096), ("100M", 100 << 20), ("1GiB", 1 << 30)])
 def test_sizes_are_binary(text: str, nbytes: int) -> None:
-    assert model.parse_size(text) == nbytes
+    assert parse_size(text) == nbytes
+
+
+@pytest.mark.parametrize(("text", "match"), [("0.3", "not a whole number"), ("-1", "sizes must be positive")])
+def test_sizes_are_whole_positive_bytes(text: str, match: str) -> None:
+    """hpcring.units' grammar: a fraction of a byte is refused, no longer truncated (0.3 was 0)."""
+    with pytest.raises(ModelError, match=match):
+        parse_size(text)
+    assert parse_size("1.5K") == 1536  # a fraction that names whole bytes is fine
+
+
+def test_the_cost_model_imports_without_mpi() -> None:
+    """The bench and ``auto`` import the costs on every rank, and predictions need no mpiexec:
+    importing them must not load mpi4py (which initializes MPI), NumPy or the calibration."""
+    code = (
+        "import sys, hpcring.model.costs, hpcring.model.params; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mpi4py', 'numpy') "
+        "or m in ('hpcring.api', 'hpcring.model.calibrate')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
 
 
 def test_predictions_at_1000_ranks_are_fast(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     start = time.perf_counter()
-    assert model.main(["--ranks", "8,64,512,1000", "--bytes", "100M,1G", "--link", "ndr400"]) == 0
+    assert main(["--ranks", "8,64,512,1000", "--bytes", "100M,1G", "--link", "ndr400"]) == 0
     assert time.perf_counter() - start < 1.0
     out = capsys.readouterr().out
-    assert out.count("\n") == 2 + 4 * 2 * len(model.ALGORITHMS)
+    assert out.count("\n") == 2 + 4 * 2 * len(MODELLED)
     assert "rabenseifner" in out
 
 
@@ -259,7 +282,7 @@ def test_hierarchical_table_and_plot(capsys: pytest.CaptureFixture[str], tmp_pat
         "--plot",
         str(plot),
     ]
-    assert model.main(args) == 0
+    assert main(args) == 0
     assert "hierarchical" in capsys.readouterr().out
     assert plot.read_bytes()[:4] == b"\x89PNG"
 
@@ -322,15 +345,15 @@ def test_cli_bad_calibration_file_exits_2(bad_files: dict[str, Path], name: str,
     assert result.returncode == 2, result.stderr
     assert match in result.stderr and "Traceback" not in result.stderr
     with pytest.raises(ModelError, match=match):
-        model.load_params(bad_files[name])
+        load_params(bad_files[name])
 
 
 def test_inter_node_link_round_trips_and_makes_nodes(tmp_path: Path) -> None:
     """A calibration across nodes keeps both links; per_node then predicts on nodes of L ranks."""
     path = tmp_path / "model.json"
     params = Params(1e-6, 1e-10, 1e-11, cores=4, meta={"host": "h"}, inter_alpha=1e-5, inter_beta=1e-8)
-    model.save_params(params, path)
-    loaded = model.load_params(path)
+    save_params(params, path)
+    loaded = load_params(path)
     assert loaded.inter == Link(1e-5, 1e-8)
     assert loaded.nodes(2) == Nodes(2, Link(1e-6, 1e-10), Link(1e-5, 1e-8), nic_shared=True)
     assert loaded.nodes(1) is None and Params(1e-6, 1e-10, 1e-11).nodes(2) is None
@@ -345,7 +368,7 @@ def test_a_corrupt_inter_node_link_is_a_user_error(tmp_path: Path) -> None:
     path = tmp_path / "model.json"
     path.write_text(json.dumps({"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-11, "inter_beta": -1}))
     with pytest.raises(ModelError, match="inter_beta must be a positive number"):
-        model.load_params(path)
+        load_params(path)
 
 
 def test_cli_predicts_on_the_calibrated_two_level_machine(tmp_path: Path) -> None:

@@ -15,7 +15,9 @@ import pytest
 from helpers import everywhere
 from mpi4py import MPI
 
-from hpcring import model
+from hpcring.model.cli import main
+from hpcring.model.costs import ModelError, Params
+from hpcring.model.params import load_params, save_params
 
 pytestmark = pytest.mark.mpi
 
@@ -35,14 +37,14 @@ def shared_dir():
 def test_calibration_writes_a_valid_file(shared_dir: Path) -> None:
     output = shared_dir / "model.json"
     start = time.monotonic()
-    code = model.main(["--calibrate", "--quick", "--output", str(output)])
+    code = main(["--calibrate", "--quick", "--output", str(output)])
     assert everywhere(WORLD, time.monotonic() - start < 10), "quick calibration took over 10 s"
     if WORLD.size == 1:
         assert everywhere(WORLD, code == 2 and not output.exists()), "1 rank: expected exit 2 and no file"
         return
     assert everywhere(WORLD, code == 0), "calibration failed"
     try:
-        params = model.load_params(output)
+        params = load_params(output)
         ok = all(0 < v < 1 for v in (params.alpha, params.beta, params.gamma)) and params.cores >= 1
         busy = params.busy.get(WORLD.size)  # all ranks exchanging and adding at once
         ok = ok and busy is not None and all(0 < v < 1 for v in (busy.alpha, busy.beta, busy.gamma))
@@ -50,7 +52,7 @@ def test_calibration_writes_a_valid_file(shared_dir: Path) -> None:
         partial = params.partial.get(WORLD.size)  # 2 (of 3 or 4) at work while the others wait
         ok = ok and (partial is not None) == (WORLD.size >= 3)
         ok = ok and (partial is None or all(0 < v < 1 for v in (partial.alpha, partial.beta, partial.gamma)))
-    except model.ModelError:
+    except ModelError:
         ok = False
     assert everywhere(WORLD, ok), "the calibration file does not load as valid parameters"
 
@@ -58,11 +60,11 @@ def test_calibration_writes_a_valid_file(shared_dir: Path) -> None:
 def test_validate_runs_and_agrees_on_errors(shared_dir: Path) -> None:
     params = shared_dir / "given.json"
     if WORLD.rank == 0:
-        model.save_params(model.Params(1e-6, 1e-10, 1e-10, cores=2), params)
+        save_params(Params(1e-6, 1e-10, 1e-10, cores=2), params)
     WORLD.Barrier()
-    code = model.main(["--validate", "--params", str(params), "--sizes", "64K", "--iterations", "1"])
+    code = main(["--validate", "--params", str(params), "--sizes", "64K", "--iterations", "1"])
     assert everywhere(WORLD, code == 0)
-    code = model.main(["--validate", "--params", str(shared_dir / "absent.json")])
+    code = main(["--validate", "--params", str(shared_dir / "absent.json")])
     assert everywhere(WORLD, code == 2)
 
 
@@ -75,12 +77,12 @@ def test_a_problem_on_one_rank_stops_every_rank_before_measuring(shared_dir: Pat
     missing = next((a for a in ("cupy", "numpy") if a not in available_backends()), None)
     if missing is not None and WORLD.size > 1:
         output = shared_dir / "m.json"
-        code = model.main(["--calibrate", "--quick", "--array", missing, "--output", str(output)])
+        code = main(["--calibrate", "--quick", "--array", missing, "--output", str(output)])
         assert everywhere(WORLD, code == 2 and not output.exists())
     params = shared_dir / "given.json"
     if WORLD.rank == 0:
-        model.save_params(model.Params(1e-6, 1e-10, 1e-10, cores=2), params)
+        save_params(Params(1e-6, 1e-10, 1e-10, cores=2), params)
     WORLD.Barrier()
     mine = params if WORLD.rank < WORLD.size - 1 or WORLD.size == 1 else shared_dir / "absent.json"
-    code = model.main(["--validate", "--params", str(mine), "--sizes", "4K", "--iterations", "1"])
+    code = main(["--validate", "--params", str(mine), "--sizes", "4K", "--iterations", "1"])
     assert everywhere(WORLD, code == (0 if WORLD.size == 1 else 2))

@@ -1,0 +1,59 @@
+"""The alpha-beta-gamma cost model of every all-reduce here, its calibration, and predictions to 1000+ ranks.
+
+A message of n bytes costs alpha + n*beta on a link; reducing n bytes locally costs n*gamma
+(Hockney's model as used by Thakur, Rabenseifner & Gropp 2005). Each algorithm is written
+once, as the list of `Phase`s it really performs, so the same description gives the flat
+closed forms below, the per-link cost on a machine of nodes (`Nodes`), and the table and plot.
+
+For n bytes on p ranks (p' = 2^floor(log2 p); every cost is 0 at p = 1):
+
+- ring:         2(p-1)a + 2(p-1)/p n b + (p-1)/p n g
+- rabenseifner: 2 log2(p) a + 2(p-1)/p n b + (p-1)/p n g                      (p a power of two)
+                (2 log2(p') + 2) a + (2(p'-1)/p' + 2) n b + ((p'-1)/p' + 1) n g   (otherwise:
+                the first 2(p-p') ranks pair up, the even one sends its whole buffer to the
+                odd one, which reduces it and sends the whole result back at the end: the
+                simple fold of Thakur et al. 2005, sec. 4.4, which is what runs here)
+- naive:        (p-1)(a + n b) + (p+1) n g      (p-1 shifted exchanges, then p-1 reductions
+                and 2 copies of the buffer, a copy costing what a reduction does)
+- ps:           gather (p-1)(a + n b) + (p+1) n g at the root (reductions, 2 copies) + Bcast, which is
+                ceil(log2 p)(a + n b) with ``bcast="binomial"`` (default: what Open MPI and
+                MPICH do, a binomial tree) or (p-1)(a + n b) with ``bcast="linear"`` (the
+                textbook server that sends to every worker over its one link)
+- mpi:          the library's own choice; modelled as the cheaper of ring and rabenseifner
+- hierarchical: ring reduce-scatter inside each node of L ranks, ring all-reduce of n/L bytes
+                across the H nodes on each local rank at once (the L flows share one NIC
+                unless each GPU has its own), ring all-gather inside the node.
+
+busbw = algbw * 2(p-1)/p (nccl-tests), algbw = n / time.
+
+The package, one concern a module:
+
+- `hpcring.model.costs`: the formulas above, pure (no MPI, no NumPy): `predict`, `Params`,
+  `Link`, `Nodes`, `ModelError`;
+- `hpcring.model.params`: the calibration file (`load_params`, `save_params`, `default_path`);
+- `hpcring.model.calibrate`: calibration and validation, under mpiexec;
+- `hpcring.model.cli`: the command line (``python -m hpcring.model``).
+
+Used by other modules (the bench's ``predicted (us)`` column, ``auto``)::
+
+    from hpcring.model.costs import predict
+    from hpcring.model.params import load_params
+    params = load_params()                  # path: $HPCRING_MODEL, else ~/.cache/hpcring/model.json
+    seconds = predict("ring", nbytes, ranks, params)
+
+`load_params` raises `ModelError` (a ValueError) for a missing or corrupt file; `predict`
+raises it for an unknown algorithm or a non-positive size or rank count. With calibrated
+`Params`, steps in which every rank works are slowed by ranks/cores when the ranks outnumber
+the calibrated cores (`oversubscription`), unless the calibration measured them with that many
+ranks busy at once (`Busy`, one entry per rank count calibrated; `Params.partial` for the
+phases some ranks sit out, waiting). A call adds `Busy.call` (the agreement) and, from
+COLD_FROM bytes, `Busy.cold` (its fixed costs paid again with cold caches). `Link` and
+`Nodes` assume a core or GPU per rank.
+
+Command line (only rank 0 prints; user errors exit 2 with one line, no traceback)::
+
+    mpiexec -n 2 python -m hpcring.model --calibrate [--output FILE] [--quick]   # again at -n 3, 4...
+    mpiexec -n 4 python -m hpcring.model --validate [--params FILE] [--sizes 1M,4M,16M]
+    python -m hpcring.model --ranks 8,64,512,1000 --bytes 100M,1G [--link ndr400] [--plot t.png]
+    python -m hpcring.model --ranks 64,1000 --bytes 1G --gpus-per-node 8 --intra nvlink4 --link ndr400
+"""

@@ -1,0 +1,367 @@
+"""The pure cost model: links, machines, each algorithm as the phases it performs, predictions.
+
+No MPI, no NumPy and nothing of hpcring's communication here: the bench and ``auto`` import
+this for `predict` on every rank, and predictions for 1000 ranks need no mpiexec. The
+formulas are in the package's docstring (`hpcring.model`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+# The algorithms the model has a formula for on any machine ("mpi": the cheaper of ring and
+# rabenseifner); hierarchical only on a machine of nodes. Not hpcring.ALGORITHMS, which
+# names what hpcring runs.
+MODELLED = ("naive", "ps", "ring", "rabenseifner", "mpi")
+BCAST_FORMS = ("binomial", "linear")
+
+
+class ModelError(ValueError):
+    """A user error: bad argument, unknown name, missing or corrupt calibration file."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Parameters and links
+
+
+@dataclass(frozen=True)
+class Link:
+    """One kind of link: alpha seconds per message, beta seconds per byte."""
+
+    alpha: float
+    beta: float
+
+
+@dataclass(frozen=True)
+class Busy:
+    """alpha, beta and gamma measured with all p ranks of one machine exchanging and adding at
+    once: what a step of ring, rabenseifner or naive costs when every rank does it together.
+
+    ``alpha`` is a step of hpcring's own ring at the smallest size (the Python and mpi4py
+    around each message included, which dwarf MPI's latency on shared memory), and ``call``
+    what one call adds on top: the ranks' agreement before data moves (LogP's overhead o).
+    """
+
+    alpha: float
+    beta: float
+    gamma: float
+    call: float = 0.0
+    cold: float = 0.0  # what a call adds when it starts with cold caches (see COLD_FROM)
+
+
+# A call that moves this much data per rank leaves the per-core caches cold: the interpreter
+# and mpi4py then reload their own state, which more than doubled the fixed cost of a call
+# here (a one-element call at 2 ranks after a 4 MiB write: 67 -> 156-176 us). Below it,
+# a share of `cold`, in proportion.
+COLD_FROM = 1 << 20
+
+
+@dataclass(frozen=True)
+class Params:
+    """A flat machine: every pair of ranks is joined by the same link; gamma per byte reduced.
+
+    ``alpha``, ``beta``, ``gamma`` are one pair alone (ping-pong, one rank adding); ``busy[p]``,
+    where calibrated at p ranks, are the same with all p ranks busy. Ranks that share cores
+    and memory bandwidth get much less each than a pair alone, and the busy figures hold
+    that sharing, measured, where `oversubscription` can only guess its core part.
+    """
+
+    alpha: float
+    beta: float
+    gamma: float
+    cores: int | None = None  # set when the ranks share this machine's cores (calibration does)
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    busy: dict[int, Busy] = field(default_factory=dict, compare=False)
+    inter_alpha: float | None = None  # between nodes, when calibrated across nodes (alpha/beta: inside)
+    inter_beta: float | None = None
+    # partial[p]: at p ranks, with only the largest power of two below p at work and the rest
+    # waiting in MPI, as in Rabenseifner's folded steps and the first steps of a binomial tree
+    partial: dict[int, Busy] = field(default_factory=dict, compare=False)
+
+    @property
+    def link(self) -> Link:
+        return Link(self.alpha, self.beta)
+
+    @property
+    def inter(self) -> Link | None:
+        """The link between nodes, where the calibration had ranks on two nodes."""
+        if self.inter_alpha is None or self.inter_beta is None:
+            return None
+        return Link(self.inter_alpha, self.inter_beta)
+
+    def nodes(self, per_node: int) -> Nodes | None:
+        """This machine as nodes of ``per_node`` ranks sharing one NIC each, where calibrated so."""
+        inter = self.inter
+        return None if inter is None or per_node <= 1 else Nodes(per_node, self.link, inter, nic_shared=True)
+
+
+@dataclass(frozen=True)
+class Preset:
+    """An interconnect's assumed figures (see docs/scaling.md for where they come from)."""
+
+    alpha: float
+    beta: float
+    gamma: float
+    description: str
+
+
+GB = 1e9
+# Assumptions, not measurements: alpha is an end-to-end MPI latency, beta the inverse of the
+# per-direction bandwidth one rank gets, gamma an H100/H200-class reduction (~1 TB/s of
+# reduced data: HBM3 moves 3 bytes per reduced byte at ~3.3-4.8 TB/s).
+PRESETS: dict[str, Preset] = {
+    "roce100": Preset(5e-6, 1 / (12.5 * GB), 1e-12, "100 Gb/s Ethernet (RoCE v2), 12.5 GB/s, 5 us"),
+    "hdr200": Preset(3e-6, 1 / (25 * GB), 1e-12, "HDR InfiniBand 200 Gb/s, 25 GB/s, 3 us"),
+    "ndr400": Preset(3e-6, 1 / (50 * GB), 1e-12, "NDR InfiniBand 400 Gb/s, 50 GB/s, 3 us"),
+    "nvlink4": Preset(1.5e-6, 1 / (450 * GB), 1e-12, "NVLink 4 (H100/H200), 450 GB/s per direction, 1.5 us"),
+}
+
+
+@dataclass(frozen=True)
+class Nodes:
+    """A machine of nodes with ``per_node`` ranks each, ranks placed in blocks (node = rank // L).
+
+    A message between two ranks of one node takes ``intra``, otherwise ``inter``. With
+    ``nic_shared`` the off-node messages that the ranks of one node send at the same time
+    share one NIC, so each gets 1/flows of its bandwidth; otherwise every GPU has its own NIC.
+    """
+
+    per_node: int
+    intra: Link
+    inter: Link
+    nic_shared: bool = True
+
+
+# ---------------------------------------------------------------------------------------------
+# The algorithms, each written once as the phases it performs
+
+
+@dataclass(frozen=True)
+class Phase:
+    """``messages`` messages of ``nbytes`` each, one after another, then ``reduced`` bytes reduced.
+
+    ``distance`` is the rank distance of the partner (to find the link on a machine of
+    nodes); ``pattern`` says who sends at once: "shift" (every rank r to r+d), "xor" (every
+    rank r to r^d), "single" (one rank alone, as a root does), "local" (every rank computes,
+    no message), "root" (the root alone computes). ``partial``: some ranks sit out the
+    phase, waiting in MPI (Rabenseifner's fold, the first steps of a binomial tree).
+    """
+
+    messages: float
+    nbytes: float
+    reduced: float = 0.0
+    distance: int = 1
+    pattern: str = "shift"
+    partial: bool = False  # only some of the ranks work in it, the others wait in MPI
+
+
+def log2_floor(p: int) -> int:
+    """floor(log2 p): 2**this is the power-of-two core of p ranks (Rabenseifner's)."""
+    return p.bit_length() - 1
+
+
+def ring_reduce_scatter(n: float, p: int) -> list[Phase]:
+    """p-1 steps of one n/p segment to the right neighbour, each added into the local copy."""
+    return [Phase(p - 1, n / p, (p - 1) / p * n)] if p > 1 else []
+
+
+def ring_all_gather(n: float, p: int) -> list[Phase]:
+    """p-1 steps passing complete n/p segments to the right neighbour, no arithmetic."""
+    return [Phase(p - 1, n / p, 0.0)] if p > 1 else []
+
+
+def _rabenseifner(n: float, p: int) -> list[Phase]:
+    """Recursive halving reduce-scatter + recursive doubling all-gather, with the pre/post steps
+    for p not a power of two: the first 2r ranks (r = p - p') pair up, each even one sends
+    its whole buffer to its odd partner, which reduces it, works for both in the p' core,
+    and sends the whole result back. Then every step has ranks that only wait."""
+    if p == 1:
+        return []
+    k = log2_floor(p)
+    fold = (1 << k) != p
+    halving = [Phase(1, n / 2 ** (s + 1), n / 2 ** (s + 1), 1 << s, "xor", fold) for s in range(k)]
+    doubling = [Phase(1, n / 2 ** (s + 1), 0.0, 1 << s, "xor", fold) for s in reversed(range(k))]
+    if not fold:
+        return halving + doubling
+    return [Phase(1, n, n, 1, "xor", True), *halving, *doubling, Phase(1, n, 0.0, 1, "xor", True)]
+
+
+COPIES = 2  # whole-buffer copies naive (every rank) and ps (the root) make besides reducing
+
+
+def _naive(n: float, p: int) -> list[Phase]:
+    """Step s: every rank sends its whole buffer to r+s; then each rank reduces p copies.
+
+    Two copies of n on every rank as well (its own buffer into the p-row scratch, and row 0
+    into the result): a copy is one memory-bound pass like a reduction, so it costs gamma.
+    """
+    if p == 1:
+        return []
+    exchanges = [Phase(1, n, 0.0, s, "shift") for s in range(1, p)]
+    return [*exchanges, Phase(0, 0.0, (p - 1) * n + COPIES * n, 0, "local")]
+
+
+def _ps(n: float, p: int, bcast: str) -> list[Phase]:
+    """Gather: the root receives p-1 buffers one at a time over its link; reduce; Bcast back."""
+    if p == 1:
+        return []
+    gather = [Phase(1, n, 0.0, d, "single") for d in range(1, p)]
+    reduce = [Phase(0, 0.0, (p - 1) * n + COPIES * n, 0, "root")]  # and the root's two copies
+    if bcast == "linear":
+        back = [Phase(1, n, 0.0, d, "single") for d in range(1, p)]
+    else:  # binomial tree: at step s every rank that has the data sends to r + 2^s, where there is one
+        steps = range(math.ceil(math.log2(p)))
+        back = [Phase(1, n, 0.0, 1 << s, "xor", 2 * min(1 << s, p - (1 << s)) < p) for s in steps]
+    return gather + reduce + back
+
+
+def phases(algorithm: str, nbytes: float, ranks: int, *, bcast: str = "binomial") -> list[Phase]:
+    """What ``algorithm`` does for ``nbytes`` on ``ranks`` (not "mpi", which is a choice)."""
+    if algorithm == "ring":
+        return ring_reduce_scatter(nbytes, ranks) + ring_all_gather(nbytes, ranks)
+    if algorithm == "rabenseifner":
+        return _rabenseifner(nbytes, ranks)
+    if algorithm == "naive":
+        return _naive(nbytes, ranks)
+    if algorithm == "ps":
+        return _ps(nbytes, ranks, bcast)
+    raise ModelError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(MODELLED)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation on a flat machine or a machine of nodes
+
+
+CONCURRENT = ("shift", "xor", "local")  # patterns in which every rank works at once
+
+
+def _crossing(distance: int, pattern: str, per_node: int, ranks: int) -> int:
+    """How many ranks of node 0 send off-node at once in this phase (0: it stays inside)."""
+    if pattern in ("local", "root") or per_node <= 1:
+        return 0 if pattern in ("local", "root") else 1
+    if pattern == "single":
+        return int(distance // per_node != 0)
+    partners = (
+        ((r ^ distance) for r in range(per_node))
+        if pattern == "xor"
+        else (((r + distance) % ranks) for r in range(per_node))
+    )
+    return sum(1 for q in partners if q // per_node != 0)
+
+
+def seconds(
+    steps: Iterable[Phase],
+    machine: Link | Nodes,
+    gamma: float,
+    ranks: int,
+    slowdown: float = 1.0,
+    busy: Busy | None = None,
+    partial: Busy | None = None,
+) -> float:
+    """The time of ``steps``: each phase on the link its messages cross, shared by the flows that
+    cross at once; phases in which every rank works are ``slowdown`` times slower (`oversubscription`),
+    or, where ``busy`` figures were measured for these ranks, cost what those say (``partial``
+    ones for phases that some ranks sit out, where measured); steps that cross between nodes
+    are not slowed: they wait on the network, not on the cores."""
+    total = 0.0
+    for step in steps:
+        figures = partial if step.partial and partial is not None else busy
+        if figures is not None and step.pattern in CONCURRENT:
+            total += step.reduced * figures.gamma + step.messages * (
+                figures.alpha + step.nbytes * figures.beta
+            )
+            continue
+        cost, flows = step.reduced * gamma, 0
+        if step.messages:
+            if isinstance(machine, Link):
+                link, share = machine, 1
+            else:
+                flows = _crossing(step.distance, step.pattern, machine.per_node, ranks)
+                link = machine.inter if flows else machine.intra
+                share = flows if (flows and machine.nic_shared) else 1
+            cost += step.messages * (link.alpha + step.nbytes * link.beta * share)
+        total += cost * (slowdown if step.pattern in CONCURRENT and not flows else 1.0)
+    return total
+
+
+def _check_size(nbytes: float, ranks: int) -> None:
+    if not (isinstance(ranks, int) and ranks > 0):
+        raise ModelError(f"ranks must be a positive integer, got {ranks!r}")
+    if not nbytes > 0:
+        raise ModelError(f"the size must be positive, got {nbytes!r} bytes")
+
+
+def predict(
+    algorithm: str,
+    nbytes: int,
+    ranks: int,
+    params: Params | Link | Nodes,
+    *,
+    gamma: float | None = None,
+    bcast: str = "binomial",
+    per_node: int | None = None,
+) -> float:
+    """Predicted seconds of one all-reduce of ``nbytes`` per rank on ``ranks`` ranks.
+
+    ``params`` is calibrated `Params` (a flat machine, gamma included), or a `Link` or
+    `Nodes` with ``gamma`` given. Algorithms: naive, ps, ring, rabenseifner, mpi, and on
+    `Nodes` also hierarchical. ``per_node`` with `Params` calibrated across nodes (they
+    hold the inter-node link too) predicts on nodes of that many ranks, ranks in blocks.
+    """
+    _check_size(nbytes, ranks)
+    if bcast not in BCAST_FORMS:
+        raise ModelError(f"unknown bcast form {bcast!r}; choose one of {', '.join(BCAST_FORMS)}")
+    slowdown, busy, partial = 1.0, None, None
+    if isinstance(params, Params):
+        two_level = params.nodes(per_node or 1) if ranks > (per_node or 1) else None
+        machine: Link | Nodes = two_level or params.link
+        gamma = params.gamma if gamma is None else gamma
+        slowdown = oversubscription(ranks, params.cores)
+        if not two_level:  # measured on one machine, flat
+            busy, partial = params.busy.get(ranks), params.partial.get(ranks)
+    else:
+        machine = params
+        if gamma is None:
+            raise ModelError("predict: gamma is needed with a Link or Nodes")
+    call = 0.0  # the default call agrees first (check=True), and large ones start cold
+    if busy is not None:
+        call = busy.call + busy.cold * min(1.0, nbytes / COLD_FROM)
+    if algorithm == "mpi":
+        return call + min(
+            seconds(phases(a, nbytes, ranks), machine, gamma, ranks, slowdown, busy, partial)
+            for a in ("ring", "rabenseifner")
+        )
+    if algorithm == "hierarchical":
+        if not isinstance(machine, Nodes):
+            raise ModelError("hierarchical needs a machine of nodes (--gpus-per-node)")
+        return _hierarchical(nbytes, ranks, machine, gamma, slowdown)
+    steps = phases(algorithm, nbytes, ranks, bcast=bcast)
+    return call + seconds(steps, machine, gamma, ranks, slowdown, busy, partial)
+
+
+def oversubscription(ranks: int, cores: int | None) -> float:
+    """How much slower a step in which every rank works gets when ``ranks`` ranks share ``cores``.
+
+    Such a step waits for its slowest peer, and a rank without a core of its own runs only
+    cores/ranks of the time. Steps of one rank alone (the root of ps gathering and reducing)
+    keep their speed: the others sleep in MPI. None: one core (or GPU) per rank.
+    """
+    return max(1.0, ranks / cores) if cores else 1.0
+
+
+def _hierarchical(nbytes: float, ranks: int, machine: Nodes, gamma: float, slowdown: float = 1.0) -> float:
+    """Reduce-scatter in the node, all-reduce of n/L across nodes (L flows at once), all-gather.
+
+    ``slowdown`` (ranks sharing cores) applies inside the node; across, the ranks wait on the NIC."""
+    per_node = machine.per_node
+    if ranks % per_node:
+        raise ModelError(f"{ranks} ranks do not fill nodes of {per_node}")
+    nodes = ranks // per_node
+    share = per_node if machine.nic_shared else 1
+    inter = Link(machine.inter.alpha, machine.inter.beta * share)
+    inside = ring_reduce_scatter(nbytes, per_node) + ring_all_gather(nbytes, per_node)
+    across = phases("ring", nbytes / per_node, nodes)
+    return seconds(inside, machine.intra, gamma, per_node, slowdown) + seconds(across, inter, gamma, nodes)
