@@ -34,13 +34,16 @@ from typing import Any, NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from . import ALGORITHMS, __version__, algorithms, info, model, topology
+from . import ALGORITHMS, __version__, algorithms, info, topology
 from .algorithms import auto
 from .api import allreduce
 from .backend import backend_for, copyto_bandwidth, gpu_problem_anywhere, select_device
 from .comm import channel_for
 from .errors import abort_on_error
+from .model.costs import ModelError, Params, predict
+from .model.params import load_params
 from .ops import BFLOAT16, DTYPES, OPS, check_op
+from .polling import idle_barrier
 
 # nccl-tests names for dtypes and ops, accepted beside NumPy's and hpcring's own.
 DTYPE_ALIASES = {
@@ -619,23 +622,23 @@ def _format_row(row: Row) -> str:
     return " ".join(f"{cell:{spec}}" for cell, (_, spec, _) in zip(cells, _COLUMNS, strict=True))
 
 
-def _model_params() -> model.Params | None:
+def _model_params() -> Params | None:
     """The calibrated cost model (`python -m hpcring.model --calibrate`), or None: no column then."""
     try:
-        return model.load_params()
-    except model.ModelError:
+        return load_params()
+    except ModelError:
         return None
 
 
-def _predicted(algorithm: str, nbytes: int, comm: MPI.Intracomm, params: model.Params) -> float | None:
+def _predicted(algorithm: str, nbytes: int, comm: MPI.Intracomm, params: Params) -> float | None:
     """The cost model's time in us, on the nodes hpcring found (None where it cannot say)."""
     nodes = topology.of(channel_for(comm, backend_for(np.empty(0))).comm)
     per_node = nodes.per_node[0] if nodes.two_level else None
     if algorithm == "hierarchical" and per_node is None:
         algorithm = "ring"  # what it runs without a second level
     try:
-        return model.predict(algorithm, nbytes, comm.Get_size(), params, per_node=per_node) * 1e6
-    except model.ModelError:
+        return predict(algorithm, nbytes, comm.Get_size(), params, per_node=per_node) * 1e6
+    except ModelError:
         return None  # hierarchical on nodes, but the calibration saw one node only
 
 
@@ -900,7 +903,7 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
     if dev.name != "gpu":  # rank 0 alone, the others asleep: the memory bandwidth one process gets
         comm.Barrier()
         copyto = copyto_bandwidth(max(sizes)) if rank == 0 else None
-        model.idle_barrier(comm)
+        idle_barrier(comm)
         header["copyto_GBps"] = comm.bcast(copyto) / 1e9
     if rank == 0:
         progress.clear()
