@@ -1,4 +1,8 @@
-"""hpcring: gradient all-reduce over MPI, with naive, parameter-server and ring algorithms."""
+"""hpcring: gradient all-reduce over MPI, the textbook algorithms side by side with the library's own.
+
+This module is the public face only (`allreduce`, `iallreduce`, `GradientSync`, `trace`,
+`info`...); the work is in the submodules, and the names that need MPI load on first use.
+"""
 
 from __future__ import annotations
 

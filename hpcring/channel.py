@@ -2,8 +2,10 @@
 
 A `Channel` holds hpcring's private duplicate of the user's communicator, the array
 backend, grow-only scratch buffers, and a count of the bytes hpcring hands to MPI.
-Every MPI call an algorithm makes goes through it, so staging of device memory and
-the traffic count live in one place.
+Every MPI call that moves an algorithm's data goes through it, so staging of device
+memory and the traffic count live in one place. Setup that moves no data (auto's table,
+NCCL's unique id, a sub-communicator's split) uses ``ch.comm`` directly, once per
+communicator.
 
 Bytes sent are counted as the payload hpcring gives MPI times the number of *other*
 ranks it is addressed to: a Sendrecv to a neighbour counts its send buffer once, a
