@@ -28,7 +28,6 @@ import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, NoReturn
 
 import numpy as np
@@ -36,6 +35,7 @@ from mpi4py import MPI
 
 from . import ALGORITHMS, __version__, algorithms, info, model, topology
 from .algorithms import auto
+from .algorithms.tuning import write_tuning
 from .api import allreduce, channel_for
 from .backend import backend_for, copyto_bandwidth, gpu_problem_anywhere, select_device
 from .errors import abort_on_error
@@ -636,61 +636,6 @@ def _predicted(algorithm: str, nbytes: int, comm: MPI.Intracomm, params: model.P
         return model.predict(algorithm, nbytes, comm.Get_size(), params, per_node=per_node) * 1e6
     except model.ModelError:
         return None  # hierarchical on nodes, but the calibration saw one node only
-
-
-# A size keeps the algorithm of the size below it unless another is faster by more than this.
-# Timings of one row differ from pass to pass by a median 1.0% at 2 ranks, 2.6% at 3 and 3.4%
-# at 4 (75th percentile 2.4%, 6.1%, 7.8%; five passes of 4 KiB-256 MiB, 2026-11-30), so two
-# algorithms closer than a few percent are a coin toss: at 4 ranks one tuning chose the ring
-# for 4-16 MiB, Rabenseifner for 64 MiB (1.2% ahead) and the ring again for 256 MiB, and in
-# five later runs Rabenseifner at 64 MiB came out 11% behind the ring.
-TUNING_TIE = 0.05
-
-
-def tuning_table(rows: list[Row], tie: float = TUNING_TIE) -> list[list[Any]]:
-    """Thresholds for `auto` from measured rows: per size the fastest algorithm, runs merged.
-
-    Each entry is [largest size in bytes, algorithm]; the last one is open-ended (None),
-    so sizes beyond the sweep take the algorithm that won its largest size. Where the
-    algorithm chosen for the size below is within ``tie`` (a fraction) of the fastest, it
-    stays: a band ends only where another algorithm is ahead by more than the noise.
-    """
-    rows = [r for r in rows if r.algorithm not in ("auto", *algorithms.BASELINES)]
-    table: list[list[Any]] = []
-    for nbytes in sorted({r.size for r in rows}):
-        times = {r.algorithm: r.time_us for r in rows if r.size == nbytes}
-        best = min(times, key=times.__getitem__)
-        incumbent = table[-1][1] if table else None
-        if incumbent in times and times[incumbent] <= times[best] * (1 + tie):
-            table[-1][0] = nbytes
-        else:
-            table.append([nbytes, best])
-    if table:
-        table[-1][0] = None
-    return table
-
-
-def write_tuning(
-    rows: list[Row], *, size: int, header: dict[str, Any], in_place: bool = False
-) -> tuple[Path, str]:
-    """Merge this rank count's thresholds into the tuning file (other rank counts are kept);
-    returns the file and the table's key (the rank count, or "HxL" on nodes; "-in-place"
-    added for calls in place)."""
-    path = auto.tuning_path()
-    try:
-        data = json.loads(path.read_text())
-        if data.get("format") != auto.FORMAT or not isinstance(data.get("tables"), dict):
-            raise ValueError
-    except (OSError, ValueError):
-        data = {"format": auto.FORMAT, "tables": {}, "measured": {}}
-    key = auto.key_for(size, header.get("topology"), in_place)
-    data["tables"][key] = tuning_table(rows)
-    data.setdefault("measured", {})[key] = {
-        k: header[k] for k in ("mpi_library", "hosts", "device", "dtype", "op") if k in header
-    }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=1) + "\n")
-    return path, key
 
 
 def median_rows(passes: list[list[Row]]) -> list[Row]:
