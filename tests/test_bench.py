@@ -25,18 +25,11 @@ from hpcring import ALGORITHMS
 from hpcring.algorithms import tuning
 from hpcring.algorithms.tuning import tuning_table
 from hpcring.backend import gpu_problem
-from hpcring.bench import (
-    Row,
-    busbw_factor,
-    expected_bytes_sent,
-    expected_result,
-    main,
-    median_rows,
-    parse_size,
-    sweep,
-    verifiable_input,
-)
+from hpcring.bench import main
+from hpcring.bench.data import expected_bytes_sent, expected_result, sweep, verifiable_input
+from hpcring.bench.measure import Row, median_rows
 from hpcring.ops import DTYPES, OPS, check_op
+from hpcring.units import busbw_factor, parse_size
 
 TINY = ["-b", "8", "-e", "64", "-n", "2", "-w", "1"]  # 4 sizes, a few ms a row
 
