@@ -39,6 +39,8 @@ from .data import expected_bytes_sent, expected_result, verifiable_input
 
 @dataclass
 class Device:
+    """Where the arrays live: the array module and how to wait for its queued work."""
+
     name: str  # cpu or gpu
     xp: Any
 

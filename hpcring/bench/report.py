@@ -34,6 +34,7 @@ _COLUMNS = (
 
 
 def format_header(h: dict[str, Any]) -> str:
+    """The lines above the table: what ran where, how it was timed, and the column names."""
     aware = "yes" if h["cuda_aware"] else "no"
     lines = [
         f"# hpcring {h['hpcring']} all-reduce benchmark  ({h['mpi_library']}, mpi4py {h['mpi4py']})",
@@ -69,6 +70,8 @@ def _gpu_header(h: dict[str, Any]) -> list[str]:
 
 
 def format_row(row: Row) -> str:
+    """One table line, aligned under `format_header`'s columns (``!``: bytes off the formula)."""
+
     def num(value: int | None) -> str:
         return "-" if value is None else str(value)
 
@@ -105,6 +108,7 @@ def summarize(rows: list[Row]) -> list[dict[str, Any]]:
 
 
 def format_footer(rows: list[Row], summary: list[dict[str, Any]]) -> str:
+    """The lines below the table: best per size against mpi, then the verdicts, as nccl-tests ends."""
     names = list(dict.fromkeys(r.algorithm for r in rows))
     lines = [
         "#",
