@@ -13,12 +13,12 @@ from mpi4py import MPI
 
 import hpcring
 from hpcring import algorithms
-from hpcring.algorithms import auto
+from hpcring.algorithms import auto, tuning
 from hpcring.backend import backend_for
 from hpcring.comm import channel_for
 
 
-def write(path, tables, fmt=auto.FORMAT) -> None:
+def write(path, tables, fmt=tuning.FORMAT) -> None:
     path.write_text(json.dumps({"format": fmt, "tables": tables}))
 
 
@@ -36,7 +36,7 @@ def shared_tuning(tmp_path_factory, monkeypatch, tables) -> Path:
 
 def test_choose() -> None:
     table = ((100, "mpi"), (1000, "rabenseifner"), (None, "ring"))
-    assert [auto.choose(n, table) for n in (0, 100, 101, 1000, 1001, 10**12)] == [
+    assert [tuning.choose(n, table) for n in (0, 100, 101, 1000, 1001, 10**12)] == [
         "mpi",
         "mpi",
         "rabenseifner",
@@ -49,32 +49,32 @@ def test_choose() -> None:
 def test_missing_file_is_silent(tmp_path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        assert auto.load(4, tmp_path / "none.json") == auto.DEFAULT
+        assert tuning.load(4, tmp_path / "none.json") == tuning.DEFAULT
 
 
 def test_valid_file(tmp_path) -> None:
     path = tmp_path / "t.json"
     write(path, {"4": [[4096, "naive"], [None, "ps"]]})
-    assert auto.load(4, path) == ((4096, "naive"), (None, "ps"))
+    assert tuning.load(4, path) == ((4096, "naive"), (None, "ps"))
 
 
 def test_two_level_tables_have_their_own_key_and_default(tmp_path) -> None:
     """On H nodes of L ranks auto reads the "HxL" table (tuned there), else the two-level default."""
-    assert auto.table_key(8, nodes=2, per_node=4) == "2x4"
-    assert auto.table_key(8) == auto.table_key(8, nodes=8, per_node=1) == "8"  # flat: the rank count
-    assert auto.load("2x4", tmp_path / "none.json") == auto.DEFAULT_TWO_LEVEL
-    assert auto.choose(64 << 20, auto.DEFAULT_TWO_LEVEL) == "hierarchical"
+    assert tuning.table_key(8, nodes=2, per_node=4) == "2x4"
+    assert tuning.table_key(8) == tuning.table_key(8, nodes=8, per_node=1) == "8"  # flat: the rank count
+    assert tuning.load("2x4", tmp_path / "none.json") == tuning.DEFAULT_TWO_LEVEL
+    assert tuning.choose(64 << 20, tuning.DEFAULT_TWO_LEVEL) == "hierarchical"
     path = tmp_path / "t.json"
     write(path, {"8": [[None, "ring"]], "2x4": [[1024, "mpi"], [None, "hierarchical"]]})
-    assert auto.load("2x4", path) == ((1024, "mpi"), (None, "hierarchical"))
-    assert auto.load(8, path) == ((None, "ring"),)
+    assert tuning.load("2x4", path) == ((1024, "mpi"), (None, "hierarchical"))
+    assert tuning.load(8, path) == ((None, "ring"),)
 
 
 def test_a_baseline_is_never_a_tuned_choice(tmp_path) -> None:
     path = tmp_path / "t.json"
     write(path, {"4": [[None, "nccl"]]})  # NCCL cannot run on NumPy arrays: not auto's to pick
     with pytest.warns(UserWarning, match="unknown algorithms"):
-        assert auto.load(4, path) == auto.DEFAULT
+        assert tuning.load(4, path) == tuning.DEFAULT
 
 
 @pytest.mark.parametrize(
@@ -82,9 +82,9 @@ def test_a_baseline_is_never_a_tuned_choice(tmp_path) -> None:
     [
         ("{not json", "ignoring tuning file"),
         (json.dumps({"format": 99, "tables": {}}), "format 99"),
-        (json.dumps({"format": auto.FORMAT, "tables": {"4": [[10, "tree"], [None, "ring"]]}}), "unknown"),
-        (json.dumps({"format": auto.FORMAT, "tables": {"4": [[10, "ring"]]}}), "open-ended"),
-        (json.dumps({"format": auto.FORMAT, "tables": {"8": [[None, "ring"]]}}), "no entry for 4 ranks"),
+        (json.dumps({"format": tuning.FORMAT, "tables": {"4": [[10, "tree"], [None, "ring"]]}}), "unknown"),
+        (json.dumps({"format": tuning.FORMAT, "tables": {"4": [[10, "ring"]]}}), "open-ended"),
+        (json.dumps({"format": tuning.FORMAT, "tables": {"8": [[None, "ring"]]}}), "no entry for 4 ranks"),
         (json.dumps([1, 2]), "ignoring tuning file"),
     ],
 )
@@ -92,14 +92,14 @@ def test_unusable_file_warns_once_and_falls_back(tmp_path, content: str, match: 
     path = tmp_path / "t.json"
     path.write_text(content)
     with pytest.warns(UserWarning, match=match) as caught:
-        assert auto.load(4, path) == auto.DEFAULT
+        assert tuning.load(4, path) == tuning.DEFAULT
     assert len(caught) == 1
 
 
 def test_a_path_that_cannot_even_be_tested_warns(tmp_path) -> None:
     """exists() raises for a name too long (it returns False only for some errors)."""
     with pytest.warns(UserWarning, match="ignoring tuning file"):
-        assert auto.load(4, tmp_path / ("x" * 300)) == auto.DEFAULT
+        assert tuning.load(4, tmp_path / ("x" * 300)) == tuning.DEFAULT
 
 
 @pytest.mark.mpi
@@ -123,9 +123,9 @@ def test_in_place_calls_have_their_own_table_else_the_out_of_place_one(tmp_path)
     write(path, {"4": [[None, "ring"]]})
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # falling back to the out-of-place table is quiet
-        assert auto.load("4-in-place", path, fallback="4") == ((None, "ring"),)
+        assert tuning.load("4-in-place", path, fallback="4") == ((None, "ring"),)
     write(path, {"4": [[None, "ring"]], "4-in-place": [[4 << 20, "mpi"], [None, "ring"]]})
-    assert auto.load("4-in-place", path, fallback="4") == ((4 << 20, "mpi"), (None, "ring"))
+    assert tuning.load("4-in-place", path, fallback="4") == ((4 << 20, "mpi"), (None, "ring"))
 
 
 @pytest.mark.mpi

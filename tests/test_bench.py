@@ -22,21 +22,14 @@ from helpers import everywhere, launcher_env, mpiexec
 from mpi4py import MPI
 
 from hpcring import ALGORITHMS
-from hpcring.algorithms import auto
+from hpcring.algorithms import tuning
+from hpcring.algorithms.tuning import tuning_table
 from hpcring.backend import gpu_problem
-from hpcring.bench import (
-    Row,
-    busbw_factor,
-    expected_bytes_sent,
-    expected_result,
-    main,
-    median_rows,
-    parse_size,
-    sweep,
-    tuning_table,
-    verifiable_input,
-)
+from hpcring.bench import main
+from hpcring.bench.data import expected_bytes_sent, expected_result, sweep, verifiable_input
+from hpcring.bench.measure import Row, median_rows
 from hpcring.ops import DTYPES, OPS, check_op
+from hpcring.units import busbw_factor, parse_size
 
 TINY = ["-b", "8", "-e", "64", "-n", "2", "-w", "1"]  # 4 sizes, a few ms a row
 
@@ -334,7 +327,7 @@ def test_tune_writes_a_table_auto_reads(monkeypatch) -> None:
     folder = _shared_dir()
     path = Path(folder) / "tuning.json"
     if COMM.Get_rank() == 0:
-        path.write_text(json.dumps({"format": auto.FORMAT, "tables": {"999": [[None, "ps"]]}}))
+        path.write_text(json.dumps({"format": tuning.FORMAT, "tables": {"999": [[None, "ps"]]}}))
     COMM.Barrier()
     monkeypatch.setenv("HPCRING_TUNING", str(path))
     status, _ = _run([*TINY, "-a", "ring,mpi", "--passes", "2", "--tune"])
@@ -342,9 +335,9 @@ def test_tune_writes_a_table_auto_reads(monkeypatch) -> None:
     if COMM.Get_rank() == 0:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a table for this rank count is there: no fallback
-            table = auto.load(COMM.Get_size(), path)
+            table = tuning.load(COMM.Get_size(), path)
         names = {name for _, name in table}
-        kept = auto.load(999, path) == ((None, "ps"),)  # other rank counts' tables stay
+        kept = tuning.load(999, path) == ((None, "ps"),)  # other rank counts' tables stay
         ok = ok and kept and table[-1][0] is None and names <= {"ring", "mpi"}
         shutil.rmtree(folder, ignore_errors=True)
     assert everywhere(COMM, ok)

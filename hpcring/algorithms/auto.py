@@ -1,115 +1,30 @@
 """auto: the algorithm measured fastest on this machine for the message size and rank count.
 
 Cost: that of the algorithm it picks. The choice comes from a tuning file written by
-`python -m hpcring.bench --tune` (path: HPCRING_TUNING, else ~/.cache/hpcring/tuning.json):
-for each rank count, a list of (up to this many bytes, algorithm) thresholds. Without
-a file, or without an entry for this rank count, built-in defaults apply: the library's
-own Allreduce for tiny messages (latency), Rabenseifner for medium ones (log2 G steps),
-the ring for large ones (bandwidth). Rank 0 reads the file once per communicator and
-broadcasts the table, so every rank makes the same choice even if their files differ.
+`python -m hpcring.bench --tune` (path: HPCRING_TUNING, else ~/.cache/hpcring/tuning.json;
+its format, reader and writer are `hpcring.algorithms.tuning`): for each rank count, a
+list of (up to this many bytes, algorithm) thresholds. Without a file, or without an
+entry for this rank count, built-in defaults apply: the library's own Allreduce for tiny
+messages (latency), Rabenseifner for medium ones (log2 G steps), the ring for large ones
+(bandwidth). Rank 0 reads the file once per communicator and broadcasts the table, so
+every rank makes the same choice even if their files differ.
 
 The topology counts too: on several nodes of L > 1 ranks each (`hpcring.topology`) the
 table is the one tuned for that shape, keyed "HxL" (e.g. "2x2"; `bench --tune` run on
-those nodes writes it), else DEFAULT_TWO_LEVEL, in which `hierarchical` takes the large
-messages: its inter-node links carry 2(H-1)/H·n where a flat ring's carry 2(G-1)/G·n
-in L times as many steps.
+those nodes writes it), else `tuning.DEFAULT_TWO_LEVEL`, in which `hierarchical` takes
+the large messages: its inter-node links carry 2(H-1)/H·n where a flat ring's carry
+2(G-1)/G·n in L times as many steps.
 """
 
 from __future__ import annotations
 
-import json
-import os
 import sys
-import warnings
-from pathlib import Path
 from typing import Any
 
 from .. import topology
 from ..channel import Channel
 from ..ops import Op
-
-# (largest message in bytes, algorithm); None: no upper bound. Chosen so that an untuned
-# machine gets the textbook shape; `bench --tune` replaces them with measured crossovers.
-DEFAULT: tuple[tuple[int | None, str], ...] = ((4 << 10, "mpi"), (256 << 10, "rabenseifner"), (None, "ring"))
-# Across nodes, measured on the emulated cluster (2 hosts x 2 ranks, 1 Gbit/s TCP, `bench
-# --tune`, busbw relative to MPI_Allreduce): MPI's own up to 32 KiB, then hierarchical
-# (1.07-1.49x at 64-512 KiB and 8-16 MiB, 0.90x at 1-4 MiB); Rabenseifner's large early
-# exchanges across the network reached only 0.25-0.78x from 16 KiB up.
-DEFAULT_TWO_LEVEL: tuple[tuple[int | None, str], ...] = ((32 << 10, "mpi"), (None, "hierarchical"))
-FORMAT = 1
-
-
-# Added to a table's key for calls in place (`bench --tune --in-place` writes it). In place the
-# library's own Allreduce skips the copy of the input that out of place it makes first, so the
-# crossovers move: at 2 ranks `mpi` won up to 4 MiB in place, and only up to 64 KiB out of
-# place (docs/benchmarking.md). Where a file has no in-place table, the other one serves.
-IN_PLACE = "-in-place"
-
-
-def table_key(size: int, nodes: int = 1, per_node: int = 1) -> str:
-    """The tuning file's key for a communicator: its rank count, or "HxL" on H nodes of L ranks."""
-    return f"{nodes}x{per_node}" if nodes > 1 and per_node > 1 else str(size)
-
-
-def key_for(size: int, shape: dict[str, Any] | None, in_place: bool = False) -> str:
-    """The key of the table that calls of ``size`` ranks read (in place or not), where
-    ``shape`` is their `topology.summary` (None: one node): "HxL" only where `hierarchical`
-    applies. `bench --tune` writes under the same key."""
-    key = str(size)
-    if shape and shape["two_level"]:
-        key = table_key(size, shape["nodes"], shape["ranks_per_node"][0])
-    return key + IN_PLACE if in_place else key
-
-
-def tuning_path() -> Path:
-    """Where the tuning file is read and written: HPCRING_TUNING, else the user's cache."""
-    env = os.environ.get("HPCRING_TUNING", "").strip()
-    return Path(env) if env else Path.home() / ".cache" / "hpcring" / "tuning.json"
-
-
-def load(
-    size: int | str, path: Path | None = None, fallback: str | None = None
-) -> tuple[tuple[int | None, str], ...]:
-    """The thresholds for ``size`` ranks (or a `table_key`) from the tuning file, else those of
-    the key ``fallback`` (quietly: the in-place table falls back to the out-of-place one),
-    else the defaults."""
-    from . import BASELINES, MODULES  # late: this module is one of them
-
-    path = tuning_path() if path is None else path
-    default = DEFAULT_TWO_LEVEL if "x" in str(size) else DEFAULT
-    try:
-        if not path.exists():  # may raise too: a name too long, a folder not searchable
-            return default
-        data = json.loads(path.read_text())
-        if data.get("format") != FORMAT:
-            raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
-        if fallback is not None and str(size) not in data["tables"]:
-            return load(fallback, path)
-        rows = data["tables"][str(size)]
-        table = tuple((None if limit is None else int(limit), str(name)) for limit, name in rows)
-        if not table or table[-1][0] is not None:
-            raise ValueError("the last threshold must be open-ended (null)")
-        unknown = [name for _, name in table if name not in MODULES or name in ("auto", *BASELINES)]
-        if unknown:
-            raise ValueError(f"unknown algorithms {unknown}")
-        return table
-    except KeyError:
-        warnings.warn(
-            f"hpcring: tuning file {path} has no entry for {size} ranks; using the defaults "
-            f"(run `mpiexec -n {size} python -m hpcring.bench --tune`)",
-            stacklevel=2,
-        )
-    except (OSError, ValueError, TypeError, AttributeError) as error:
-        warnings.warn(f"hpcring: ignoring tuning file {path} ({error}); using the defaults", stacklevel=2)
-    return default
-
-
-def choose(nbytes: int, table: tuple[tuple[int | None, str], ...] = DEFAULT) -> str:
-    """The algorithm for an ``nbytes`` message under ``table``."""
-    for limit, name in table:
-        if limit is None or nbytes <= limit:
-            return name
-    return table[-1][1]
+from .tuning import choose, key_for, load
 
 
 def _table(ch: Channel, in_place: bool = False) -> tuple[tuple[int | None, str], ...]:

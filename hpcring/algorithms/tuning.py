@@ -1,0 +1,174 @@
+"""The tuning file: what `python -m hpcring.bench --tune` writes and `auto` reads.
+
+Its path is HPCRING_TUNING, else ~/.cache/hpcring/tuning.json. It holds, per table key
+(the rank count, or "HxL" on H nodes of L ranks; "-in-place" added for calls in place),
+a list of (up to this many bytes, algorithm) thresholds, and what each table was measured
+on. Reader and writer live here together, so the format has one home; `auto` only asks
+`load` for a table and `choose` for a size. Without a file, or without an entry for the
+key, the built-in defaults below apply.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import warnings
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+# (largest message in bytes, algorithm); None: no upper bound. Chosen so that an untuned
+# machine gets the textbook shape; `bench --tune` replaces them with measured crossovers.
+DEFAULT: tuple[tuple[int | None, str], ...] = ((4 << 10, "mpi"), (256 << 10, "rabenseifner"), (None, "ring"))
+# Across nodes, measured on the emulated cluster (2 hosts x 2 ranks, 1 Gbit/s TCP, `bench
+# --tune`, busbw relative to MPI_Allreduce): MPI's own up to 32 KiB, then hierarchical
+# (1.07-1.49x at 64-512 KiB and 8-16 MiB, 0.90x at 1-4 MiB); Rabenseifner's large early
+# exchanges across the network reached only 0.25-0.78x from 16 KiB up.
+DEFAULT_TWO_LEVEL: tuple[tuple[int | None, str], ...] = ((32 << 10, "mpi"), (None, "hierarchical"))
+FORMAT = 1
+
+
+# Added to a table's key for calls in place (`bench --tune --in-place` writes it). In place the
+# library's own Allreduce skips the copy of the input that out of place it makes first, so the
+# crossovers move: at 2 ranks `mpi` won up to 4 MiB in place, and only up to 64 KiB out of
+# place (docs/benchmarking.md). Where a file has no in-place table, the other one serves.
+IN_PLACE = "-in-place"
+
+
+def table_key(size: int, nodes: int = 1, per_node: int = 1) -> str:
+    """The tuning file's key for a communicator: its rank count, or "HxL" on H nodes of L ranks."""
+    return f"{nodes}x{per_node}" if nodes > 1 and per_node > 1 else str(size)
+
+
+def key_for(size: int, shape: dict[str, Any] | None, in_place: bool = False) -> str:
+    """The key of the table that calls of ``size`` ranks read (in place or not), where
+    ``shape`` is their `topology.summary` (None: one node): "HxL" only where `hierarchical`
+    applies. `bench --tune` writes under the same key."""
+    key = str(size)
+    if shape and shape["two_level"]:
+        key = table_key(size, shape["nodes"], shape["ranks_per_node"][0])
+    return key + IN_PLACE if in_place else key
+
+
+def tuning_path() -> Path:
+    """Where the tuning file is read and written: HPCRING_TUNING, else the user's cache."""
+    env = os.environ.get("HPCRING_TUNING", "").strip()
+    return Path(env) if env else Path.home() / ".cache" / "hpcring" / "tuning.json"
+
+
+# ---------------------------------------------------------------------------------------
+# Reading (auto, on rank 0).
+
+
+def load(
+    size: int | str, path: Path | None = None, fallback: str | None = None
+) -> tuple[tuple[int | None, str], ...]:
+    """The thresholds for ``size`` ranks (or a `table_key`) from the tuning file, else those of
+    the key ``fallback`` (quietly: the in-place table falls back to the out-of-place one),
+    else the defaults."""
+    from . import BASELINES, MODULES  # late: hpcring.algorithms imports auto, which imports this
+
+    path = tuning_path() if path is None else path
+    default = DEFAULT_TWO_LEVEL if "x" in str(size) else DEFAULT
+    try:
+        if not path.exists():  # may raise too: a name too long, a folder not searchable
+            return default
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT:
+            raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
+        if fallback is not None and str(size) not in data["tables"]:
+            return load(fallback, path)
+        rows = data["tables"][str(size)]
+        table = tuple((None if limit is None else int(limit), str(name)) for limit, name in rows)
+        if not table or table[-1][0] is not None:
+            raise ValueError("the last threshold must be open-ended (null)")
+        unknown = [name for _, name in table if name not in MODULES or name in ("auto", *BASELINES)]
+        if unknown:
+            raise ValueError(f"unknown algorithms {unknown}")
+        return table
+    except KeyError:
+        warnings.warn(
+            f"hpcring: tuning file {path} has no entry for {size} ranks; using the defaults "
+            f"(run `mpiexec -n {size} python -m hpcring.bench --tune`)",
+            stacklevel=2,
+        )
+    except (OSError, ValueError, TypeError, AttributeError) as error:
+        warnings.warn(f"hpcring: ignoring tuning file {path} ({error}); using the defaults", stacklevel=2)
+    return default
+
+
+def choose(nbytes: int, table: tuple[tuple[int | None, str], ...] = DEFAULT) -> str:
+    """The algorithm for an ``nbytes`` message under ``table``."""
+    for limit, name in table:
+        if limit is None or nbytes <= limit:
+            return name
+    return table[-1][1]
+
+
+# ---------------------------------------------------------------------------------------
+# Writing (`bench --tune`, on rank 0).
+
+
+class Measured(Protocol):
+    """What the writer needs of a bench row (`hpcring.bench.measure.Row`)."""
+
+    size: int
+    algorithm: str
+    time_us: float
+
+
+# A size keeps the algorithm of the size below it unless another is faster by more than this.
+# Timings of one row differ from pass to pass by a median 1.0% at 2 ranks, 2.6% at 3 and 3.4%
+# at 4 (75th percentile 2.4%, 6.1%, 7.8%; five passes of 4 KiB-256 MiB, 2026-11-30), so two
+# algorithms closer than a few percent are a coin toss: at 4 ranks one tuning chose the ring
+# for 4-16 MiB, Rabenseifner for 64 MiB (1.2% ahead) and the ring again for 256 MiB, and in
+# five later runs Rabenseifner at 64 MiB came out 11% behind the ring.
+TUNING_TIE = 0.05
+
+
+def tuning_table(rows: Sequence[Measured], tie: float = TUNING_TIE) -> list[list[Any]]:
+    """Thresholds for `auto` from measured rows: per size the fastest algorithm, runs merged.
+
+    Each entry is [largest size in bytes, algorithm]; the last one is open-ended (None),
+    so sizes beyond the sweep take the algorithm that won its largest size. Where the
+    algorithm chosen for the size below is within ``tie`` (a fraction) of the fastest, it
+    stays: a band ends only where another algorithm is ahead by more than the noise.
+    """
+    from . import BASELINES  # late, as in load
+
+    rows = [r for r in rows if r.algorithm not in ("auto", *BASELINES)]
+    table: list[list[Any]] = []
+    for nbytes in sorted({r.size for r in rows}):
+        times = {r.algorithm: r.time_us for r in rows if r.size == nbytes}
+        best = min(times, key=times.__getitem__)
+        incumbent = table[-1][1] if table else None
+        if incumbent in times and times[incumbent] <= times[best] * (1 + tie):
+            table[-1][0] = nbytes
+        else:
+            table.append([nbytes, best])
+    if table:
+        table[-1][0] = None
+    return table
+
+
+def write_tuning(
+    rows: Sequence[Measured], *, size: int, header: dict[str, Any], in_place: bool = False
+) -> tuple[Path, str]:
+    """Merge this rank count's thresholds into the tuning file (other rank counts are kept);
+    returns the file and the table's key (the rank count, or "HxL" on nodes; "-in-place"
+    added for calls in place)."""
+    path = tuning_path()
+    try:
+        data = json.loads(path.read_text())
+        if data.get("format") != FORMAT or not isinstance(data.get("tables"), dict):
+            raise ValueError
+    except (OSError, ValueError):
+        data = {"format": FORMAT, "tables": {}, "measured": {}}
+    key = key_for(size, header.get("topology"), in_place)
+    data["tables"][key] = tuning_table(rows)
+    data.setdefault("measured", {})[key] = {
+        k: header[k] for k in ("mpi_library", "hosts", "device", "dtype", "op") if k in header
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=1) + "\n")
+    return path, key

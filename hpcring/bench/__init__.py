@@ -1,0 +1,26 @@
+"""`python -m hpcring.bench`: the nccl-tests-style benchmark of every algorithm side by side.
+
+One driver owns arguments, warm-up, timing, checking and the table (as nccl-tests'
+``common.cu`` does); what is specific to an algorithm is one line of
+`expected_bytes_sent`. Time is taken per iteration on every rank, the max over ranks
+of each iteration is what a synchronous training step would wait for, and a row
+reports the median of those maxima. Bytes sent are *measured* by the Channel (what
+hpcring hands to MPI) and printed beside the textbook formula, so a disagreement is
+visible. With ``-c 1`` (the default) inputs are small integers whose reduction is
+exact in every dtype and summation order, so every element can be compared exactly;
+any wrong element makes the exit status 1, so a batch job fails loudly.
+
+The parts, one concern each:
+
+- `cli`: the flags, usage errors agreed by every rank, and `main`, the driver;
+- `data`: the sizes swept, the verifiable inputs, their exact results and bytes sent;
+- `measure`: the device (NumPy or CuPy), one row's timing, the run's facts, the
+  yardsticks (copy bandwidths) and the cost model's column;
+- `report`: header, table rows, footer, the ceiling line, progress, plot and JSON.
+
+The tuning file that ``--tune`` writes is `hpcring.algorithms.tuning`, beside its reader.
+"""
+
+from .cli import main
+
+__all__ = ["main"]

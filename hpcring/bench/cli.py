@@ -1,0 +1,300 @@
+"""The bench's command line and driver: flags as in nccl-tests, then the sweep, on every rank.
+
+Usage errors are raised by argparse identically on every rank (argv is the same
+everywhere), before any collective, so rank 0 prints one message and every rank
+returns 2 without waiting for the others.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+from typing import Any, NoReturn
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import ALGORITHMS, algorithms
+from ..algorithms.tuning import write_tuning
+from ..ops import BFLOAT16, DTYPES, OPS, check_op
+from ..units import format_size, parse_size
+from .data import sweep
+from .measure import (
+    Device,
+    Row,
+    copyto_GBps,
+    device_for,
+    header_facts,
+    load_model,
+    measure_row,
+    median_rows,
+    model_source,
+    predicted_us,
+)
+from .report import (
+    Progress,
+    ceiling_line,
+    format_footer,
+    format_header,
+    format_row,
+    plot,
+    summarize,
+    write_json,
+)
+
+# nccl-tests names for dtypes and ops, accepted beside NumPy's and hpcring's own.
+DTYPE_ALIASES = {
+    "half": "float16",
+    "float": "float32",
+    "double": "float64",
+    "int": "int32",
+    "bf16": "bfloat16",
+}
+OP_ALIASES = {"avg": "mean"}
+USAGE_EXIT = 2
+WRONG_EXIT = 1
+
+
+# ---------------------------------------------------------------------------------------
+# Command line.
+
+
+class _Usage(Exception):
+    """A usage error or help request: print on rank 0 only, then every rank returns ``status``."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that raises instead of printing and exiting, so only rank 0 speaks."""
+
+    def error(self, message: str) -> NoReturn:
+        raise _Usage(USAGE_EXIT, f"{self.format_usage()}{self.prog}: error: {message}\n")
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise _Usage(status, message or "")
+
+    def _print_message(self, message: str, file: Any = None) -> None:
+        if message and MPI.COMM_WORLD.Get_rank() == 0:
+            (file or sys.stdout).write(message)
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
+
+
+def _positive(kind: type, minimum: float) -> Any:
+    def convert(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"invalid {kind.__name__} {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be at least {minimum}, got {text}")
+        return value
+
+    return convert
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line, flags as in nccl-tests where they exist there."""
+    parser = _Parser(
+        prog="python -m hpcring.bench",
+        description="Benchmark hpcring's all-reduce algorithms side by side (run under mpiexec).",
+    )
+    add = parser.add_argument
+    add("-b", "--minbytes", type=_size_arg, default=8, metavar="SIZE", help="smallest message (default 8)")
+    add("-e", "--maxbytes", type=_size_arg, default=16 << 20, metavar="SIZE", help="largest (default 16M)")
+    add("-f", "--stepfactor", type=_positive(float, 1.0001), default=2.0, help="size multiplier (default 2)")
+    add("-n", "--iters", type=_positive(int, 1), default=20, help="timed iterations per row (default 20)")
+    add("-w", "--warmup", type=_positive(int, 0), default=5, help="untimed iterations first (default 5)")
+    add("-c", "--check", type=int, choices=(0, 1), default=1, nargs="?", const=1, help="check results (1)")
+    add("-d", "--dtype", default="float32", help=f"one of {', '.join(d.name for d in DTYPES)} (float32)")
+    add("-o", "--op", default="sum", help=f"one of {', '.join(OPS)} (sum)")
+    add(
+        "-a",
+        "--algorithms",
+        default=None,
+        help=f"comma list of {', '.join((*ALGORITHMS, *algorithms.BASELINES))} "
+        "(default: all; nccl on GPUs only)",
+    )
+    add("--device", choices=("cpu", "gpu", "auto"), default="auto", help="gpu if CuPy sees one (auto)")
+    add(
+        "--max-time",
+        type=_positive(float, 0.0),
+        default=1.0,
+        metavar="SECONDS",
+        help="fewer iterations (at least 3) where the warm-up predicts a row would take longer (1.0; 0: off)",
+    )
+    add(
+        "--passes",
+        type=_positive(int, 1),
+        default=1,
+        help="run the whole sweep N times and keep, per row, the pass with the median time: "
+        "a slow spell of seconds then hits every algorithm alike, not one (default 1)",
+    )
+    add("--no-agree", action="store_true", help="time allreduce(check=False): skip the agreement step")
+    add(
+        "--in-place",
+        action="store_true",
+        help="time allreduce(x) in place, x rewritten with the input before each call (untimed); "
+        "default: out of place, allreduce(x, out=)",
+    )
+    add(
+        "--tune",
+        action="store_true",
+        help="write the fastest algorithm per size to the tuning file that algorithm 'auto' reads",
+    )
+    add("--json", metavar="FILE", help="write header and every row to FILE")
+    add("--plot", metavar="FILE.png", help="plot busbw vs size to FILE.png (needs matplotlib)")
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    """Parse and validate; every check is a pure function of argv, so all ranks agree without talking."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.minbytes > args.maxbytes:
+        parser.error(f"minbytes ({args.minbytes}) is larger than maxbytes ({args.maxbytes})")
+    name = DTYPE_ALIASES.get(args.dtype, args.dtype)
+    if name not in [d.name for d in DTYPES]:
+        parser.error(f"unknown dtype {args.dtype!r}; choose one of {', '.join(d.name for d in DTYPES)}")
+    args.dtype = np.dtype(name)
+    args.op = OP_ALIASES.get(args.op, args.op)
+    if args.op not in OPS:
+        parser.error(f"unknown op {args.op!r}; choose one of {', '.join(OPS)}")
+    try:
+        check_op(OPS[args.op], args.dtype)
+    except TypeError as error:
+        parser.error(str(error).removeprefix("hpcring.allreduce: "))
+    args.default_algorithms = args.algorithms is None
+    known = (*ALGORITHMS, *algorithms.BASELINES)
+    names = [a.strip() for a in (args.algorithms or ",".join(ALGORITHMS)).split(",") if a.strip()]
+    unknown = [a for a in names if a not in known]
+    if unknown or not names:
+        parser.error(f"unknown algorithm {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
+    if args.device == "cpu" and "nccl" in names:
+        parser.error("algorithm 'nccl' needs --device gpu")
+    args.algorithms = list(dict.fromkeys(names))
+    if not sweep(args.minbytes, args.maxbytes, args.stepfactor, args.dtype.itemsize):
+        parser.error(f"no size between minbytes and maxbytes holds a whole {args.dtype.name} element")
+    if args.plot and importlib.util.find_spec("matplotlib") is None:
+        parser.error("--plot needs matplotlib (pip install 'hpcring[bench]')")
+    return args
+
+
+def _baselines(args: argparse.Namespace, comm: MPI.Intracomm, dev: Device) -> dict[str, str]:
+    """Add NCCL on GPUs (by default) and drop it where it cannot run; returns {name: why not run}."""
+    from ..algorithms import nccl
+
+    if dev.name == "gpu" and args.default_algorithms:
+        args.algorithms.append("nccl")
+    if "nccl" not in args.algorithms:
+        return {}
+    reason = "needs --device gpu" if dev.name != "gpu" else nccl.unavailable(comm)  # collective
+    if not reason:
+        return {}
+    args.algorithms.remove("nccl")
+    return {"nccl": reason}
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> int:
+    """Run the benchmark; return 0, 1 if any element was wrong or bytes disagree, 2 on a usage error.
+
+    ``corrupt_rank`` is a test hook: that rank flips one element after each checked
+    reduction, to prove that a wrong result fails the run. ``HPCRING_BENCH_CORRUPT``
+    (a rank number) does the same from outside.
+    """
+    comm = MPI.COMM_WORLD
+    rank = comm.Get_rank()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        args, usage = parse_args(argv), None
+    except _Usage as error:
+        usage = error
+    # argv is the same on every rank, but what is installed (matplotlib for --plot) may not
+    # be: agree, so that no rank goes on alone into the collectives below.
+    stops = [stop for stop in comm.allgather(None if usage is None else (usage.status, str(usage))) if stop]
+    if stops:
+        status, text = stops[0]
+        if rank == 0 and text:
+            sys.stderr.write(text)
+        return status
+    if corrupt_rank is None and os.environ.get("HPCRING_BENCH_CORRUPT", "").strip():
+        corrupt_rank = int(os.environ["HPCRING_BENCH_CORRUPT"])
+
+    # From here on every rank runs the same collectives in the same order.
+    dev = device_for(args.device, comm)
+    if not isinstance(dev, str) and dev.name == "gpu" and args.dtype == BFLOAT16:
+        dev = "bfloat16 is ml_dtypes' NumPy dtype, CuPy has none: run it with --device cpu"
+    if isinstance(dev, str):
+        if rank == 0:
+            sys.stderr.write(f"{build_parser().prog}: error: {dev}\n")
+        return USAGE_EXIT
+
+    not_run = _baselines(args, comm, dev)
+    if not args.algorithms:
+        if rank == 0:
+            sys.stderr.write(f"{build_parser().prog}: error: nothing to run: {not_run}\n")
+        return USAGE_EXIT
+    header = header_facts(args, argv, comm, dev)
+    header["not_run"] = not_run
+    params = load_model(comm)
+    header["model"] = model_source(params)
+    sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor, args.dtype.itemsize)
+    if rank == 0:
+        print(format_header(header), flush=True)
+    progress = Progress(len(sizes) * len(args.algorithms) * args.passes, enabled=rank == 0)
+    passes: list[list[Row]] = []
+    for done in range(args.passes):
+        if rank == 0 and args.passes > 1:
+            progress.clear()
+            print(f"# pass {done + 1} of {args.passes}", flush=True)
+        passes.append([])
+        for nbytes in sizes:
+            for algorithm in args.algorithms:
+                row = measure_row(args, comm, dev, nbytes, algorithm, corrupt_rank)
+                if params is not None:
+                    row.predicted_us = predicted_us(row.chosen or algorithm, nbytes, comm, params)
+                passes[-1].append(row)
+                if rank == 0:
+                    progress.clear()
+                    print(format_row(row), flush=True)
+                progress.step(f"{algorithm} {format_size(nbytes)}B")
+    rows = median_rows(passes)
+    if rank == 0 and args.passes > 1:
+        progress.clear()
+        print(f"# per row, the pass with the median time of {args.passes}", flush=True)
+        print("\n".join(map(format_row, rows)), flush=True)
+
+    summary = summarize(rows)
+    every = [r for one in passes for r in one]
+    failed = any(r.wrong for r in every) or not all(r.bytes_match for r in every)
+    if dev.name != "gpu":  # rank 0 alone, the others asleep: the memory bandwidth one process gets
+        header["copyto_GBps"] = copyto_GBps(comm, max(sizes))
+    if rank == 0:
+        progress.clear()
+        print(format_footer(rows, summary), flush=True)
+        print(ceiling_line(header, rows), flush=True)
+        if args.json:
+            write_json(args.json, header, rows, summary, passes)
+        if args.plot:
+            plot(args.plot, header, rows)
+        if args.tune:
+            path, key = write_tuning(rows, size=comm.Get_size(), header=header, in_place=args.in_place)
+            print(f"# tuning for {comm.Get_size()} ranks (table {key}) written to {path}", flush=True)
+        if failed:
+            sys.stderr.write(
+                "hpcring.bench: FAILED: wrong elements or bytes sent off the formula (see table)\n"
+            )
+    return WRONG_EXIT if failed else 0

@@ -1,0 +1,93 @@
+"""What the bench measures and what must come out: the sizes, verifiable inputs, exact results, bytes.
+
+With ``-c 1`` (the default) inputs are small integers whose reduction is exact in every
+dtype and summation order, so every element can be compared exactly. Nothing here talks
+to MPI: each rank computes the same expectations alone.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import algorithms
+from ..ops import BFLOAT16
+
+
+def expected_bytes_sent(
+    algorithm: str, nbytes: int, size: int, rank: int, itemsize: int = 1, per_node: int = 1
+) -> int | None:
+    """Bytes rank ``rank`` of ``size`` should hand to MPI for one all-reduce of ``nbytes``.
+
+    Each algorithm module states its own formula (`hpcring.algorithms.bytes_sent`): naive
+    (G-1)·N; ps (G-1)·N at the root (its Bcast), N elsewhere (its Gather row); ring
+    2(G-1)/G·N, exactly from the segment bounds, so when G does not divide the count a
+    rank sends up to a couple of elements more or less; rabenseifner 2(G-1)/G·N plus the
+    fold; hierarchical a ring of ``per_node`` ranks plus a ring across nodes on one shard;
+    mpi None, MPI's own traffic is not visible.
+    """
+    return algorithms.bytes_sent(algorithm, nbytes // itemsize, itemsize, size, rank, per_node)
+
+
+def sweep(minbytes: int, maxbytes: int, stepfactor: float, itemsize: int) -> list[int]:
+    """Message sizes in bytes, minbytes * stepfactor**k up to maxbytes, whole elements, no repeats."""
+    sizes: list[int] = []
+    nbytes = float(minbytes)
+    while nbytes <= maxbytes * (1 + 1e-12):
+        rounded = int(nbytes) // itemsize * itemsize
+        if rounded > 0 and (not sizes or rounded > sizes[-1]):
+            sizes.append(rounded)
+        nbytes = nbytes * stepfactor if nbytes > 0 else 1.0
+    return sizes
+
+
+# ---------------------------------------------------------------------------------------
+# Verifiable data: small integers from (rank, index), periodic in the index.
+
+PERIOD = 60  # lcm of the residues used below, so a table of PERIOD values describes every index
+BFLOAT16_RANKS = 128  # ranks whose +-2 a bfloat16 sum can take in any order and stay exact
+
+
+def _value(op: str, dtype: np.dtype, rank: int, index: int) -> complex:
+    """Rank ``rank``'s input at ``index``: integers small enough that any summation order is exact.
+
+    Sums stay within +-2G (exact in float16 up to G = 1024), products are +-1 or +-2.
+    bfloat16 holds integers exactly only to 256: ranks from BFLOAT16_RANKS on give zeros.
+    """
+    if op == "prod":
+        value = -1 if (rank + index) % 3 == 0 else 1
+        return value * (2 if rank == 0 and index % 4 == 1 else 1)
+    if dtype == BFLOAT16 and rank >= BFLOAT16_RANKS:
+        return 0
+    value = (rank + index) % 5 - 2
+    if dtype.kind == "c":
+        return complex(value, (2 * rank + index) % 3 - 1)
+    return value
+
+
+def _reduce_exact(op: str, values: list[complex]) -> complex:
+    if op in ("sum", "mean"):
+        return sum(values)
+    if op == "prod":
+        return math.prod(values)
+    real = [v.real for v in values]  # max/min never see complex (refused by the op)
+    return max(real) if op == "max" else min(real)
+
+
+def verifiable_input(xp: Any, count: int, dtype: np.dtype, op: str, rank: int) -> Any:
+    """Rank ``rank``'s input of ``count`` elements, on the array module ``xp``."""
+    period = np.array([_value(op, dtype, rank, i) for i in range(PERIOD)]).astype(dtype)
+    return xp.asarray(np.resize(period, count))
+
+
+def expected_result(xp: Any, count: int, dtype: np.dtype, op: str, size: int) -> Any:
+    """The exact reduction over ``size`` ranks, rounded once to ``dtype`` (mean: divided as the API does)."""
+    exact = [_reduce_exact(op, [_value(op, dtype, r, i) for r in range(size)]) for i in range(PERIOD)]
+    if dtype.kind != "c":
+        exact = [v.real for v in exact]
+    period = xp.asarray(np.array(exact).astype(dtype))
+    if op == "mean" and size > 1:
+        xp.true_divide(period, size, out=period)  # the very operation hpcring.allreduce does
+    return period[xp.arange(count) % PERIOD]

@@ -1,0 +1,320 @@
+"""Measuring: the device, one (size, algorithm) row, the facts of the run, the yardsticks.
+
+Time is taken per iteration on every rank; the max over ranks of each iteration is what a
+synchronous training step would wait for, and a row reports the median of those maxima.
+Bytes sent are *measured* by the Channel (what hpcring hands to MPI) and set beside the
+textbook formula, so a disagreement is visible. This module is the one place in the bench
+that picks NumPy or CuPy (`Device`), and the one that asks the cost model for its column.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import statistics
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import __version__, algorithms, info, topology
+from ..algorithms import auto, ring
+from ..api import allreduce
+from ..backend import (
+    backend_for,
+    copyto_bandwidth,
+    gpu_identity,
+    gpu_problem_anywhere,
+    pinned_d2h_bandwidth,
+    select_device,
+)
+from ..comm import channel_for
+from ..model.costs import ModelError, Params, predict
+from ..model.params import load_params
+from ..polling import idle_barrier
+from ..units import busbw_factor
+from .data import expected_bytes_sent, expected_result, verifiable_input
+
+# ---------------------------------------------------------------------------------------
+# Device: the one place in the bench that picks NumPy or CuPy.
+
+
+@dataclass
+class Device:
+    """Where the arrays live: the array module and how to wait for its queued work."""
+
+    name: str  # cpu or gpu
+    xp: Any
+
+    def sync(self) -> None:
+        """Wait for queued device work, so a timer sees the whole call."""
+        if self.name == "gpu":
+            self.xp.cuda.get_current_stream().synchronize()
+
+
+def device_for(choice: str, comm: MPI.Intracomm) -> Device | str:
+    """The device to run on, or the reason it cannot be had (decided together by all ranks)."""
+    # Ranks may differ (a node without a GPU): agree, so no rank starts timing (or calls
+    # select_device's collective) alone; auto runs on GPUs only where every rank has one.
+    problem = "" if choice == "cpu" else gpu_problem_anywhere(comm)
+    if choice == "gpu" and problem:
+        return f"--device gpu: {problem}"
+    if choice == "cpu" or problem:
+        return Device("cpu", np)
+    import cupy
+
+    select_device(comm)  # node-local rank mod GPUs: one GPU per rank with no per-site wrapper
+    return Device("gpu", cupy)
+
+
+# ---------------------------------------------------------------------------------------
+# Measurement.
+
+
+@dataclass
+class Row:
+    """One (size, algorithm) measurement; every figure the table or JSON shows."""
+
+    size: int
+    count: int
+    dtype: str
+    op: str
+    algorithm: str
+    iters: int
+    time_us: float  # median over iterations of the max over ranks
+    time_us_min: float
+    time_us_max: float
+    algbw: float  # GB/s
+    busbw: float  # GB/s
+    bytes_sent: int | None  # max over ranks, per call; None for mpi
+    bytes_expected: int | None
+    bytes_sent_per_rank: list[int] | None
+    bytes_expected_per_rank: list[int] | None
+    wrong: int | None  # None when not checked
+    bytes_match: bool = field(default=True)
+    chosen: str | None = None  # what `auto` ran
+    predicted_us: float | None = None  # the calibrated cost model's time (hpcring.model)
+
+    @property
+    def label(self) -> str:
+        return f"auto:{self.chosen}" if self.chosen else self.algorithm
+
+
+def measure_row(
+    args: argparse.Namespace,
+    comm: MPI.Intracomm,
+    dev: Device,
+    nbytes: int,
+    algorithm: str,
+    corrupt_rank: int | None,
+) -> Row:
+    """Warm up, time, measure traffic and check one (size, algorithm) cell."""
+    rank, size, dtype = comm.Get_rank(), comm.Get_size(), args.dtype
+    count = nbytes // dtype.itemsize
+    x = verifiable_input(dev.xp, count, dtype, args.op, rank)
+    # In place, the result lands in x: each call starts from the input rewritten (untimed),
+    # as a training step's fresh gradients; out of place, x stays as it is.
+    pristine = x.copy() if args.in_place else None
+    out = x if args.in_place else dev.xp.empty_like(x)
+    agree = not args.no_agree
+    channel = channel_for(comm, backend_for(x))
+    chosen = auto.chosen(channel, nbytes, args.in_place) if algorithm == "auto" else None  # collective
+
+    def call() -> None:
+        allreduce(x, op=args.op, algorithm=algorithm, comm=comm, out=out, check=agree)
+
+    def refill() -> None:
+        if pristine is not None:
+            x[...] = pristine
+            dev.sync()
+
+    start = MPI.Wtime()
+    for _ in range(args.warmup):
+        refill()
+        call()
+    dev.sync()
+    iters = args.iters
+    if args.warmup and args.max_time > 0:
+        per_call = comm.allreduce((MPI.Wtime() - start) / args.warmup, op=MPI.MAX)  # same on every rank
+        if per_call * iters > args.max_time:
+            iters = max(min(iters, 3), int(args.max_time / per_call))
+
+    times = np.empty(iters)
+    sent_before = channel.bytes_sent
+    comm.Barrier()
+    for i in range(iters):
+        refill()
+        t0 = MPI.Wtime()
+        call()
+        dev.sync()
+        times[i] = MPI.Wtime() - t0
+    sent = (channel.bytes_sent - sent_before) / iters
+    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # per iteration: what the slowest rank saw
+
+    wrong: int | None = None
+    if args.check:
+        expected = expected_result(dev.xp, count, dtype, args.op, size)
+        if pristine is None:
+            out[...] = expected + 1  # stale or untouched output can never pass
+        refill()  # in place, the input itself: it differs from the result wherever G > 1
+        call()
+        if corrupt_rank == rank and count:
+            out[count // 2] += 1  # test hook: one wrong element on one rank
+        wrong = comm.allreduce(int((out != expected).sum()), op=MPI.SUM)
+
+    median = statistics.median(times.tolist())
+    algbw = nbytes / median / 1e9 if median > 0 else 0.0
+    ran = chosen or algorithm
+    if expected_bytes_sent(ran, nbytes, size, rank, dtype.itemsize) is None:  # mpi, nccl: not visible
+        measured: list[int] | None = None
+        formula: list[int] | None = None
+    else:
+        measured = [int(s) if s == int(s) else s for s in comm.allgather(sent)]
+        nodes = topology.of(channel.comm)
+        per_node = nodes.per_node[0] if nodes.two_level else 1
+        # Algorithms that run in node order (ranks placed round-robin, say) send what the rank
+        # at that position of the order sends.
+        place = nodes.order.index if algorithms.entry(ran).ring_order else int
+        formula = [
+            expected_bytes_sent(ran, nbytes, size, place(r), dtype.itemsize, per_node) or 0
+            for r in range(size)
+        ]
+    return Row(
+        size=nbytes,
+        count=count,
+        dtype=dtype.name,
+        op=args.op,
+        algorithm=algorithm,
+        iters=iters,
+        time_us=median * 1e6,
+        time_us_min=float(times.min()) * 1e6,
+        time_us_max=float(times.max()) * 1e6,
+        algbw=algbw,
+        busbw=algbw * busbw_factor(size),
+        bytes_sent=None if measured is None else max(measured),
+        bytes_expected=None if formula is None else max(formula),
+        bytes_sent_per_rank=measured,
+        bytes_expected_per_rank=formula,
+        wrong=wrong,
+        bytes_match=measured == formula,
+        chosen=chosen,
+    )
+
+
+def median_rows(passes: list[list[Row]]) -> list[Row]:
+    """Per (size, algorithm), the row of the pass whose median time is the median of the passes
+    (the upper one of an even count), in the order the first pass measured them."""
+    cells: dict[tuple[int, str], list[Row]] = {}
+    for one in passes:
+        for row in one:
+            cells.setdefault((row.size, row.algorithm), []).append(row)
+    return [sorted(rows, key=lambda r: r.time_us)[len(rows) // 2] for rows in cells.values()]
+
+
+# ---------------------------------------------------------------------------------------
+# The facts of the run (the header) and the yardsticks it is read against.
+
+
+def header_facts(
+    args: argparse.Namespace, argv: list[str], comm: MPI.Intracomm, dev: Device
+) -> dict[str, Any]:
+    """Everything that says what was measured where (collective: gathers host names)."""
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    local_size = local.Get_size()
+    local.Free()
+    hosts = comm.allgather(MPI.Get_processor_name() or socket.gethostname())
+    per_host = sorted(set(comm.allgather(local_size)))
+    nodes = topology.of(channel_for(comm, backend_for(dev.xp.empty(0))).comm)  # what hierarchical sees
+    facts = info()
+    return {
+        "hpcring": __version__,
+        "mpi_library": facts["mpi_library"],
+        "mpi4py": facts["mpi4py"],
+        "ranks": comm.Get_size(),
+        "hosts": len(set(hosts)),
+        "ranks_per_host": per_host[0] if len(per_host) == 1 else f"{per_host[0]}-{per_host[-1]}",
+        "topology": topology.summary(nodes),
+        "device": dev.name,
+        "cuda_aware": facts["cuda_aware"],
+        "cuda_aware_reason": facts["cuda_aware_reason"],
+        "dtype": args.dtype.name,
+        "op": args.op,
+        "algorithms": args.algorithms,
+        "iters": args.iters,
+        "passes": args.passes,
+        "warmup": args.warmup,
+        "max_time_s": args.max_time,
+        "check": bool(args.check),
+        "agree": not args.no_agree,
+        "placement": "in place, input rewritten before each call (untimed)"
+        if args.in_place
+        else "out-of-place (out=), input constant across iterations",
+        "time": "per iteration max over ranks; median over iterations",
+        "busbw_factor": busbw_factor(comm.Get_size()),
+        "argv": argv,
+        **(_gpu_facts(comm) if dev.name == "gpu" else {}),
+    }
+
+
+def _gpu_facts(comm: MPI.Intracomm) -> dict[str, Any]:
+    """What bounds the GPU path here: the GPUs, the pinned copy bandwidth, the staging piece size."""
+    import cupy
+
+    gpus = comm.allgather((MPI.Get_processor_name(), gpu_identity()))
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    comm.Barrier()
+    d2h = pinned_d2h_bandwidth(64 << 20) if comm.Get_rank() == 0 else None  # alone, not contended
+    comm.Barrier()
+    chunk = ring.staging_chunk_bytes()  # None: whole segments
+    return {
+        "gpu": name,
+        "gpus": len(set(gpus)),
+        "pinned_d2h_GBps": comm.bcast(d2h) / 1e9,
+        "staging_chunk_bytes": chunk,
+    }
+
+
+def copyto_GBps(comm: MPI.Intracomm, nbytes: int) -> float:
+    """np.copyto's bandwidth for ``nbytes`` in GB/s, what bounds the ring on the CPU (collective).
+
+    Rank 0 alone, the others asleep: the memory bandwidth one process gets.
+    """
+    comm.Barrier()
+    copyto = copyto_bandwidth(nbytes) if comm.Get_rank() == 0 else None
+    idle_barrier(comm)
+    return comm.bcast(copyto) / 1e9
+
+
+# ---------------------------------------------------------------------------------------
+# The cost model's column: the bench's one use of `hpcring.model`.
+
+
+def load_model(comm: MPI.Intracomm) -> Params | None:
+    """Rank 0's calibrated cost model (`python -m hpcring.model --calibrate`), broadcast to
+    every rank; None: no column then (collective)."""
+    params = None
+    if comm.Get_rank() == 0:
+        try:
+            params = load_params()
+        except ModelError:
+            params = None
+    return comm.bcast(params)
+
+
+def model_source(params: Params | None) -> str | None:
+    """What the header names as the model's origin: its file, or None without one."""
+    return None if params is None else params.meta.get("path", "calibrated")
+
+
+def predicted_us(algorithm: str, nbytes: int, comm: MPI.Intracomm, params: Params) -> float | None:
+    """The cost model's time in us, on the nodes hpcring found (None where it cannot say)."""
+    nodes = topology.of(channel_for(comm, backend_for(np.empty(0))).comm)
+    per_node = nodes.per_node[0] if nodes.two_level else None
+    if algorithm == "hierarchical" and per_node is None:
+        algorithm = "ring"  # what it runs without a second level
+    try:
+        return predict(algorithm, nbytes, comm.Get_size(), params, per_node=per_node) * 1e6
+    except ModelError:
+        return None  # hierarchical on nodes, but the calibration saw one node only

@@ -1,0 +1,223 @@
+"""Reporting on rank 0: the header, one table row per measurement, the footer, the plot, JSON.
+
+The table has nccl-tests' shape (size, count, type, redop, algorithm, time, algbw,
+busbw, ...), with the bytes sent measured beside their formula and the cost model's
+prediction; the footer names the fastest algorithm per size against MPI_Allreduce.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import sys
+import time
+from dataclasses import asdict
+from typing import Any
+
+from ..units import format_size
+from .measure import Row
+
+_COLUMNS = (
+    ("size", ">12", "(B)"),
+    ("count", ">11", "(elements)"),
+    ("type", ">10", ""),
+    ("redop", ">6", ""),
+    ("algorithm", ">17", ""),
+    ("time", ">10", "(us)"),
+    ("predicted", ">10", "(us)"),
+    ("algbw", ">8", "(GB/s)"),
+    ("busbw", ">8", "(GB/s)"),
+    ("sent/rank", ">11", "measured"),
+    ("sent/rank", ">11", "formula"),
+    ("#wrong", ">7", ""),
+)
+
+
+def format_header(h: dict[str, Any]) -> str:
+    """The lines above the table: what ran where, how it was timed, and the column names."""
+    aware = "yes" if h["cuda_aware"] else "no"
+    lines = [
+        f"# hpcring {h['hpcring']} all-reduce benchmark  ({h['mpi_library']}, mpi4py {h['mpi4py']})",
+        f"# ranks {h['ranks']}  hosts {h['hosts']}  ranks/host {h['ranks_per_host']}  "
+        f"device {h['device']}  CUDA-aware {aware} ({h['cuda_aware_reason']})",
+        f"# topology: {h['topology']['describe']}, two-level {'yes' if h['topology']['two_level'] else 'no'}"
+        f", ring in {h['topology']['ring_order']}",
+        *_gpu_header(h),
+        *(f"# {name}: not run: {why}" for name, why in h.get("not_run", {}).items()),
+        f"# dtype {h['dtype']}  op {h['op']}  iters {h['iters']} (fewer past {h['max_time_s']:g} s/row)  "
+        f"warmup {h['warmup']}  passes {h['passes']}  check {int(h['check'])}  agree {int(h['agree'])}  "
+        f"{h['placement']}",
+        f"# time: {h['time']};  busbw = algbw * 2(G-1)/G = algbw * {h['busbw_factor']:.4g};  "
+        "sent/rank: bytes handed to MPI per call, max over ranks",
+        "#",
+        "# " + " ".join(f"{name:{spec}}" for name, spec, _ in _COLUMNS)[2:],
+        "# " + " ".join(f"{unit:{spec}}" for _, spec, unit in _COLUMNS)[2:],
+    ]
+    return "\n".join(lines)
+
+
+def _gpu_header(h: dict[str, Any]) -> list[str]:
+    if h["device"] != "gpu":
+        return []
+    piece = h["staging_chunk_bytes"]
+    piece = f"pieces of {format_size(piece)}B" if piece else "whole segments"
+    staging = "" if h["cuda_aware"] else f"  host staging: {piece}"
+    lines = [
+        f"# GPU {h['gpu']}: {h['gpus']} for {h['ranks']} ranks  pinned device-to-host "
+        f"{h['pinned_d2h_GBps']:.1f} GB/s (one rank alone){staging}"
+    ]
+    return lines
+
+
+def format_row(row: Row) -> str:
+    """One table line, aligned under `format_header`'s columns (``!``: bytes off the formula)."""
+
+    def num(value: int | None) -> str:
+        return "-" if value is None else str(value)
+
+    measured = num(row.bytes_sent) + ("" if row.bytes_match else "!")
+    cells = (
+        row.size,
+        row.count,
+        row.dtype,
+        row.op,
+        row.label,
+        f"{row.time_us:.1f}",
+        "-" if row.predicted_us is None else f"{row.predicted_us:.1f}",
+        f"{row.algbw:.3f}",
+        f"{row.busbw:.3f}",
+        measured,
+        num(row.bytes_expected),
+        "N/A" if row.wrong is None else row.wrong,
+    )
+    return " ".join(f"{cell:{spec}}" for cell, (_, spec, _) in zip(cells, _COLUMNS, strict=True))
+
+
+def summarize(rows: list[Row]) -> list[dict[str, Any]]:
+    """Per size: the fastest algorithm and each one's busbw relative to mpi (= mpi time / its time)."""
+    summary = []
+    for nbytes in dict.fromkeys(r.size for r in rows):
+        cells = [r for r in rows if r.size == nbytes]
+        best = min(cells, key=lambda r: r.time_us)
+        base = next((r for r in cells if r.algorithm == "mpi"), None)
+        relative = {
+            r.algorithm: (base.time_us / r.time_us if base and r.time_us > 0 else None) for r in cells
+        }
+        summary.append({"size": nbytes, "best": best.algorithm, "busbw_vs_mpi": relative})
+    return summary
+
+
+def format_footer(rows: list[Row], summary: list[dict[str, Any]]) -> str:
+    """The lines below the table: best per size against mpi, then the verdicts, as nccl-tests ends."""
+    names = list(dict.fromkeys(r.algorithm for r in rows))
+    lines = [
+        "#",
+        "# best algorithm per size, and busbw relative to mpi (>1: faster than MPI_Allreduce)",
+        "# " + f"{'size':>8} {'best':>12}  " + " ".join(f"{n:>{max(7, len(n))}}" for n in names),
+    ]
+    for entry in summary:
+        rel = entry["busbw_vs_mpi"]
+        cells = " ".join(
+            f"{'-' if rel.get(n) is None else format(rel[n], '.2f'):>{max(7, len(n))}}" for n in names
+        )
+        lines.append(f"# {format_size(entry['size']):>8} {entry['best']:>12}  {cells}")
+    checked = [r.wrong for r in rows if r.wrong is not None]
+    wrong = sum(checked)
+    mismatched = sum(not r.bytes_match for r in rows)
+    verdict = f"{wrong} wrong element{'s' if wrong != 1 else ''}" if checked else "results not checked"
+    avg = statistics.mean(r.busbw for r in rows)
+    lines += [
+        f"# out of bounds values : {wrong} {'OK' if not wrong else 'FAILED'}  ({verdict})",
+        f"# bytes sent vs formula: {len(rows) - mismatched}/{len(rows)} rows agree"
+        + ("" if not mismatched else "  (! marks rows that do not: a bug)"),
+        f"# avg bus bandwidth    : {avg:.4f} GB/s",
+    ]
+    return "\n".join(lines)
+
+
+def ceiling_line(header: dict[str, Any], rows: list[Row]) -> str:
+    """The ring's busbw at the largest size against what bounds it on this device: the pinned
+    copy bandwidth of host staging on a GPU, one process's np.copyto on the CPU."""
+    ring = [r for r in rows if r.algorithm == "ring"]
+    if not ring:
+        return "# ring not run: no figure against the copy bandwidth"
+    top = max(ring, key=lambda r: r.size)
+    mpi = next((r for r in rows if r.algorithm == "mpi" and r.size == top.size), None)
+    versus = f", {mpi.time_us / top.time_us:.2f}x mpi" if mpi and top.time_us > 0 else ""
+    if header["device"] == "gpu":
+        ceiling, what = header["pinned_d2h_GBps"], "pinned device-to-host"
+    else:
+        ceiling = header["copyto_GBps"]
+        what = f"np.copyto ({ceiling:.2f} GB/s, one process, {format_size(top.size)}B, same run)"
+    ring_at = f"# ring at {format_size(top.size)}B: busbw {top.busbw:.2f} GB/s"
+    return f"{ring_at} = {top.busbw / ceiling:.3f} x {what}{versus}"
+
+
+class Progress:
+    """Progress of the sweep on rank 0's stderr: a bar on a terminal, plain lines otherwise."""
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.tty = enabled and sys.stderr.isatty()
+        self.start = self.last = time.monotonic()
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        elapsed = time.monotonic() - self.start
+        if self.tty:
+            filled = 30 * self.done // self.total
+            bar = "#" * filled + "." * (30 - filled)
+            sys.stderr.write(f"\r[{bar}] {self.done}/{self.total} {label:<22} {elapsed:6.1f} s")
+        elif time.monotonic() - self.last >= 2.0 or self.done == self.total:  # a log, not a flood
+            self.last = time.monotonic()
+            sys.stderr.write(
+                f"hpcring.bench: {self.done}/{self.total} rows, last {label} ({elapsed:.1f} s)\n"
+            )
+        sys.stderr.flush()
+
+    def clear(self) -> None:
+        """Erase the bar, so the table lines on the same terminal stay clean."""
+        if self.tty:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+
+
+def plot(path: str, header: dict[str, Any], rows: list[Row]) -> None:
+    """busbw against size, one line per algorithm (matplotlib imported here only)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name in dict.fromkeys(r.algorithm for r in rows):
+        mine = [r for r in rows if r.algorithm == name]
+        ax.plot([r.size for r in mine], [r.busbw for r in mine], marker="o", markersize=3, label=name)
+    ax.set_xscale("log", base=2)
+    if all(r.busbw > 0 for r in rows):  # one rank has busbw 0 (factor 0): keep that linear
+        ax.set_yscale("log")
+    ax.set_xlabel("message size (bytes)")
+    ax.set_ylabel("busbw (GB/s)")
+    ax.set_title(
+        f"hpcring all-reduce, {header['ranks']} ranks on {header['hosts']} "
+        f"host{'s' if header['hosts'] > 1 else ''}, {header['device']}, "
+        f"{header['dtype']} {header['op']}"
+    )
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_json(
+    path: str, header: dict[str, Any], rows: list[Row], summary: list[dict[str, Any]], passes: list[list[Row]]
+) -> None:
+    """Header, the rows reported, the summary, and every pass when there were several."""
+    with open(path, "w") as stream:
+        report = {"header": header, "rows": [asdict(r) for r in rows], "summary": summary}
+        if len(passes) > 1:
+            report["passes"] = [[asdict(r) for r in one] for one in passes]
+        json.dump(report, stream, indent=1)
