@@ -9,13 +9,12 @@ is raised.
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from . import algorithms
+from . import algorithms, config
 from .agreement import agree
 from .backend import Backend, backend_for
 from .channel import Channel
@@ -123,11 +122,9 @@ def _check_memory(channel: Channel, algorithm: str, scratch: int, count: int, it
     if need <= 0:
         return
     available = channel.backend.available_bytes()
-    limit = os.environ.get("HPCRING_MEMORY_LIMIT", "").strip()
-    if limit:
-        if not limit.isdigit():
-            raise ValueError(f"HPCRING_MEMORY_LIMIT must be a number of bytes, got {limit!r}")
-        available = int(limit) if available is None else min(available, int(limit))
+    limit = config.current().memory_limit
+    if limit is not None:
+        available = limit if available is None else min(available, limit)
     if available is None or need <= available:
         return
     ring = algorithms.scratch_bytes("ring", count, itemsize, channel.size, channel.rank)
@@ -140,14 +137,7 @@ def _check_memory(channel: Channel, algorithm: str, scratch: int, count: int, it
 
 def default_timeout() -> float:
     """Seconds to wait for every rank to arrive: HPCRING_TIMEOUT, else 300; 0 waits forever."""
-    raw = os.environ.get("HPCRING_TIMEOUT", "300")
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"HPCRING_TIMEOUT must be a number of seconds, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"HPCRING_TIMEOUT must be >= 0, got {raw!r}")
-    return value
+    return config.current().timeout
 
 
 def allreduce(

@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from . import config
 from .backend import Backend
 from .trace import channel_call, channel_start, channel_wait
 
@@ -43,6 +44,7 @@ class Channel:
         self._scratch: dict[str, Any] = {}
         self._plans: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._resources: dict[str, Any] = {}
+        self.config = config.current()
 
     PLANS = 16  # plans kept per channel; a training loop reuses a handful of bucket sizes
 

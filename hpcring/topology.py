@@ -10,19 +10,19 @@ rank across nodes: the one `hierarchical` reduces each shard on.
 
 ``HPCRING_RANKS_PER_NODE=L`` (the same on every rank) replaces the shared-memory split
 by blocks of L consecutive ranks: for a machine whose MPI reports the wrong domains,
-and to run the two-level algorithm on one machine in tests. It is read when a
-communicator is first used.
+and to run the two-level algorithm on one machine in tests. It is read (from
+`hpcring.config.current()`) when a communicator is first used.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 from mpi4py import MPI
 
+from . import config
 from .channel import Channel
 from .comm import channel_key
 
@@ -75,6 +75,8 @@ class Topology:
                 Channel(self.local, channel.backend),
                 Channel(self.cross, channel.backend),
             )
+            for sub in made:  # one communicator, one snapshot: the one its algorithms run under
+                sub.config = channel.config
         return made
 
     def close(self) -> None:
@@ -87,19 +89,10 @@ class Topology:
                 comm.Free()
 
 
-def _forced_per_node() -> int | None:
-    text = os.environ.get("HPCRING_RANKS_PER_NODE", "").strip()
-    if not text:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"HPCRING_RANKS_PER_NODE must be a positive integer, got {text!r}")
-    return int(text)
-
-
 def discover(comm: MPI.Intracomm) -> Topology:
     """Find the nodes of ``comm`` (collective: one split, one allgather, one more split if two-level)."""
     size, rank = comm.Get_size(), comm.Get_rank()
-    forced = _forced_per_node()
+    forced = config.current().ranks_per_node
     if forced is None:
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     else:

@@ -29,7 +29,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
-ENV = "HPCRING_TRACE"
+from . import config
+
+ENV = config.Config.trace.name  # HPCRING_TRACE
 
 # Rows inside one rank's process in the viewer: MPI sends (and the whole call), receives
 # and waits, local work. Overlapping non-blocking calls thus stay readable.
@@ -307,7 +309,7 @@ def merge(paths: list[str], out: str) -> None:
 
 def from_environment() -> None:
     """Honour ``HPCRING_TRACE=path``: trace from now on, write the file at exit."""
-    path = os.environ.get(ENV, "").strip()
+    path = config.current().trace
     if path and not TRACER.on:
         start()
         atexit.register(stop, path)  # after mpi4py's own handler, so it runs before MPI_Finalize

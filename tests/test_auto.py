@@ -12,7 +12,7 @@ from helpers import everywhere, identical_everywhere
 from mpi4py import MPI
 
 import hpcring
-from hpcring import algorithms
+from hpcring import algorithms, config
 from hpcring.algorithms import auto, tuning
 from hpcring.backend import backend_for
 from hpcring.comm import channel_for
@@ -175,6 +175,7 @@ def test_a_size_auto_has_chosen_runs_and_is_priced_as_its_choice(tmp_path_factor
         pytest.skip("one rank never runs an algorithm")
     shared_tuning(tmp_path_factory, monkeypatch, {str(comm.size): [[None, "mpi"]]})
     monkeypatch.delenv("HPCRING_MEMORY_LIMIT", raising=False)
+    config.reload()
     private = comm.Dup()
     x = np.full(100_000, comm.rank + 1, dtype=np.float64)  # the default table runs the ring here
     channel = channel_for(private, backend_for(x))
@@ -184,6 +185,7 @@ def test_a_size_auto_has_chosen_runs_and_is_priced_as_its_choice(tmp_path_factor
     # In place has a choice of its own, not made yet:
     ok &= algorithms.prepare("auto", channel, x.size, x.itemsize, True).name == "auto"
     monkeypatch.setenv("HPCRING_MEMORY_LIMIT", "1")
+    config.reload()
     out = hpcring.allreduce(x, algorithm="auto", comm=private, out=np.empty_like(x))
     ok &= bool((out == comm.size * (comm.size + 1) / 2).all()) and identical_everywhere(comm, out)
     with pytest.raises(MemoryError, match="'auto' needs"):  # a size not chosen yet: the default's price

@@ -8,6 +8,7 @@ from helpers import everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
+from hpcring import config
 from hpcring.backend import backend_for
 from hpcring.comm import channel_for
 
@@ -182,6 +183,7 @@ def test_scratch_that_cannot_fit_raises_memory_error_everywhere(algorithm: str, 
     if WORLD.size == 1:
         pytest.skip("one rank needs no scratch")
     monkeypatch.setenv("HPCRING_MEMORY_LIMIT", str(64 << 10))
+    config.reload()
     comm = WORLD.Dup()  # a fresh channel: no scratch held from earlier tests
     x = np.ones(8192)  # 64 KiB: G copies cannot fit in 64 KiB, one segment can
     kept = x.copy()

@@ -19,7 +19,7 @@ from mpi4py import MPI
 from test_allreduce import check_sizes
 
 import hpcring
-from hpcring import topology
+from hpcring import config, topology
 from hpcring.algorithms import bytes_sent, ring
 from hpcring.backend import backend_for
 from hpcring.comm import channel_for
@@ -32,11 +32,13 @@ pytestmark = pytest.mark.mpi
 def forced() -> Iterator[MPI.Intracomm]:
     """A fresh communicator whose nodes are blocks of 2 ranks (read at its first use)."""
     os.environ["HPCRING_RANKS_PER_NODE"] = "2"
+    config.reload()
     comm = MPI.COMM_WORLD.Dup()
     try:
         _topology(comm)  # found here (collective), then cached with the communicator
     finally:
         del os.environ["HPCRING_RANKS_PER_NODE"]
+        config.reload()
     yield comm
     comm.Free()
 
@@ -84,11 +86,13 @@ def test_bytes_sent_formula_matches_the_count(forced: MPI.Intracomm, n: int) -> 
 
 def test_warm_call_makes_no_communicator_and_free_releases_them() -> None:
     os.environ["HPCRING_RANKS_PER_NODE"] = "2"
+    config.reload()
     comm = MPI.COMM_WORLD.Dup()
     try:
         _topology(comm)
     finally:
         del os.environ["HPCRING_RANKS_PER_NODE"]
+        config.reload()
     x = np.ones(1000)
     hpcring.allreduce(x, algorithm="hierarchical", comm=comm)
     topo = _topology(comm)
@@ -101,11 +105,13 @@ def test_warm_call_makes_no_communicator_and_free_releases_them() -> None:
 
 def test_bad_env_is_refused() -> None:
     os.environ["HPCRING_RANKS_PER_NODE"] = "two"
+    config.reload()
     try:
         with pytest.raises(ValueError, match="HPCRING_RANKS_PER_NODE"):
             topology.discover(MPI.COMM_SELF)
     finally:
         del os.environ["HPCRING_RANKS_PER_NODE"]
+        config.reload()
 
 
 def test_ring_across_nodes_streams_in_network_chunks(forced: MPI.Intracomm) -> None:

@@ -12,6 +12,7 @@ from helpers import everywhere
 from mpi4py import MPI
 
 import hpcring
+from hpcring import config
 from hpcring.backend import backend_for
 from hpcring.channel import Channel
 from hpcring.comm import channel_for
@@ -34,19 +35,24 @@ def test_plan_cache_is_bounded_lru() -> None:
 @pytest.mark.parametrize("algorithm,chunk_bytes", [("ring", ""), ("ring", "16384"), ("rabenseifner", "")])
 @pytest.mark.parametrize("in_place", [True, False])
 def test_warm_call_allocates_nothing_large(
-    monkeypatch: pytest.MonkeyPatch, algorithm: str, chunk_bytes: str, in_place: bool
+    monkeypatch: pytest.MonkeyPatch,
+    fresh_world: MPI.Intracomm,
+    algorithm: str,
+    chunk_bytes: str,
+    in_place: bool,
 ) -> None:
     """tracemalloc sees NumPy's buffers: a warm call's peak stays far below the 1 MiB payload.
 
     16 KiB chunks make the ring take its pipelined path (16 chunks per segment at 4 ranks).
     """
     monkeypatch.setenv("HPCRING_CHUNK_BYTES", chunk_bytes)
+    config.reload()
     x = np.ones(1 << 18, dtype=np.float32)
     out = None if in_place else np.empty_like(x)
     for _ in range(2):  # cold: builds the plan and the scratch
-        hpcring.allreduce(x, algorithm=algorithm, out=out, op="max")
+        hpcring.allreduce(x, algorithm=algorithm, out=out, op="max", comm=fresh_world)
     tracemalloc.start()
-    hpcring.allreduce(x, algorithm=algorithm, out=out, op="max")
+    hpcring.allreduce(x, algorithm=algorithm, out=out, op="max", comm=fresh_world)
     peak = tracemalloc.get_traced_memory()[1]
     tracemalloc.stop()
     assert everywhere(WORLD, peak < 64 << 10), f"warm call peaked at {peak} bytes"

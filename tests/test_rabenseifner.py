@@ -15,6 +15,7 @@ from helpers import everywhere, identical_everywhere
 from mpi4py import MPI
 
 import hpcring
+from hpcring import config
 from hpcring.ops import BFLOAT16, DTYPES, OPS, kind
 
 WORLD = MPI.COMM_WORLD
@@ -86,19 +87,23 @@ def test_rabenseifner_matrix(dtype: np.dtype, op: str) -> None:
 @pytest.mark.mpi
 @pytest.mark.parametrize("chunk_bytes", ["8", "40", ""])
 @pytest.mark.parametrize("dtype,op", [(np.dtype(np.float32), "sum"), (np.dtype(np.complex128), "prod")])
-def test_ring_chunks(monkeypatch: pytest.MonkeyPatch, chunk_bytes: str, dtype: np.dtype, op: str) -> None:
+def test_ring_chunks(
+    monkeypatch: pytest.MonkeyPatch, fresh_world: MPI.Intracomm, chunk_bytes: str, dtype: np.dtype, op: str
+) -> None:
     """Chunks of one element, of a few (not dividing the segments) and the default."""
     monkeypatch.setenv("HPCRING_CHUNK_BYTES", chunk_bytes)
-    failures = check(WORLD, "ring", dtype, op, largest=1000 if chunk_bytes else 2**16 + 3)
+    config.reload()
+    failures = check(fresh_world, "ring", dtype, op, largest=1000 if chunk_bytes else 2**16 + 3)
     assert everywhere(WORLD, not failures), failures
 
 
 @pytest.mark.mpi
-def test_ring_chunks_with_sleeping_waits(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_ring_chunks_with_sleeping_waits(monkeypatch: pytest.MonkeyPatch, fresh_world: MPI.Intracomm) -> None:
     """HPCRING_WAIT_SLEEP_US: the pipelined ring polls and naps instead of spinning, same results."""
     monkeypatch.setenv("HPCRING_CHUNK_BYTES", "40")
     monkeypatch.setenv("HPCRING_WAIT_SLEEP_US", "20")
-    failures = check(WORLD, "ring", np.dtype(np.float32), "sum", largest=1000)
+    config.reload()
+    failures = check(fresh_world, "ring", np.dtype(np.float32), "sum", largest=1000)
     assert everywhere(WORLD, not failures), failures
 
 
@@ -106,15 +111,16 @@ def test_ring_chunks_with_sleeping_waits(monkeypatch: pytest.MonkeyPatch) -> Non
 @pytest.mark.parametrize("value", ["-1", "soon", "nan", "1e9"])
 @pytest.mark.parametrize("chunk_bytes", ["40", ""])  # pipelined, and whole segments
 def test_bad_wait_nap_is_refused_on_every_rank(
-    monkeypatch: pytest.MonkeyPatch, value: str, chunk_bytes: str
+    monkeypatch: pytest.MonkeyPatch, fresh_world: MPI.Intracomm, value: str, chunk_bytes: str
 ) -> None:
     monkeypatch.setenv("HPCRING_CHUNK_BYTES", chunk_bytes)
     monkeypatch.setenv("HPCRING_WAIT_SLEEP_US", value)
+    config.reload()
     x = np.arange(1000, dtype=np.float32)
     before = x.copy()
     refused = False
     try:
-        hpcring.allreduce(x, algorithm="ring")
+        hpcring.allreduce(x, algorithm="ring", comm=fresh_world)
     except ValueError as error:
         refused = "HPCRING_WAIT_SLEEP_US" in str(error)
     assert everywhere(WORLD, (refused or WORLD.size == 1) and np.array_equal(x, before))
@@ -122,9 +128,12 @@ def test_bad_wait_nap_is_refused_on_every_rank(
 
 @pytest.mark.mpi
 @pytest.mark.parametrize("dtype,op", CASES, ids=[f"{d.name}-{o}" for d, o in CASES])
-def test_ring_matrix(monkeypatch: pytest.MonkeyPatch, dtype: np.dtype, op: str) -> None:
+def test_ring_matrix(
+    monkeypatch: pytest.MonkeyPatch, fresh_world: MPI.Intracomm, dtype: np.dtype, op: str
+) -> None:
     monkeypatch.setenv("HPCRING_CHUNK_BYTES", "4096")  # several chunks per segment at 2**16 + 3
-    failures = check(WORLD, "ring", dtype, op)
+    config.reload()
+    failures = check(fresh_world, "ring", dtype, op)
     assert everywhere(WORLD, not failures), failures
 
 

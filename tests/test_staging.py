@@ -17,6 +17,7 @@ from helpers import everywhere, identical_everywhere, needs_gpu, raises_everywhe
 from mpi4py import MPI
 
 import hpcring
+from hpcring import config
 from hpcring.algorithms import nccl, ring
 from hpcring.backend import Backend, verify_cuda_aware
 from hpcring.channel import Channel
@@ -69,15 +70,18 @@ def test_staged_schedule_sends_the_formula() -> None:
 
 def test_staging_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HPCRING_STAGING_CHUNK_BYTES", raising=False)
+    config.reload()
     assert ring.staging_pieces(4000, 2, 4) is None  # off until measured on a GPU
     limit = 1000
     monkeypatch.setenv("HPCRING_STAGING_CHUNK_BYTES", str(limit))
+    config.reload()
     assert ring.staging_pieces(0, 2, 4) == 1
     assert ring.staging_pieces(2 * limit // 4, 2, 4) == 1  # one segment is exactly one piece
     assert ring.staging_pieces(2 * limit // 4 + 2, 2, 4) == 2
     assert ring.staging_pieces(4000, 2, 4) == 8
     for bad in ("0", "-5", "4M"):
         monkeypatch.setenv("HPCRING_STAGING_CHUNK_BYTES", bad)
+        config.reload()
         with pytest.raises(ValueError, match="HPCRING_STAGING_CHUNK_BYTES"):
             ring.staging_pieces(4000, 2, 4)
 
@@ -147,12 +151,15 @@ def test_forced_cuda_aware_is_verified() -> None:
 @needs_gpu
 @pytest.mark.parametrize("chunk", ["64", "4096", ""], ids=["64B", "4KiB", "unstreamed"])
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
-def test_staged_ring_on_gpu(chunk: str, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_staged_ring_on_gpu(
+    chunk: str, dtype: str, monkeypatch: pytest.MonkeyPatch, fresh_world: MPI.Intracomm
+) -> None:
     import cupy
 
     hpcring.select_device()
     if chunk:
         monkeypatch.setenv("HPCRING_STAGING_CHUNK_BYTES", chunk)
+        config.reload()
     comm = MPI.COMM_WORLD
     g = comm.size
     # Tiny pieces make thousands of messages at large n: keep those to small n.
@@ -162,7 +169,7 @@ def test_staged_ring_on_gpu(chunk: str, dtype: str, monkeypatch: pytest.MonkeyPa
         for in_place in (True, False):
             x = cupy.asarray(host)
             out = None if in_place else cupy.full(n, 99, dtype=dtype)
-            got = hpcring.allreduce(x, algorithm="ring", out=out).get()
+            got = hpcring.allreduce(x, algorithm="ring", out=out, comm=fresh_world).get()
             where = f"n={n} in_place={in_place} chunk={chunk}"
             assert everywhere(comm, np.array_equal(got, want)), where
             assert everywhere(comm, identical_everywhere(comm, got)), where
@@ -327,6 +334,7 @@ class _HostStagedBackend(Backend):
 def test_staged_loop_over_mpi(chunk: str, dtype: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The staged ring's loop on the CPU, through a real MPI: the GPU test runs it with CUDA."""
     monkeypatch.setenv("HPCRING_STAGING_CHUNK_BYTES", chunk)
+    config.reload()
     comm = MPI.COMM_WORLD.Dup()
     try:
         ch = Channel(comm, _HostStagedBackend())

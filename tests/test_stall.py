@@ -10,6 +10,7 @@ from helpers import everywhere
 from mpi4py import MPI
 
 import hpcring
+from hpcring import config
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
@@ -43,7 +44,9 @@ def test_timeout_from_environment(monkeypatch) -> None:
     from hpcring.api import default_timeout
 
     monkeypatch.setenv("HPCRING_TIMEOUT", "7.5")
+    config.reload()
     assert default_timeout() == 7.5
     monkeypatch.setenv("HPCRING_TIMEOUT", "soon")
+    config.reload()
     with pytest.raises(ValueError, match="HPCRING_TIMEOUT"):
         default_timeout()

@@ -22,7 +22,7 @@ from helpers import everywhere, needs_gpu
 from mpi4py import MPI
 
 import hpcring
-from hpcring import viz
+from hpcring import config, viz
 from hpcring.backend import backend_for
 from hpcring.partition import segment_bounds
 
@@ -42,10 +42,10 @@ def shared_dir() -> Iterator[Path]:
         holder.cleanup()
 
 
-def traced(path: Path, algorithm: str, count: int, dtype: Any = np.float64) -> None:
+def traced(path: Path, algorithm: str, count: int, dtype: Any = np.float64, comm: Any = None) -> None:
     x = np.arange(count, dtype=dtype) + MPI.COMM_WORLD.rank
     with hpcring.trace(path):
-        hpcring.allreduce(x, algorithm=algorithm)
+        hpcring.allreduce(x, algorithm=algorithm, comm=comm)
 
 
 def events_of(path: Path) -> list[dict[str, Any]]:
@@ -121,13 +121,16 @@ def test_merged_file_is_trace_event_format(shared_dir: Path) -> None:
     [("ring", ""), ("ring", "16"), ("naive", ""), ("ps", ""), ("rabenseifner", ""), ("mpi", "")],
     ids=["ring", "ring-pipelined", "naive", "ps", "rabenseifner", "mpi"],
 )
-def test_replay_ends_complete(shared_dir: Path, algorithm: str, chunk: str, monkeypatch: Any) -> None:
+def test_replay_ends_complete(
+    shared_dir: Path, algorithm: str, chunk: str, monkeypatch: Any, fresh_world: MPI.Intracomm
+) -> None:
     """Every message, reduction and copy is in the trace: replaying it yields the full sum everywhere."""
     comm = MPI.COMM_WORLD
     if chunk:  # 16-byte chunks: the pipelined ring (isend, irecv, wait)
         monkeypatch.setenv("HPCRING_CHUNK_BYTES", chunk)
+        config.reload()
     path = shared_dir / f"{algorithm}.json"
-    traced(path, algorithm, 13)
+    traced(path, algorithm, 13, comm=fresh_world)
 
     def check() -> bool:
         per_algorithm = viz.calls(viz.load(path))

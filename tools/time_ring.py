@@ -18,6 +18,7 @@ import statistics
 import numpy as np
 from mpi4py import MPI
 
+from hpcring import config
 from hpcring.algorithms import ENTRIES, PORTABLE
 from hpcring.backend import backend_for
 from hpcring.channel import Channel
@@ -77,6 +78,7 @@ def main() -> None:
                     os.environ.pop("HPCRING_CHUNK_BYTES", None)
                 else:
                     os.environ["HPCRING_CHUNK_BYTES"] = chunk
+                ch.config = config.reload()  # a channel keeps the config it was made with
                 comm.Barrier()
                 start = MPI.Wtime()
                 for _ in range(batch):

@@ -34,12 +34,12 @@ copy it, so all ranks end with the same bits.
 from __future__ import annotations
 
 import bisect
-import os
 from types import ModuleType
 from typing import Any
 
-from .. import topology
+from .. import config, topology
 from ..channel import Channel
+from ..config import Config
 from ..ops import Op
 from ..partition import chunk_bounds, segment_bounds
 from . import rabenseifner, ring
@@ -54,13 +54,11 @@ TOPOLOGY_AWARE = True  # bytes_sent takes per_node: the bench passes the ranks p
 RING_ORDER = True  # bytes_sent's rank is the position in `Topology.order` (node, then local rank)
 
 
-def inter_module() -> ModuleType:
-    """The algorithm that all-reduces each shard across nodes: HPCRING_HIERARCHICAL_INTER, else ring."""
-    name = os.environ.get("HPCRING_HIERARCHICAL_INTER", "ring").strip() or "ring"
-    modules = {"ring": ring, "rabenseifner": rabenseifner}
-    if name not in modules:
-        raise ValueError(f"HPCRING_HIERARCHICAL_INTER must be ring or rabenseifner, got {name!r}")
-    return modules[name]
+def inter_module(settings: Config | None = None) -> ModuleType:
+    """The algorithm that all-reduces each shard across nodes: HPCRING_HIERARCHICAL_INTER of
+    ``settings`` (default `config.current()`), else ring."""
+    name = (settings or config.current()).hierarchical_inter
+    return {"ring": ring, "rabenseifner": rabenseifner}[name]
 
 
 def batches(length: int, nodes: int, itemsize: int) -> tuple[tuple[int, int], ...]:
@@ -107,7 +105,7 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
         ring.allreduce(ch, src, dst, op)
         return
     local, cross = topo.channels(ch)
-    inter = inter_module()
+    inter = inter_module(ch.config)
     sent_before = local.bytes_sent + cross.bytes_sent
     size, me, itemsize = local.size, local.rank, dst.dtype.itemsize
     seg = ch.plan(
@@ -140,7 +138,7 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
         forward = _Forward(local, mine, plan[(me + 1) % size], peers)
         if mine.size:  # empty only where n < L, then on every node alike
             ring.allreduce(cross, mine, mine, op, chunk_bytes=ring.NETWORK_CHUNK_BYTES, on_final=forward)
-        local.waitall(receives + forward.requests, ring.wait_nap())
+        local.waitall(receives + forward.requests, ring.wait_nap(ch.config))
     else:
         if mine.size:
             if inter is ring:

@@ -3,7 +3,7 @@
 Cost (Thakur, Rabenseifner & Gropp 2005): 2(G-1)·alpha + 2(G-1)/G·n·beta + (G-1)/G·n·gamma.
 Each rank sends 2(G-1)/G·n bytes, whatever G is: the bandwidth-optimal all-reduce.
 
-With ``HPCRING_CHUNK_BYTES`` set (read per call; every rank must use the same value),
+With ``HPCRING_CHUNK_BYTES`` set (the communicator's `Channel.config`; every rank must use the same value),
 segments larger than that travel as chunks of that size; otherwise, and by default
 (see CHUNK_BYTES), each step is one Sendrecv of a whole segment, except that a ring
 spanning several nodes streams in chunks of NETWORK_CHUNK_BYTES. Chunks
@@ -16,14 +16,14 @@ receives straight into the output.
 
 from __future__ import annotations
 
-import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import topology
+from .. import config, topology
 from ..channel import Channel
+from ..config import Config
 from ..ops import Op
 from ..partition import chunk as equal_part
 from ..partition import chunk_bounds, segment_bounds
@@ -289,26 +289,17 @@ def staged_items(size: int, rank: int, count: int, pieces: int) -> list[Item]:
     return items
 
 
-def _bytes_from_env(name: str) -> int | None:
-    """The positive byte count in environment variable ``name``; None where it is unset."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return None
-    if not text.isdigit() or int(text) < 1:
-        raise ValueError(f"{name} must be a positive integer, got {text!r}")
-    return int(text)
-
-
-def staging_chunk_bytes() -> int | None:
-    """Largest piece of streamed host staging: HPCRING_STAGING_CHUNK_BYTES, else
-    STAGING_CHUNK_BYTES; None when staging does not stream (whole segments)."""
-    limit = _bytes_from_env("HPCRING_STAGING_CHUNK_BYTES")
+def staging_chunk_bytes(settings: Config | None = None) -> int | None:
+    """Largest piece of streamed host staging: HPCRING_STAGING_CHUNK_BYTES of ``settings``
+    (default `config.current()`), else STAGING_CHUNK_BYTES; None when staging does not
+    stream (whole segments)."""
+    limit = (settings or config.current()).staging_chunk_bytes
     return STAGING_CHUNK_BYTES if limit is None else limit
 
 
-def staging_pieces(count: int, size: int, itemsize: int) -> int | None:
+def staging_pieces(count: int, size: int, itemsize: int, settings: Config | None = None) -> int | None:
     """Pieces per segment for streamed host staging; None when staging does not stream."""
-    limit = staging_chunk_bytes()
+    limit = staging_chunk_bytes(settings)
     if limit is None:
         return None
     largest = -(-count // size) * itemsize
@@ -371,9 +362,10 @@ def _staged(ch: Channel, plan: StagedPlan, src: Any, dst: Any, op: Op) -> None:
     st.finish()
 
 
-def wait_nap() -> float:
+def wait_nap(settings: Config | None = None) -> float:
     """Seconds to sleep between polls while a pipelined ring waits: ``HPCRING_WAIT_SLEEP_US``
-    (microseconds), else 0, MPI's own wait, which spins.
+    (microseconds) of ``settings`` (default `config.current()`), else 0, MPI's own wait,
+    which spins.
 
     Where ranks outnumber cores (the emulated cluster: 8 ranks of 4 "hosts" on 2 cores) a
     spinning rank takes the core from the ranks with work and from the kernel's network
@@ -381,21 +373,13 @@ def wait_nap() -> float:
     282-301 ms and hierarchical from 251 to 244 ms (link bound 235 ms). With a core per
     rank, spinning answers soonest: leave it unset.
     """
-    text = os.environ.get("HPCRING_WAIT_SLEEP_US", "").strip()
-    if not text:
-        return 0.0
-    try:
-        micros = float(text)
-    except ValueError:
-        micros = -1.0
-    if not 0 <= micros <= 1e6:
-        raise ValueError(f"HPCRING_WAIT_SLEEP_US must be a number of microseconds in [0, 1e6], got {text!r}")
-    return micros * 1e-6
+    return (settings or config.current()).wait_sleep_us * 1e-6
 
 
-def chunk_elements(itemsize: int, default: int | None = None) -> int:
-    """Elements per chunk: ``HPCRING_CHUNK_BYTES`` (else ``default``, else CHUNK_BYTES) over the item size."""
-    limit = _bytes_from_env("HPCRING_CHUNK_BYTES") or default or CHUNK_BYTES
+def chunk_elements(itemsize: int, default: int | None = None, settings: Config | None = None) -> int:
+    """Elements per chunk: ``HPCRING_CHUNK_BYTES`` of ``settings`` (default `config.current()`),
+    else ``default``, else CHUNK_BYTES, over the item size."""
+    limit = (settings or config.current()).chunk_bytes or default or CHUNK_BYTES
     return max(1, limit // itemsize) if limit else UNCHUNKED
 
 
@@ -413,13 +397,13 @@ def allreduce(
     (all of them, each once, in the order they complete), so a caller can pass results on
     while the all-gather still runs; not on the staged (host-copy) path.
     """
-    size, n = ch.size, src.size
-    nap = wait_nap()  # read (and refused if bad) before anything moves, on every path
+    size, n, settings = ch.size, src.size, ch.config
+    nap = wait_nap(settings)  # read (and refused if bad) before anything moves, on every path
     topo = topology.of(ch.comm)
     order = topo.ring  # neighbours share a node wherever placement allows
     if chunk_bytes is None and topo.nodes > 1:
         chunk_bytes = NETWORK_CHUNK_BYTES  # the ring crosses a network
-    pieces = staging_pieces(n, size, src.dtype.itemsize) if ch.backend.device else None
+    pieces = staging_pieces(n, size, src.dtype.itemsize, settings) if ch.backend.device else None
     if pieces is not None and not ch.backend.direct:
         if on_final is not None:
             raise RuntimeError("ring.allreduce: on_final needs memory MPI reads directly, not staging")
@@ -427,7 +411,7 @@ def allreduce(
         staged = ch.plan(key, lambda: _build_staged(ch, n, src.dtype.itemsize, pieces, order))
         _staged(ch, staged, src, dst, op)
         return
-    chunk = chunk_elements(src.dtype.itemsize, chunk_bytes)
+    chunk = chunk_elements(src.dtype.itemsize, chunk_bytes, settings)
     plan = ch.plan(
         ("ring", src.dtype, n, dst is src, chunk, order), lambda: _build(size, ch.rank, n, chunk, order)
     )

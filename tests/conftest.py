@@ -1,0 +1,37 @@
+"""Fixtures every test file gets: hpcring's config snapshot kept in step with the environment."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from hpcring import config
+
+
+@pytest.fixture(autouse=True)
+def _config_follows_environment() -> Iterator[None]:
+    """Each test starts and ends with `config.current()` read from the environment as it is.
+
+    A test that sets an HPCRING_* variable calls `config.reload()` after it; this fixture,
+    set up before and torn down after ``monkeypatch``, re-reads the restored environment so
+    the value does not leak into later tests.
+    """
+    config.reload()
+    yield
+    config.reload()
+
+
+@pytest.fixture
+def fresh_world() -> Iterator[Any]:
+    """A duplicate of COMM_WORLD no hpcring call has used yet (collective), freed afterwards.
+
+    A communicator keeps the config in force at its first use (`Channel.config`), so a test
+    that runs an algorithm under changed variables runs it on this one, after `config.reload()`.
+    """
+    from mpi4py import MPI
+
+    comm = MPI.COMM_WORLD.Dup()
+    yield comm
+    comm.Free()
