@@ -31,6 +31,7 @@ def shared_tuning(tmp_path_factory, monkeypatch, tables) -> Path:
         write(path, tables)
     comm.Barrier()
     monkeypatch.setenv("HPCRING_TUNING", str(path))
+    config.reload()
     return path
 
 
@@ -110,6 +111,7 @@ def test_only_rank_0_reads_the_tuning_file(tmp_path_factory, monkeypatch) -> Non
     path = shared_tuning(tmp_path_factory, monkeypatch, {str(comm.size): [[None, "rabenseifner"]]})
     if comm.rank == comm.size - 1 and comm.size > 1:
         monkeypatch.setenv("HPCRING_TUNING", str(path.parent / ("x" * 300)))
+        config.reload()
     private = comm.Dup()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # and no rank warns about a file it did not read

@@ -21,7 +21,7 @@ import pytest
 from helpers import everywhere, launcher_env, mpiexec
 from mpi4py import MPI
 
-from hpcring import ALGORITHMS
+from hpcring import ALGORITHMS, config
 from hpcring.algorithms import tuning
 from hpcring.algorithms.tuning import tuning_table
 from hpcring.backend import gpu_problem
@@ -330,6 +330,7 @@ def test_tune_writes_a_table_auto_reads(monkeypatch) -> None:
         path.write_text(json.dumps({"format": tuning.FORMAT, "tables": {"999": [[None, "ps"]]}}))
     COMM.Barrier()
     monkeypatch.setenv("HPCRING_TUNING", str(path))
+    config.reload()
     status, _ = _run([*TINY, "-a", "ring,mpi", "--passes", "2", "--tune"])
     ok = status == 0
     if COMM.Get_rank() == 0:

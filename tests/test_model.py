@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcring import config
 from hpcring.model.cli import main, parse_size
 from hpcring.model.costs import COLD_FROM, MODELLED, Busy, Link, ModelError, Nodes, Params, predict
 from hpcring.model.params import default_path, keep_busy, load_params, save_params
@@ -228,8 +229,10 @@ def test_unwritable_output_is_a_user_error(tmp_path: Path) -> None:
 
 def test_default_path_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setenv("HPCRING_MODEL", str(tmp_path / "m.json"))
+    config.reload()
     assert default_path() == tmp_path / "m.json"
     monkeypatch.delenv("HPCRING_MODEL")
+    config.reload()
     assert default_path() == Path.home() / ".cache" / "hpcring" / "model.json"
 
 

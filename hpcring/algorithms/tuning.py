@@ -11,11 +11,12 @@ key, the built-in defaults below apply.
 from __future__ import annotations
 
 import json
-import os
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
+
+from .. import config
 
 # (largest message in bytes, algorithm); None: no upper bound. Chosen so that an untuned
 # machine gets the textbook shape; `bench --tune` replaces them with measured crossovers.
@@ -52,8 +53,8 @@ def key_for(size: int, shape: dict[str, Any] | None, in_place: bool = False) -> 
 
 def tuning_path() -> Path:
     """Where the tuning file is read and written: HPCRING_TUNING, else the user's cache."""
-    env = os.environ.get("HPCRING_TUNING", "").strip()
-    return Path(env) if env else Path.home() / ".cache" / "hpcring" / "tuning.json"
+    given = config.current().tuning
+    return Path(given) if given else Path.home() / ".cache" / "hpcring" / "tuning.json"
 
 
 # ---------------------------------------------------------------------------------------

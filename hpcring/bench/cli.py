@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import os
 import sys
 from typing import Any, NoReturn
 
 import numpy as np
 from mpi4py import MPI
 
-from .. import ALGORITHMS, algorithms
+from .. import ALGORITHMS, algorithms, config
 from ..algorithms.tuning import write_tuning
 from ..ops import BFLOAT16, DTYPES, OPS, check_op
 from ..units import format_size, parse_size
@@ -230,8 +229,8 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         if rank == 0 and text:
             sys.stderr.write(text)
         return status
-    if corrupt_rank is None and os.environ.get("HPCRING_BENCH_CORRUPT", "").strip():
-        corrupt_rank = int(os.environ["HPCRING_BENCH_CORRUPT"])
+    if corrupt_rank is None:
+        corrupt_rank = config.current().bench_corrupt
 
     # From here on every rank runs the same collectives in the same order.
     dev = device_for(args.device, comm)

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .. import config
 from .costs import Busy, ModelError, Params
 
 FORMAT_VERSION = 1
@@ -20,8 +21,8 @@ FORMAT_VERSION = 1
 
 def default_path() -> Path:
     """$HPCRING_MODEL, else ~/.cache/hpcring/model.json."""
-    env = os.environ.get("HPCRING_MODEL", "").strip()
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "hpcring" / "model.json"
+    given = config.current().model
+    return Path(given).expanduser() if given else Path.home() / ".cache" / "hpcring" / "model.json"
 
 
 def load_params(path: str | os.PathLike[str] | None = None) -> Params:
