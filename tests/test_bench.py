@@ -15,6 +15,7 @@ import sys
 import tempfile
 import warnings
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -25,9 +26,10 @@ from hpcring import ALGORITHMS, config
 from hpcring.algorithms import tuning
 from hpcring.algorithms.tuning import tuning_table
 from hpcring.backend import gpu_problem
-from hpcring.bench import main
+from hpcring.bench import main, measure
 from hpcring.bench.data import expected_bytes_sent, expected_result, sweep, verifiable_input
-from hpcring.bench.measure import Row, median_rows
+from hpcring.bench.measure import BARE, Device, Row, bare_call, median_rows
+from hpcring.bench.report import format_footer, summarize
 from hpcring.ops import DTYPES, OPS, check_op
 from hpcring.units import busbw_factor, parse_size
 
@@ -231,8 +233,8 @@ def test_bench_runs_and_writes_every_row() -> None:
         rows = report["rows"]
         cells = {(r["size"], r["algorithm"]) for r in rows}
         ok = (
-            len(rows) == 4 * len(ALGORITHMS)
-            and cells == {(s, a) for s in (8, 16, 32, 64) for a in ALGORITHMS}
+            len(rows) == 4 * (len(ALGORITHMS) + 1)  # and the bare library call at every size
+            and cells == {(s, a) for s in (8, 16, 32, 64) for a in (BARE, *ALGORITHMS)}
             and report["header"]["ranks"] == COMM.Get_size()
             and all(r["wrong"] == 0 and r["iters"] == 2 for r in rows)
             and all(r["time_us_min"] <= r["time_us"] <= r["time_us_max"] for r in rows)
@@ -259,7 +261,7 @@ def test_measured_bytes_equal_formulas(dtype: str) -> None:
         n, measured = row["size"], row["bytes_sent_per_rank"]
         ran = row["chosen"] or row["algorithm"]  # what auto picked, else the algorithm itself
         core = 1 << (size.bit_length() - 1)
-        if ran == "mpi":
+        if ran in ("mpi", BARE):
             ok = measured is None and row["bytes_sent"] is None
         elif ran == "naive":
             ok = measured == [(size - 1) * n] * size
@@ -281,6 +283,63 @@ def test_a_corrupted_result_is_counted_and_fails_the_run() -> None:
     last = COMM.Get_size() - 1
     status, report = _run(TINY, corrupt_rank=last)
     ok = status == 1 and report is not None and all(r["wrong"] == 1 for r in report["rows"])
+    ok = ok and sum(r["algorithm"] == BARE for r in report["rows"]) == 4  # the bare rows are checked too
+    assert everywhere(COMM, ok)
+
+
+@pytest.mark.mpi
+def test_the_bare_call_is_a_checked_row_at_every_size_and_the_footers_yardstick() -> None:
+    """Whatever -a says, each size has one MPI_Allreduce row, checked like the others; the
+    footer's ratios are busbw / the bare row's busbw (times at one rank, where busbw is 0);
+    the JSON has min <= median <= p99 <= max over the per-iteration maxima of every row."""
+    status, report = _run([*TINY, "-a", "ring,mpi"])
+    ok = status == 0 and report is not None
+    problems = [] if ok else ["bench failed"]
+    rows = (report or {}).get("rows", [])
+    bare = {r["size"]: r for r in rows if r["algorithm"] == BARE}
+    if sorted(bare) != [8, 16, 32, 64] or sum(r["algorithm"] == BARE for r in rows) != 4:
+        problems.append(("bare rows", sorted(bare)))
+    for row in bare.values():
+        if row["wrong"] != 0 or row["bytes_sent"] is not None or row["bytes_expected"] is not None:
+            problems.append(("bare row", row))
+    if report and report["header"]["baseline"] != BARE:
+        problems.append(("header", report["header"]["baseline"]))
+    for row in rows:
+        stats = (row["time_us_min"], row["time_us_median"], row["time_us_p99"], row["time_us_max"])
+        if not (stats[0] <= stats[1] <= stats[2] <= stats[3]) or row["time_us_median"] != row["time_us"]:
+            problems.append(("statistics", row))
+    factor = busbw_factor(COMM.Get_size())
+    for entry in (report or {}).get("summary", []):
+        base = bare[entry["size"]]
+        cells = [r for r in rows if r["size"] == entry["size"]]
+        ratios = entry["busbw_vs_baseline"]
+        expect = {
+            r["algorithm"]: r["busbw"] / base["busbw"] if factor else base["time_us"] / r["time_us"]
+            for r in cells
+        }
+        if (
+            entry["baseline"] != BARE
+            or set(ratios) != {BARE, "ring", "mpi"}
+            or any(ratios[name] != pytest.approx(value, rel=1e-9) for name, value in expect.items())
+            or entry["best"] != min(cells, key=lambda r: r["time_us"])["algorithm"]
+        ):
+            problems.append(("summary", entry))
+    status, report = _run([*TINY, "-a", "ring"])
+    names = [r["algorithm"] for r in (report or {}).get("rows", [])]
+    if status != 0 or names != [BARE, "ring"] * 4:
+        problems.append(("-a ring", status, names))
+    assert everywhere(COMM, not problems), problems[:3]
+
+
+@pytest.mark.mpi
+def test_a_dtype_mpi_lacks_goes_as_words_with_a_user_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    """As on a library without MPI_SHORT_FLOAT: the bare row sends float16 as uint16 words with a
+    user-defined op, says so in the header, and every element is right (bfloat16 always goes so)."""
+    monkeypatch.setattr(measure, "has_datatype", lambda dtype: dtype != np.float16)
+    status, report = _run([*TINY, "-a", "mpi", "-d", "float16", "-o", "max"])
+    ok = status == 0 and report is not None
+    ok = ok and "user-defined op" in report["header"]["baseline_call"]
+    ok = ok and all(r["wrong"] == 0 for r in report["rows"]) and len(report["rows"]) == 8
     assert everywhere(COMM, ok)
 
 
@@ -319,6 +378,71 @@ def test_tuning_table_changes_algorithm_only_past_the_noise() -> None:
     assert tuning_table(rows) == [[8, "mpi"], [64, "rabenseifner"], [None, "ring"]]
     no_tie = [[8, "mpi"], [32, "rabenseifner"], [128, "ring"], [None, "rabenseifner"]]
     assert tuning_table(rows, tie=0.0) == no_tie  # the fastest at each size, as measured
+
+
+def test_tuning_table_never_writes_the_bare_call() -> None:
+    """auto cannot run the bare library call: its rows are left out even where fastest (`mpi`,
+    the same call through hpcring, stands in for it), and the table is the one without them."""
+
+    def row(size: int, algorithm: str, time_us: float) -> Row:
+        return Row(size, size // 4, "float32", "sum", algorithm, 1, time_us, time_us, time_us, 1.0, 1.0,
+                   None, None, None, None, None)  # fmt: skip
+
+    rows = [row(8, "mpi", 5.0), row(8, "ring", 9.0), row(64, "mpi", 9.0), row(64, "ring", 4.0)]
+    bare = [row(8, BARE, 1.0), row(64, BARE, 3.0)]
+    assert tuning_table(rows + bare) == tuning_table(rows) == [[8, "mpi"], [None, "ring"]]
+
+
+def test_the_footer_reads_every_row_against_the_bare_call() -> None:
+    def row(size: int, algorithm: str, time_us: float) -> Row:
+        return Row(size, size // 4, "float32", "sum", algorithm, 1, time_us, time_us, time_us, 1.0, 1.0,
+                   None, None, None, None, 0)  # fmt: skip
+
+    rows = [
+        row(8, BARE, 2.0),
+        row(8, "mpi", 8.0),
+        row(8, "ring", 10.0),
+        row(64, BARE, 4.0),
+        row(64, "ring", 2.0),
+    ]
+    summary = summarize(rows)
+    assert [e["best"] for e in summary] == [BARE, "ring"]
+    assert summary[0]["busbw_vs_baseline"] == {BARE: 1.0, "mpi": 0.25, "ring": 0.2}
+    assert summary[1]["busbw_vs_baseline"] == {BARE: 1.0, "ring": 2.0}
+    footer = format_footer(rows, summary).splitlines()
+    assert (
+        footer[1] == f"# best per size, and busbw relative to {BARE} (>1: faster than the bare library call)"
+    )
+    assert footer[2].split()[1:] == ["size", "best", BARE, "mpi", "ring"]
+    assert footer[3].split()[1:] == ["8", BARE, "1.00", "0.25", "0.20"]
+    assert footer[4].split()[1:] == ["64", "ring", "1.00", "-", "2.00"]
+
+
+class _DeviceArray(np.ndarray):
+    """A NumPy array with CuPy's copies to and from the host, to run the GPU path's logic here."""
+
+    def get(self, out: np.ndarray) -> np.ndarray:
+        np.copyto(out, self)
+        return out
+
+    def set(self, host: np.ndarray) -> None:
+        np.copyto(self, host)
+
+
+@pytest.mark.parametrize("aware", [False, True])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_bare_call_on_a_gpu_copies_through_the_host_unless_cuda_aware(aware: bool, in_place: bool) -> None:
+    """The GPU path's logic without a GPU: NumPy arrays with CuPy's get/set and a fake stream."""
+    synced: list[int] = []
+    stream = SimpleNamespace(synchronize=lambda: synced.append(1))
+    xp = SimpleNamespace(true_divide=np.true_divide, cuda=SimpleNamespace(get_current_stream=lambda: stream))
+    dev = Device("gpu", xp, cuda_aware=aware)
+    x = np.arange(1.0, 5.0).view(_DeviceArray)
+    out = x if in_place else np.zeros(4).view(_DeviceArray)
+    bare_call(MPI.COMM_SELF, dev, x, out, "mean")()
+    assert np.array_equal(out, np.arange(1.0, 5.0))  # one rank: the input itself
+    assert bool(synced) == aware  # straight to MPI only after the stream's work is done
+    assert measure.bare_description(dev, np.dtype("float32")).startswith("device buffers straight") == aware
 
 
 @pytest.mark.mpi
@@ -369,7 +493,11 @@ def test_in_place_rows_are_checked_from_the_input_each_time() -> None:
     status, report = _run([*TINY, "--in-place"])
     ok = status == 0 and report is not None
     ok = ok and report["header"]["placement"].startswith("in place")
-    ok = ok and all(r["wrong"] == 0 for r in report["rows"]) and len(report["rows"]) == 4 * len(ALGORITHMS)
+    ok = (
+        ok
+        and all(r["wrong"] == 0 for r in report["rows"])
+        and len(report["rows"]) == 4 * (len(ALGORITHMS) + 1)
+    )
     status, report = _run([*TINY, "--in-place", "-a", "ring"], corrupt_rank=0)
     ok = ok and status == 1 and report is not None and all(r["wrong"] == 1 for r in report["rows"])
     assert everywhere(COMM, ok)
@@ -379,7 +507,7 @@ def test_in_place_rows_are_checked_from_the_input_each_time() -> None:
 def test_check_off_reports_nothing_wrong() -> None:
     status, report = _run([*TINY, "-c", "0", "-a", "ring,mpi"], corrupt_rank=0)
     ok = status == 0 and report is not None and all(r["wrong"] is None for r in report["rows"])
-    assert everywhere(COMM, ok and len(report["rows"]) == 8)
+    assert everywhere(COMM, ok and len(report["rows"]) == 12)  # ring, mpi and the bare call, 4 sizes
 
 
 @pytest.mark.mpi
@@ -389,7 +517,7 @@ def test_nccl_that_cannot_run_is_reported_not_run() -> None:
     ok = status == 0 and report is not None
     if ok and report["header"]["device"] == "cpu":
         ok = report["header"]["not_run"] == {"nccl": "needs --device gpu"}
-    ok = ok and {r["algorithm"] for r in report["rows"]} <= {"ring", "nccl"}
+    ok = ok and {r["algorithm"] for r in report["rows"]} <= {BARE, "ring", "nccl"}
     ran = any(r["algorithm"] == "nccl" for r in report["rows"]) if ok else False
     ok = ok and ("nccl" in report["header"]["not_run"]) != ran
     assert everywhere(COMM, ok)

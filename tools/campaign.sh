@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The Performance campaign of docs/benchmarking.md, in one command: for each rank count, tune
 # `auto` into a fresh tuning file, then run the sweep several times and print the medians
-# (tools/median_of_runs.py: busbw per size and algorithm, x mpi, the ring against np.copyto,
+# (tools/median_of_runs.py: busbw per size and algorithm, x the bare MPI_Allreduce, the ring against np.copyto,
 # and at how many sizes `auto` is within 10% of the best). Run it on a quiet machine, from a
 # snapshot of the code (`git archive HEAD | tar -x -C DIR`, PYTHONPATH=DIR) if you edit meanwhile.
 #

@@ -8,13 +8,15 @@ reports the median of those maxima. Bytes sent are *measured* by the Channel (wh
 hpcring hands to MPI) and printed beside the textbook formula, so a disagreement is
 visible. With ``-c 1`` (the default) inputs are small integers whose reduction is
 exact in every dtype and summation order, so every element can be compared exactly;
-any wrong element makes the exit status 1, so a batch job fails loudly.
+any wrong element makes the exit status 1, so a batch job fails loudly. Every size also
+has a row for the bare library call (``MPI_Allreduce``: mpi4py's ``comm.Allreduce`` on the
+same buffers, nothing of hpcring between), the yardstick the footer reads every row against.
 
 The parts, one concern each:
 
 - `cli`: the flags, usage errors agreed by every rank, and `main`, the driver;
 - `data`: the sizes swept, the verifiable inputs, their exact results and bytes sent;
-- `measure`: the device (NumPy or CuPy), one row's timing, the run's facts, the
+- `measure`: the device (NumPy or CuPy), one row's timing (the bare call's too), the run's facts, the
   yardsticks (copy bandwidths) and the cost model's column;
 - `report`: header, table rows, footer, the ceiling line, progress, plot and JSON.
 

@@ -5,13 +5,20 @@ synchronous training step would wait for, and a row reports the median of those 
 Bytes sent are *measured* by the Channel (what hpcring hands to MPI) and set beside the
 textbook formula, so a disagreement is visible. This module is the one place in the bench
 that picks NumPy or CuPy (`Device`), and the one that asks the cost model for its column.
+
+Beside the algorithms, every size has a `BARE` row: ``comm.Allreduce`` on the same buffers
+straight through mpi4py, as a user of mpi4py writes it, nothing of hpcring between. It is
+the yardstick of the footer; hpcring's `mpi` row is the same library call through
+``hpcring.allreduce``, so the two differ by what hpcring's dispatch costs.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import socket
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -20,6 +27,7 @@ from mpi4py import MPI
 
 from .. import __version__, algorithms, info, topology
 from ..algorithms import auto, ring
+from ..algorithms.mpi import user_op
 from ..api import allreduce
 from ..backend import (
     backend_for,
@@ -32,6 +40,7 @@ from ..backend import (
 from ..comm import channel_for
 from ..model.costs import ModelError, Params, predict
 from ..model.params import load_params
+from ..ops import OPS
 from ..polling import idle_barrier
 from ..units import busbw_factor
 from .data import expected_bytes_sent, expected_result, verifiable_input
@@ -46,6 +55,7 @@ class Device:
 
     name: str  # cpu or gpu
     xp: Any
+    cuda_aware: bool = False  # on a GPU: whether MPI takes device pointers (hpcring.info())
 
     def sync(self) -> None:
         """Wait for queued device work, so a timer sees the whole call."""
@@ -65,7 +75,82 @@ def device_for(choice: str, comm: MPI.Intracomm) -> Device | str:
     import cupy
 
     select_device(comm)  # node-local rank mod GPUs: one GPU per rank with no per-site wrapper
-    return Device("gpu", cupy)
+    return Device("gpu", cupy, cuda_aware=bool(info()["cuda_aware"]))
+
+
+# ---------------------------------------------------------------------------------------
+# The bare library call: what the footer compares every algorithm with.
+
+# The bare row's name: MPI's own function name, in MPI's spelling, so that nobody reads it as
+# hpcring's `mpi` (the same call through hpcring.allreduce, validation and agreement included),
+# and never a name `-a` or `allreduce(algorithm=...)` accepts: it is not hpcring's to dispatch.
+BARE = "MPI_Allreduce"
+
+
+@functools.cache
+def has_datatype(dtype: np.dtype) -> bool:
+    """Whether mpi4py maps ``dtype`` to an MPI datatype of this library (bfloat16 never;
+    float16 where the library has MPI_SHORT_FLOAT or the like). Local: the same everywhere
+    that runs the same library."""
+    from mpi4py.util import dtlib
+
+    try:
+        datatype = dtlib.from_numpy_dtype(dtype)
+    except (ValueError, KeyError, TypeError):
+        return False
+    if datatype == MPI.DATATYPE_NULL:
+        return False
+    datatype.Free()  # from_numpy_dtype hands back a duplicate
+    return True
+
+
+def bare_description(dev: Device, dtype: np.dtype) -> str:
+    """How the bare row hands its buffers to MPI, for the header."""
+    if dev.name != "gpu":
+        how = "host buffers"
+    elif dev.cuda_aware and has_datatype(dtype):
+        how = "device buffers straight to MPI, CUDA-aware"
+    else:
+        how = "device buffers copied to host arrays and back: MPI not CUDA-aware"
+    if not has_datatype(dtype):
+        how += f"; no MPI datatype for {dtype.name}: MPI_UINT16_T words, a user-defined op"
+    return how
+
+
+def bare_call(comm: MPI.Intracomm, dev: Device, x: Any, out: Any, op_name: str) -> Callable[[], None]:
+    """``comm.Allreduce`` of ``x`` into ``out`` (``out is x``: MPI.IN_PLACE), written as a user of
+    mpi4py writes it: the buffers to MPI, nothing of hpcring between. Where MPI has no datatype
+    (bfloat16), the words go as unsigned integers with a user-defined op, as an MPI program does
+    for a type of its own; mean is a sum divided by the rank count afterwards; on a GPU whose MPI
+    is not CUDA-aware, host arrays made once carry the data there and back."""
+    op, size, xp = OPS[op_name], comm.Get_size(), dev.xp
+    words = None if has_datatype(x.dtype) else np.dtype(f"u{x.dtype.itemsize}")
+    mpi_op = op.mpi_op() if words is None else user_op(op, x.dtype)
+    in_place = out is x
+    staged = dev.name == "gpu" and not (dev.cuda_aware and words is None)
+
+    def typed(array: Any) -> Any:
+        return array if words is None else array.view(words)
+
+    host_in = np.empty(x.shape, dtype=x.dtype) if staged else None
+    host_out = (host_in if in_place else np.empty_like(host_in)) if staged else None
+    src, dst = (typed(host_in), typed(host_out)) if staged else (typed(x), typed(out))
+    send = MPI.IN_PLACE if in_place else src
+    divide = op.name == "mean" and size > 1
+    device = dev.name == "gpu"
+
+    def call() -> None:
+        if staged:
+            x.get(out=host_in)
+        elif device:
+            dev.sync()  # mpi4py's rule: the stream's work done before MPI reads device memory
+        comm.Allreduce(send, dst, mpi_op)
+        if staged:
+            out.set(host_out)
+        if divide:
+            xp.true_divide(out, size, out=out)
+
+    return call
 
 
 # ---------------------------------------------------------------------------------------
@@ -95,6 +180,14 @@ class Row:
     bytes_match: bool = field(default=True)
     chosen: str | None = None  # what `auto` ran
     predicted_us: float | None = None  # the calibrated cost model's time (hpcring.model)
+    # Over the same per-iteration maxima as time_us (OSU's -f and -z): the median again, under
+    # the name the other statistics share, and the 99th percentile (NumPy's, interpolated).
+    time_us_median: float | None = None
+    time_us_p99: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.time_us_median is None:
+            self.time_us_median = self.time_us
 
     @property
     def label(self) -> str:
@@ -109,7 +202,8 @@ def measure_row(
     algorithm: str,
     corrupt_rank: int | None,
 ) -> Row:
-    """Warm up, time, measure traffic and check one (size, algorithm) cell."""
+    """Warm up, time, measure traffic and check one (size, algorithm) cell; ``algorithm``
+    `BARE` times the bare library call the same way."""
     rank, size, dtype = comm.Get_rank(), comm.Get_size(), args.dtype
     count = nbytes // dtype.itemsize
     x = verifiable_input(dev.xp, count, dtype, args.op, rank)
@@ -118,11 +212,16 @@ def measure_row(
     pristine = x.copy() if args.in_place else None
     out = x if args.in_place else dev.xp.empty_like(x)
     agree = not args.no_agree
-    channel = channel_for(comm, backend_for(x))
+    bare = algorithm == BARE
+    channel = None if bare else channel_for(comm, backend_for(x))
     chosen = auto.chosen(channel, nbytes, args.in_place) if algorithm == "auto" else None  # collective
 
-    def call() -> None:
-        allreduce(x, op=args.op, algorithm=algorithm, comm=comm, out=out, check=agree)
+    if bare:
+        call = bare_call(comm, dev, x, out, args.op)
+    else:
+
+        def call() -> None:
+            allreduce(x, op=args.op, algorithm=algorithm, comm=comm, out=out, check=agree)
 
     def refill() -> None:
         if pristine is not None:
@@ -141,7 +240,7 @@ def measure_row(
             iters = max(min(iters, 3), int(args.max_time / per_call))
 
     times = np.empty(iters)
-    sent_before = channel.bytes_sent
+    sent_before = 0 if channel is None else channel.bytes_sent
     comm.Barrier()
     for i in range(iters):
         refill()
@@ -149,7 +248,7 @@ def measure_row(
         call()
         dev.sync()
         times[i] = MPI.Wtime() - t0
-    sent = (channel.bytes_sent - sent_before) / iters
+    sent = 0.0 if channel is None else (channel.bytes_sent - sent_before) / iters
     comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # per iteration: what the slowest rank saw
 
     wrong: int | None = None
@@ -166,11 +265,12 @@ def measure_row(
     median = statistics.median(times.tolist())
     algbw = nbytes / median / 1e9 if median > 0 else 0.0
     ran = chosen or algorithm
-    if expected_bytes_sent(ran, nbytes, size, rank, dtype.itemsize) is None:  # mpi, nccl: not visible
+    if bare or expected_bytes_sent(ran, nbytes, size, rank, dtype.itemsize) is None:  # MPI's: not visible
         measured: list[int] | None = None
         formula: list[int] | None = None
     else:
         measured = [int(s) if s == int(s) else s for s in comm.allgather(sent)]
+        assert channel is not None  # only the bare row has none, and it is not counted
         nodes = topology.of(channel.comm)
         per_node = nodes.per_node[0] if nodes.two_level else 1
         # Algorithms that run in node order (ranks placed round-robin, say) send what the rank
@@ -199,6 +299,8 @@ def measure_row(
         wrong=wrong,
         bytes_match=measured == formula,
         chosen=chosen,
+        time_us_median=median * 1e6,
+        time_us_p99=float(np.percentile(times, 99)) * 1e6,
     )
 
 
@@ -241,6 +343,8 @@ def header_facts(
         "dtype": args.dtype.name,
         "op": args.op,
         "algorithms": args.algorithms,
+        "baseline": BARE,
+        "baseline_call": bare_description(dev, args.dtype),
         "iters": args.iters,
         "passes": args.passes,
         "warmup": args.warmup,

@@ -2,7 +2,8 @@
 
 The table has nccl-tests' shape (size, count, type, redop, algorithm, time, algbw,
 busbw, ...), with the bytes sent measured beside their formula and the cost model's
-prediction; the footer names the fastest algorithm per size against MPI_Allreduce.
+prediction; the footer names the fastest row per size and each one's busbw relative to the
+bare library call (the `BARE` row, ``MPI_Allreduce`` straight through mpi4py).
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from dataclasses import asdict
 from typing import Any
 
 from ..units import format_size
-from .measure import Row
+from .measure import BARE, Row
 
 _COLUMNS = (
     ("size", ">12", "(B)"),
@@ -44,6 +45,9 @@ def format_header(h: dict[str, Any]) -> str:
         f", ring in {h['topology']['ring_order']}",
         *_gpu_header(h),
         *(f"# {name}: not run: {why}" for name, why in h.get("not_run", {}).items()),
+        f"# {BARE}: the bare library call, mpi4py's comm.Allreduce on the same buffers "
+        f"({h['baseline_call']}), nothing of hpcring between: the footer's yardstick "
+        "(mpi: the same call through hpcring.allreduce)",
         f"# dtype {h['dtype']}  op {h['op']}  iters {h['iters']} (fewer past {h['max_time_s']:g} s/row)  "
         f"warmup {h['warmup']}  passes {h['passes']}  check {int(h['check'])}  agree {int(h['agree'])}  "
         f"{h['placement']}",
@@ -94,33 +98,38 @@ def format_row(row: Row) -> str:
 
 
 def summarize(rows: list[Row]) -> list[dict[str, Any]]:
-    """Per size: the fastest algorithm and each one's busbw relative to mpi (= mpi time / its time)."""
+    """Per size: the fastest row (the bare call included) and each row's busbw relative to the
+    bare call's (= the bare time / the row's time, which holds at one rank too, where busbw is 0)."""
     summary = []
     for nbytes in dict.fromkeys(r.size for r in rows):
         cells = [r for r in rows if r.size == nbytes]
         best = min(cells, key=lambda r: r.time_us)
-        base = next((r for r in cells if r.algorithm == "mpi"), None)
+        base = next((r for r in cells if r.algorithm == BARE), None)
         relative = {
             r.algorithm: (base.time_us / r.time_us if base and r.time_us > 0 else None) for r in cells
         }
-        summary.append({"size": nbytes, "best": best.algorithm, "busbw_vs_mpi": relative})
+        summary.append(
+            {"size": nbytes, "best": best.algorithm, "baseline": BARE, "busbw_vs_baseline": relative}
+        )
     return summary
 
 
 def format_footer(rows: list[Row], summary: list[dict[str, Any]]) -> str:
-    """The lines below the table: best per size against mpi, then the verdicts, as nccl-tests ends."""
+    """The lines below the table: best per size against the bare call, then the verdicts, as
+    nccl-tests ends."""
     names = list(dict.fromkeys(r.algorithm for r in rows))
+    width = max(12, len(BARE))  # `best` may be the bare call
     lines = [
         "#",
-        "# best algorithm per size, and busbw relative to mpi (>1: faster than MPI_Allreduce)",
-        "# " + f"{'size':>8} {'best':>12}  " + " ".join(f"{n:>{max(7, len(n))}}" for n in names),
+        f"# best per size, and busbw relative to {BARE} (>1: faster than the bare library call)",
+        "# " + f"{'size':>8} {'best':>{width}}  " + " ".join(f"{n:>{max(7, len(n))}}" for n in names),
     ]
     for entry in summary:
-        rel = entry["busbw_vs_mpi"]
+        rel = entry["busbw_vs_baseline"]
         cells = " ".join(
             f"{'-' if rel.get(n) is None else format(rel[n], '.2f'):>{max(7, len(n))}}" for n in names
         )
-        lines.append(f"# {format_size(entry['size']):>8} {entry['best']:>12}  {cells}")
+        lines.append(f"# {format_size(entry['size']):>8} {entry['best']:>{width}}  {cells}")
     checked = [r.wrong for r in rows if r.wrong is not None]
     wrong = sum(checked)
     mismatched = sum(not r.bytes_match for r in rows)
@@ -142,8 +151,8 @@ def ceiling_line(header: dict[str, Any], rows: list[Row]) -> str:
     if not ring:
         return "# ring not run: no figure against the copy bandwidth"
     top = max(ring, key=lambda r: r.size)
-    mpi = next((r for r in rows if r.algorithm == "mpi" and r.size == top.size), None)
-    versus = f", {mpi.time_us / top.time_us:.2f}x mpi" if mpi and top.time_us > 0 else ""
+    bare = next((r for r in rows if r.algorithm == BARE and r.size == top.size), None)
+    versus = f", {bare.time_us / top.time_us:.2f}x {BARE}" if bare and top.time_us > 0 else ""
     if header["device"] == "gpu":
         ceiling, what = header["pinned_d2h_GBps"], "pinned device-to-host"
     else:
@@ -194,7 +203,10 @@ def plot(path: str, header: dict[str, Any], rows: list[Row]) -> None:
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for name in dict.fromkeys(r.algorithm for r in rows):
         mine = [r for r in rows if r.algorithm == name]
-        ax.plot([r.size for r in mine], [r.busbw for r in mine], marker="o", markersize=3, label=name)
+        style = {"color": "black", "linestyle": "--"} if name == BARE else {}  # the yardstick
+        ax.plot(
+            [r.size for r in mine], [r.busbw for r in mine], marker="o", markersize=3, label=name, **style
+        )
     ax.set_xscale("log", base=2)
     if all(r.busbw > 0 for r in rows):  # one rank has busbw 0 (factor 0): keep that linear
         ax.set_yscale("log")
