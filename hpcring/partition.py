@@ -8,11 +8,11 @@ with count = 10 and size = 4 the segment lengths are 3, 3, 2, 2.
 from __future__ import annotations
 
 
-def chunk(count: int, size: int, index: int) -> tuple[int, int]:
+def segment(count: int, size: int, index: int) -> tuple[int, int]:
     """Half-open bounds ``(start, stop)`` of segment ``index`` of ``count`` elements cut ``size`` ways."""
     if count < 0 or size < 1 or not 0 <= index < size:
         raise ValueError(
-            f"chunk: need count >= 0, size >= 1, 0 <= index < size; got {count}, {size}, {index}"
+            f"segment: need count >= 0, size >= 1, 0 <= index < size; got {count}, {size}, {index}"
         )
     base, extra = divmod(count, size)
     start = index * base + min(index, extra)
@@ -21,7 +21,7 @@ def chunk(count: int, size: int, index: int) -> tuple[int, int]:
 
 def segment_bounds(count: int, size: int) -> list[tuple[int, int]]:
     """Bounds of all ``size`` segments, in order; they tile ``range(count)`` exactly."""
-    return [chunk(count, size, index) for index in range(size)]
+    return [segment(count, size, index) for index in range(size)]
 
 
 def chunk_bounds(start: int, stop: int, chunk: int) -> list[tuple[int, int]]:

@@ -13,7 +13,7 @@ import pytest
 from mpi4py import MPI
 
 from hpcring import config
-from hpcring.algorithms import ring
+from hpcring.algorithms import ring, ring_staged
 from hpcring.backend import backend_for
 from hpcring.channel import Channel
 from hpcring.config import BY_NAME, VARIABLES, Config
@@ -215,4 +215,4 @@ def test_ring_reads_its_channels_snapshot_not_the_environment() -> None:
     with pytest.raises(ValueError, match="HPCRING_WAIT_SLEEP_US"):
         ring.allreduce(ch, x, x, OPS["sum"])
     assert ring.chunk_elements(4, settings=Config({"HPCRING_CHUNK_BYTES": "4096"})) == 1024
-    assert ring.staging_pieces(4000, 2, 4, Config({"HPCRING_STAGING_CHUNK_BYTES": "1000"})) == 8
+    assert ring_staged.pieces(4000, 2, 4, Config({"HPCRING_STAGING_CHUNK_BYTES": "1000"})) == 8

@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from hpcring.partition import chunk, segment_bounds
+from hpcring.partition import segment, segment_bounds
 
 
 @pytest.mark.parametrize("size", [1, 2, 3, 4, 7, 16, 1000])
@@ -27,10 +27,10 @@ def test_known_values() -> None:
     assert segment_bounds(10, 4) == [(0, 3), (3, 6), (6, 8), (8, 10)]
     assert segment_bounds(2, 4) == [(0, 1), (1, 2), (2, 2), (2, 2)]
     assert segment_bounds(0, 3) == [(0, 0), (0, 0), (0, 0)]
-    assert chunk(7, 1, 0) == (0, 7)
+    assert segment(7, 1, 0) == (0, 7)
 
 
 @pytest.mark.parametrize("args", [(-1, 2, 0), (5, 0, 0), (5, 2, 2), (5, 2, -1)])
 def test_bad_arguments(args: tuple[int, int, int]) -> None:
     with pytest.raises(ValueError):
-        chunk(*args)
+        segment(*args)

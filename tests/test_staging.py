@@ -18,7 +18,7 @@ from mpi4py import MPI
 
 import hpcring
 from hpcring import config
-from hpcring.algorithms import nccl, ring
+from hpcring.algorithms import nccl, ring, ring_staged
 from hpcring.backend import Backend, verify_cuda_aware
 from hpcring.channel import Channel
 from hpcring.ops import OPS
@@ -28,7 +28,7 @@ def play(size: int, count: int, pieces: int, in_place: bool) -> list[np.ndarray]
     """Run every rank's staged schedule in lock step; return each rank's result."""
     inputs = [np.arange(count, dtype=np.int64) * 10 + r + 1 for r in range(size)]
     outputs = [x if in_place else np.full(count, -1, dtype=np.int64) for x in inputs]
-    schedules = [ring.staged_items(size, r, count, pieces) for r in range(size)]
+    schedules = [ring_staged.staged_items(size, r, count, pieces) for r in range(size)]
     lengths = {len(s) for s in schedules}
     assert lengths == {2 * (size - 1) * pieces}
     for i in range(lengths.pop()):
@@ -63,7 +63,7 @@ def test_staged_schedule_reduces(size: int, count: int, pieces: int, in_place: b
 def test_staged_schedule_sends_the_formula() -> None:
     for size, count, pieces in [(2, 10, 3), (3, 10, 2), (4, 1001, 5)]:
         for rank in range(size):
-            items = ring.staged_items(size, rank, count, pieces)
+            items = ring_staged.staged_items(size, rank, count, pieces)
             sent = sum(item.out.stop - item.out.start for item in items)
             assert sent * 4 == ring.bytes_sent(count, 4, size, rank)
 
@@ -71,19 +71,19 @@ def test_staged_schedule_sends_the_formula() -> None:
 def test_staging_pieces(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("HPCRING_STAGING_CHUNK_BYTES", raising=False)
     config.reload()
-    assert ring.staging_pieces(4000, 2, 4) is None  # off until measured on a GPU
+    assert ring_staged.pieces(4000, 2, 4) is None  # off until measured on a GPU
     limit = 1000
     monkeypatch.setenv("HPCRING_STAGING_CHUNK_BYTES", str(limit))
     config.reload()
-    assert ring.staging_pieces(0, 2, 4) == 1
-    assert ring.staging_pieces(2 * limit // 4, 2, 4) == 1  # one segment is exactly one piece
-    assert ring.staging_pieces(2 * limit // 4 + 2, 2, 4) == 2
-    assert ring.staging_pieces(4000, 2, 4) == 8
+    assert ring_staged.pieces(0, 2, 4) == 1
+    assert ring_staged.pieces(2 * limit // 4, 2, 4) == 1  # one segment is exactly one piece
+    assert ring_staged.pieces(2 * limit // 4 + 2, 2, 4) == 2
+    assert ring_staged.pieces(4000, 2, 4) == 8
     for bad in ("0", "-5", "4M"):
         monkeypatch.setenv("HPCRING_STAGING_CHUNK_BYTES", bad)
         config.reload()
         with pytest.raises(ValueError, match="HPCRING_STAGING_CHUNK_BYTES"):
-            ring.staging_pieces(4000, 2, 4)
+            ring_staged.pieces(4000, 2, 4)
 
 
 def test_probe_supervisor_survives_a_crash() -> None:
@@ -287,7 +287,7 @@ def test_nccl_runs_on_its_own_gpu() -> None:
 
 
 class _HostStaging:
-    """The `Staging` interface with synchronous host copies: runs `ring._staged`'s loop (slots,
+    """The `Staging` interface with synchronous host copies: runs `ring_staged.run`'s loop (slots,
     items, `after` marks) over real MPI without a GPU. It checks what CUDA events would
     enforce: a piece is copied out only after the item that wrote it was marked."""
 

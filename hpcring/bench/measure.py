@@ -26,7 +26,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import __version__, algorithms, info, topology
-from ..algorithms import auto, ring
+from ..algorithms import auto, ring_staged
 from ..algorithms.mpi import user_op
 from ..api import allreduce
 from ..backend import (
@@ -371,7 +371,7 @@ def _gpu_facts(comm: MPI.Intracomm) -> dict[str, Any]:
     comm.Barrier()
     d2h = pinned_d2h_bandwidth(64 << 20) if comm.Get_rank() == 0 else None  # alone, not contended
     comm.Barrier()
-    chunk = ring.staging_chunk_bytes()  # None: whole segments
+    chunk = ring_staged.staging_chunk_bytes()  # None: whole segments
     return {
         "gpu": name,
         "gpus": len(set(gpus)),
