@@ -15,7 +15,7 @@ import hpcring
 from hpcring import algorithms
 from hpcring.algorithms import auto
 from hpcring.api import channel_for
-from hpcring.backend import backend_for
+from hpcring.arrays import adapter_for
 
 
 def write(path, tables, fmt=auto.FORMAT) -> None:
@@ -113,7 +113,7 @@ def test_only_rank_0_reads_the_tuning_file(tmp_path_factory, monkeypatch) -> Non
     private = comm.Dup()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # and no rank warns about a file it did not read
-        chosen = auto.chosen(channel_for(private, backend_for(np.ones(1))), 1 << 20)
+        chosen = auto.chosen(channel_for(private, adapter_for(np.ones(1))), 1 << 20)
     assert everywhere(comm, chosen == "rabenseifner")
     private.Free()
 
@@ -137,7 +137,7 @@ def test_auto_follows_the_in_place_table_in_place(tmp_path_factory, monkeypatch)
     x = np.full(1000, comm.rank + 1, dtype=np.float64)
     out = hpcring.allreduce(x, algorithm="auto", comm=private, out=np.empty_like(x))
     hpcring.allreduce(x, algorithm="auto", comm=private)
-    channel = channel_for(private, backend_for(x))
+    channel = channel_for(private, adapter_for(x))
     ok = (
         auto.chosen(channel, x.nbytes) == "ring"
         and auto.chosen(channel, x.nbytes, in_place=True) == "rabenseifner"
@@ -160,7 +160,7 @@ def test_auto_follows_the_tuning_file(tmp_path_factory, monkeypatch) -> None:
         x = np.full(count, comm.rank + 1, dtype=np.float64)
         hpcring.allreduce(x, algorithm="auto", comm=private)
         same = identical_everywhere(comm, x)
-        ran = auto.chosen(channel_for(private, backend_for(x)), x.nbytes)
+        ran = auto.chosen(channel_for(private, adapter_for(x)), x.nbytes)
         ok &= ran == want and same and bool((x == comm.size * (comm.size + 1) / 2).all())
     assert everywhere(comm, ok)
     private.Free()
@@ -177,7 +177,7 @@ def test_a_size_auto_has_chosen_runs_and_is_priced_as_its_choice(tmp_path_factor
     monkeypatch.delenv("HPCRING_MEMORY_LIMIT", raising=False)
     private = comm.Dup()
     x = np.full(100_000, comm.rank + 1, dtype=np.float64)  # the default table runs the ring here
-    channel = channel_for(private, backend_for(x))
+    channel = channel_for(private, adapter_for(x))
     ok = algorithms.resolved("auto", channel, x.nbytes, False) == "auto"  # nothing chosen yet
     hpcring.allreduce(x, algorithm="auto", comm=private, out=np.empty_like(x))
     ok &= algorithms.resolved("auto", channel, x.nbytes, False) == "mpi"

@@ -23,7 +23,6 @@ from mpi4py import MPI
 
 from hpcring import ALGORITHMS
 from hpcring.algorithms import auto
-from hpcring.backend import gpu_problem
 from hpcring.bench import (
     Row,
     busbw_factor,
@@ -36,6 +35,7 @@ from hpcring.bench import (
     tuning_table,
     verifiable_input,
 )
+from hpcring.gpu import gpu_problem
 from hpcring.ops import DTYPES, OPS, check_op
 
 TINY = ["-b", "8", "-e", "64", "-n", "2", "-w", "1"]  # 4 sizes, a few ms a row
