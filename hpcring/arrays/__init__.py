@@ -10,7 +10,7 @@ anything else is a TypeError naming the kinds this process accepts.
 NumPy's adapter is registered always. CuPy's registers itself when `hpcring.arrays.cupy` is
 imported, which happens the first time a CuPy array arrives (or a question needs every
 kind): a NumPy user never imports CuPy. A new kind is one module that calls `register` at
-import and one entry in `_ON_FIRST_SIGHT` (see `base` for what it answers).
+import, and its line in `SHIPPED` (see `base` for what an adapter answers).
 """
 
 from __future__ import annotations
@@ -24,14 +24,20 @@ from .numpy import NumpyAdapter
 _by_type: dict[type, Adapter] = {}  # exact type -> its adapter: the warm path's one lookup
 _registered: dict[str, Adapter] = {}  # kind -> adapter, in registration order
 
-# The agreement row carries the array kind as a number, which must mean the same on every
-# rank whichever libraries import there: the kinds hpcring ships, in a fixed order, then any
-# other registered kind. The names are what the agreement's messages call them.
-NAMES: list[str] = ["numpy.ndarray", "cupy.ndarray"]
+# Every kind hpcring ships: what messages call its arrays, the top-level module of their type,
+# and the module of its adapter (None: registered here, always). The agreement row carries
+# a call's array kind as its place in this table, which so means the same on every rank
+# whichever libraries import there; a kind from outside hpcring is numbered after these, in
+# the order of registering (the same on every rank where every rank registers it alike).
+SHIPPED: tuple[tuple[str, str, str | None], ...] = (
+    ("numpy.ndarray", "numpy", None),
+    ("cupy.ndarray", "cupy", "hpcring.arrays.cupy"),
+)
+NAMES: list[str] = [name for name, _, _ in SHIPPED]  # by agreement number, for messages
 
 # Adapters of optional libraries, by the top-level module of their arrays' type: imported on
 # the first such array (the library is loaded by then: the user made the array with it).
-_ON_FIRST_SIGHT: dict[str, str] = {"cupy": "hpcring.arrays.cupy"}
+_ON_FIRST_SIGHT: dict[str, str] = {top: module for _, top, module in SHIPPED if module is not None}
 
 
 def register(kind: str, adapter: Adapter) -> None:

@@ -20,7 +20,7 @@ It has two faces:
   which makes them with `empty`.
 
 Room for the frameworks (PyTorch, JAX: one new file each, which calls `register` at import,
-plus its line in the registry's table of adapters loaded on first sight):
+and its line in `hpcring.arrays.SHIPPED`, the kinds' fixed numbering):
 
 - A ``torch.Tensor`` adapter answers the first face from the tensor (``is_contiguous()`` in
   `flags`, its dtype mapped to NumPy's, ``t.device``) and hands the algorithms a NumPy view
