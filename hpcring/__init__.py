@@ -16,7 +16,7 @@ from .trace import trace
 
 if TYPE_CHECKING:
     from .api import allreduce
-    from .backend import select_device
+    from .gpu import select_device
     from .nonblocking import Request, iallreduce
     from .training import GradientSync
 
@@ -32,7 +32,7 @@ def __getattr__(name: str) -> Any:
         globals()["allreduce"] = allreduce  # MPI is loaded now: later calls skip this hook
         return allreduce
     if name == "select_device":  # imports CuPy where it is installed: also on first use
-        from .backend import select_device
+        from .gpu import select_device
 
         return select_device
     if name in ("iallreduce", "Request", "_progress_mode"):  # the training layer (MPI, threads)
@@ -56,7 +56,8 @@ def info() -> dict[str, Any]:
     import mpi4py
     from mpi4py import MPI
 
-    from .backend import available_backends, cuda_aware
+    from .arrays import available
+    from .gpu import cuda_aware
 
     levels = {
         MPI.THREAD_SINGLE: "single",
@@ -71,7 +72,7 @@ def info() -> dict[str, Any]:
         "mpi_library": MPI.Get_library_version().strip().splitlines()[0].split(",")[0],
         "mpi_standard": "{}.{}".format(*MPI.Get_version()),
         "thread_level": levels.get(MPI.Query_thread(), "unknown"),
-        "backends": available_backends(),
+        "backends": available(),
         "cuda_aware": aware,
         "cuda_aware_reason": reason,
         "algorithms": list(__getattr__("ALGORITHMS")),

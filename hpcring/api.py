@@ -16,7 +16,7 @@ from mpi4py import MPI
 
 from . import algorithms, config
 from .agreement import agree
-from .backend import Backend, backend_for
+from .arrays import NAMES, NUMPY, Adapter, adapter_for
 from .channel import Channel
 from .comm import Exclusive, intracomm, state_of
 from .ops import DTYPES, OPS, Op, check_op
@@ -24,76 +24,89 @@ from .trace import call_begin, call_end, local_copy
 from .units import format_bytes
 
 
-def _validate(x: Any, out: Any, op: str, algorithm: str) -> tuple[Backend, Op, bool]:
-    """Local checks, no communication. Returns (backend, op, in place) or raises."""
-    backend = backend_for(x)
+def _validate(x: Any, out: Any, op: str) -> tuple[Adapter, Op, bool, np.dtype]:
+    """Local checks, no communication. Returns (adapter, op, in place, x's dtype) or raises.
+
+    Every question about ``x`` and ``out`` goes to the adapter that owns ``x``."""
+    adapter = adapter_for(x)
     if op not in OPS:
         raise ValueError(f"hpcring.allreduce: unknown op {op!r}; choose one of {', '.join(OPS)}")
-    if x.dtype not in DTYPES:
+    dtype = adapter.dtype(x)
+    if dtype not in DTYPES:
         names = ", ".join(d.name for d in DTYPES)
-        raise TypeError(f"hpcring.allreduce: dtype {x.dtype} is not supported; use one of {names}")
-    check_op(OPS[op], x.dtype)
-    if not x.flags.c_contiguous:
+        raise TypeError(f"hpcring.allreduce: dtype {dtype} is not supported; use one of {names}")
+    check_op(OPS[op], dtype)
+    flags = adapter.flags(x)
+    if not flags.c_contiguous:
         raise ValueError("hpcring.allreduce: x must be C-contiguous (use xp.ascontiguousarray)")
-    backend.check_device(x, "x")
-    # Another view of x's very bytes (C-contiguous, x's dtype, any shape) is in place; any other
-    # overlap is refused below. The overlap test runs once, and only where it finds one are the
-    # data pointers read.
-    overlaps = out is not None and out is not x and backend.owns(out) and backend.shares_memory(x, out)
-    in_place = (
-        out is None
-        or out is x
-        or (overlaps and out.dtype == x.dtype and out.flags.c_contiguous and backend.same_memory(out, x))
-    )
+    adapter.check_device(x, "x")
+    if out is None or out is x:
+        in_place = True
+    else:
+        # Another view of x's very bytes (C-contiguous, x's dtype, any shape) is in place; any
+        # other overlap is refused below. The overlap test runs once, and only where it finds
+        # one are the data pointers read.
+        owned = adapter.owns(out)
+        overlaps = owned and adapter.shares_memory(x, out)
+        in_place = (
+            overlaps
+            and adapter.dtype(out) == dtype
+            and adapter.flags(out).c_contiguous
+            and adapter.same_memory(out, x)
+        )
     if in_place:
-        if not backend.writeable(x):
+        if not flags.writeable:
             raise ValueError("hpcring.allreduce: x is read-only; pass out= for an out-of-place result")
-        return backend, OPS[op], True
-    if not backend.owns(out):
+        return adapter, OPS[op], True, dtype
+    if not owned:
         raise TypeError(
             f"hpcring.allreduce: out must be a {type(x).__module__}.{type(x).__name__} like x, "
             f"got {type(out).__module__}.{type(out).__name__}"
         )
-    if out.shape != x.shape or out.dtype != x.dtype:
+    shape, out_shape, out_dtype = adapter.shape(x), adapter.shape(out), adapter.dtype(out)
+    if out_shape != shape or out_dtype != dtype:
         raise ValueError(
-            f"hpcring.allreduce: out must have x's shape {x.shape} and dtype {x.dtype}, "
-            f"got {out.shape} and {out.dtype}"
+            f"hpcring.allreduce: out must have x's shape {shape} and dtype {dtype}, "
+            f"got {out_shape} and {out_dtype}"
         )
-    if not out.flags.c_contiguous:
+    flags = adapter.flags(out)
+    if not flags.c_contiguous:
         raise ValueError("hpcring.allreduce: out must be C-contiguous")
-    backend.check_device(out, "out")
-    if not backend.writeable(out):
+    adapter.check_device(out, "out")
+    if not flags.writeable:
         raise ValueError("hpcring.allreduce: out is read-only")
     if overlaps:
         raise ValueError("hpcring.allreduce: out overlaps x; pass out=None (or out=x) for in place")
-    return backend, OPS[op], False
+    return adapter, OPS[op], False, dtype
 
 
 _OP_NAMES = list(OPS)
 _ALG_NAMES = list(algorithms.MODULES)
 
 
-_ARRAYS = ["numpy.ndarray", "cupy.ndarray"]
-
-
-def _signature(call: int, x: Any, op: str, algorithm: str, in_place: bool | None) -> list[int]:
+def _signature(
+    call: int, x: Any, adapter: Adapter | None, op: str, algorithm: str, in_place: bool | None
+) -> list[int]:
     """What must agree across ranks, as integers (-1 where a value is not one we know).
 
     The array kind is part of it: NumPy on some ranks and CuPy on others would stage
     and sum fine, but almost always means a rank that skipped moving its data to the GPU.
     So is the placement, as MPI asks of MPI_IN_PLACE: `auto` keeps a choice per size and
     placement, and ranks that chose differently would run different algorithms.
+    ``adapter`` is None where this rank refused ``x``: its verdict, not this row, is then
+    what the others hear.
     """
-    count = int(getattr(x, "size", -1)) if hasattr(x, "dtype") else -1
-    dtype = getattr(x, "dtype", None)
-    kind = f"{type(x).__module__.split('.')[0]}.{type(x).__name__}"
+    if adapter is None:
+        count, dtype, kind = -1, None, -1
+    else:
+        count, dtype, kind = adapter.size(x), adapter.dtype(x), adapter.index
     return [
         call,
         count,
         DTYPES.index(dtype) if dtype in DTYPES else -1,
         _OP_NAMES.index(op) if op in _OP_NAMES else -1,
         _ALG_NAMES.index(algorithm) if algorithm in _ALG_NAMES else -1,
-        _ARRAYS.index(kind) if kind in _ARRAYS else -1,
+        kind,
         -1 if in_place is None else int(in_place),
     ]
 
@@ -104,11 +117,11 @@ def _describe(field: str, value: int) -> str:
         "dtype": [d.name for d in DTYPES],
         "op": _OP_NAMES,
         "algorithm": _ALG_NAMES,
-        "array": _ARRAYS,
+        "array": NAMES,
         "placement": ["out of place (out=)", "in place"],
     }
     if field in names:
-        return names[field][value] if value >= 0 else "?"
+        return names[field][value] if 0 <= value < len(names[field]) else "?"
     return str(value)
 
 
@@ -165,17 +178,18 @@ def allreduce(
     problem: Exception | None = None
     in_place: bool | None = None
     try:
-        backend, reduction, in_place = _validate(x, out, op, algorithm)
+        adapter, reduction, in_place, dtype = _validate(x, out, op)
     except (TypeError, ValueError) as error:
         if not check:
             raise
-        problem, backend = error, backend_for(np.empty(0))
+        problem, adapter = error, None
     state = state_of(comm)
-    channel = state.channel(backend)
-    if problem is None:
+    channel = state.channel(NUMPY if adapter is None else adapter)
+    if adapter is not None:
         try:
-            prepared = algorithms.prepare(algorithm, channel, x.size, x.dtype.itemsize, bool(in_place))
-            _check_memory(channel, prepared.name, prepared.scratch, x.size, x.dtype.itemsize)
+            count, itemsize = adapter.size(x), dtype.itemsize
+            prepared = algorithms.prepare(algorithm, channel, count, itemsize, bool(in_place))
+            _check_memory(channel, prepared.name, prepared.scratch, count, itemsize)
         except (MemoryError, TypeError, ValueError) as error:
             if not check:
                 raise
@@ -185,7 +199,7 @@ def allreduce(
             state.calls = call = state.calls + 1
             agree(
                 channel.comm,
-                _signature(call, x, op, algorithm, in_place),
+                _signature(call, x, adapter, op, algorithm, in_place),
                 problem,
                 timeout=default_timeout() if timeout is None else timeout,
                 describe=_describe,
@@ -193,8 +207,8 @@ def allreduce(
             )
         if problem is not None:  # a single rank: nothing to agree on
             raise problem
-        src = x.reshape(-1)
-        dst = src if in_place else out.reshape(-1)
+        src = adapter.flat(x)
+        dst = src if in_place else adapter.flat(out)
         call_begin(algorithm, channel, src, dst)
         if channel.size > 1 and src.size > 0:
             prepared.run(channel, src, dst, reduction)
@@ -204,4 +218,6 @@ def allreduce(
             dst[...] = src
             local_copy(dst, src)
         call_end()
+    if adapter.immutable:  # JAX: the algorithms ran on a copy; the result is a new array
+        return adapter.result(dst, x)
     return x if in_place else out

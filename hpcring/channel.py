@@ -25,14 +25,14 @@ import numpy as np
 from mpi4py import MPI
 
 from . import config
-from .backend import Backend
+from .arrays import Adapter
 from .trace import channel_call, channel_start, channel_wait
 
 
 class Channel:
     """hpcring's duplicate of one user communicator, for one array backend."""
 
-    def __init__(self, comm: MPI.Intracomm, backend: Backend) -> None:
+    def __init__(self, comm: MPI.Intracomm, backend: Adapter) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()

@@ -1,10 +1,12 @@
 """`python -m hpcring.cudaprobe DEVICE`: can this MPI library read and write GPU memory?
 
-Run by `hpcring.backend.cuda_aware` in a child process when ``HPCRING_CUDA_AWARE=1`` is
-set: a library that is not CUDA-aware dereferences device pointers as host memory and
-crashes, and a crash in a child is a verdict, where in the rank itself it would end the
-job. The child is an MPI singleton (the parent clears the launcher's environment): it
-sends a small device array to itself and checks what arrived. Exit 0 means it works.
+Run by `hpcring.gpu.cuda_aware` in a child process when ``HPCRING_CUDA_AWARE=1`` is set
+(the probe's supervisor, `verify_cuda_aware`, and every other GPU fact live in
+hpcring/gpu.py; this module stays apart because it is a ``python -m`` entry): a library that
+is not CUDA-aware dereferences device pointers as host memory and crashes, and a crash in a
+child is a verdict, where in the rank itself it would end the job. The child is an MPI
+singleton (the parent clears the launcher's environment): it sends a small device array to
+itself and checks what arrived. Exit 0 means it works.
 """
 
 from __future__ import annotations

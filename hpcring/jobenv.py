@@ -24,7 +24,7 @@ from typing import Any
 from mpi4py import MPI
 
 import hpcring
-from hpcring.backend import node_local_rank, select_device
+from hpcring.gpu import node_local_rank, select_device
 
 # Variables that decide transports, placement and devices: worth keeping with every result.
 _PREFIXES = (

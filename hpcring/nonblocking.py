@@ -31,7 +31,7 @@ from typing import Any
 from mpi4py import MPI
 
 from . import api
-from .backend import backend_for
+from .arrays import adapter_for
 from .comm import attached, intracomm, state_of
 
 
@@ -136,7 +136,7 @@ def engine_for(comm: MPI.Intracomm | None) -> Engine:
 
 def _handoff(x: Any) -> Callable[[], AbstractContextManager[None]]:
     try:
-        return backend_for(x).handoff(x)
+        return adapter_for(x).handoff(x)
     except TypeError:  # not an array: let allreduce's validation report it on every rank
         return nullcontext
 

@@ -115,7 +115,7 @@ class Tracer(NullTracer):
         nbytes = int(array.nbytes)
         try:
             address = self._pointer(array)
-        except Exception:  # an array of another backend (a staging buffer): still describe it
+        except Exception:  # an array of another kind (a staging buffer): still describe it
             address = _pointer(array)
         # An empty view may not point where its slice starts (NumPy points it at the base),
         # so the offset of an empty buffer says nothing: its "bytes" (0) do.
@@ -237,9 +237,13 @@ class Tracer(NullTracer):
 
 
 def _pointer(array: Any) -> int:
-    if hasattr(array, "ctypes"):
-        return int(array.ctypes.data)
-    return int(array.data.ptr)
+    """The address of any native array, whichever adapter made it (a pinned staging buffer is NumPy's).
+
+    Imported here, only while tracing: `import hpcring` loads this module, and must stay light
+    enough for the cost model's predictions (no NumPy, no MPI)."""
+    from .arrays import adapter_for
+
+    return adapter_for(array).data_pointer(array)
 
 
 TRACER: NullTracer = NullTracer()
@@ -342,7 +346,7 @@ clock = Tracer.now
 
 
 def staging(direction: str, start: float, device: Any, host: Any) -> None:
-    """backend.mpi_view: a device<->host copy that began at ``clock()`` time ``start``."""
+    """An adapter's mpi_view: a device<->host copy that began at ``clock()`` time ``start``."""
     if TRACER.on:
         TRACER.staging(direction, start, device, host)
 

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .backend import Backend, backend_for
+from .arrays import NUMPY, Adapter, adapter_for
 from .nonblocking import Engine, Request, engine_for, iallreduce
 from .ops import DTYPES
 
@@ -123,23 +123,29 @@ class GradientSync:
         self.op, self.algorithm, self.check = op, algorithm, check
         try:  # any mistake here is still a verdict for the allgather: no rank may skip it
             problem = self._local_problem(grads, bucket_bytes, first_bucket_bytes)
+            layout = None
+            if problem is None:  # every gradient is an array of one kind
+                adapter = adapter_for(grads[0]) if grads else NUMPY
+                layout = [(tuple(adapter.shape(g)), str(adapter.dtype(g))) for g in grads]
             mine = (
                 problem,
-                [(tuple(g.shape), str(g.dtype)) for g in grads] if problem is None else None,
+                layout,
                 (op, algorithm, int(bucket_bytes), int(first_bucket_bytes)),
             )
         except (TypeError, ValueError) as error:  # bucket_bytes=None, grads not a list, ...
             mine = (f"bad argument ({type(error).__name__}: {error})", None, None)
         _agree(comm.allgather(mine))
-        self.backend: Backend = backend_for(grads[0]) if grads else backend_for(np.empty(0))
-        self.shapes = [tuple(g.shape) for g in grads]
-        self.buckets = plan_buckets(self.shapes, [g.dtype for g in grads], bucket_bytes, first_bucket_bytes)
+        # The user's arrays are asked through their adapter; the buckets are its native arrays.
+        self.backend: Adapter = adapter_for(grads[0]) if grads else NUMPY
+        self.shapes = [tuple(self.backend.shape(g)) for g in grads]
+        dtypes = [self.backend.dtype(g) for g in grads]
+        self.buckets = plan_buckets(self.shapes, dtypes, bucket_bytes, first_bucket_bytes)
         self._where: dict[int, tuple[int, int]] = {}  # gradient -> (bucket, position in bucket)
         self.grads: list[Any] = [None] * len(grads)
         for b, bucket in enumerate(self.buckets):
             bucket.buffer = self.backend.empty(bucket.count, bucket.dtype)
             for position, (index, offset) in enumerate(zip(bucket.members, bucket.offsets, strict=True)):
-                size = int(grads[index].size)
+                size = int(self.backend.size(grads[index]))
                 view = bucket.buffer[offset : offset + size].reshape(self.shapes[index])
                 view[...] = grads[index]
                 self.grads[index] = view
@@ -153,15 +159,17 @@ class GradientSync:
         """What is wrong with this rank's arguments, as a message (None: nothing)."""
         if bucket_bytes <= 0 or first_bucket_bytes <= 0:
             return f"bucket sizes must be > 0, got {bucket_bytes} and {first_bucket_bytes}"
-        backends = set()
+        kinds = set()
         for i, g in enumerate(grads):
             try:
-                backends.add(backend_for(g).name)
+                adapter = adapter_for(g)
             except TypeError:
                 return f"gradient {i} is a {type(g).__name__}, not a NumPy or CuPy array"
-            if g.dtype not in DTYPES:
-                return f"gradient {i} has dtype {g.dtype}, which hpcring cannot reduce"
-        if len(backends) > 1:
+            kinds.add(adapter.kind)
+            dtype = adapter.dtype(g)
+            if dtype not in DTYPES:
+                return f"gradient {i} has dtype {dtype}, which hpcring cannot reduce"
+        if len(kinds) > 1:
             return "gradients mix NumPy and CuPy arrays; keep them on one device"
         return None
 
@@ -205,10 +213,11 @@ class GradientSync:
             )
         self._check_view(index)
         if grad is not None and grad is not self.grads[index]:
-            if tuple(grad.shape) != self.shapes[index] or grad.dtype != self.grads[index].dtype:
+            shape, dtype = tuple(self.backend.shape(grad)), self.backend.dtype(grad)
+            if shape != self.shapes[index] or dtype != self.grads[index].dtype:
                 raise ValueError(
-                    f"hpcring.GradientSync.ready: gradient {index} has shape {tuple(grad.shape)} and "
-                    f"dtype {grad.dtype}, but was registered as {self.shapes[index]} "
+                    f"hpcring.GradientSync.ready: gradient {index} has shape {shape} and "
+                    f"dtype {dtype}, but was registered as {self.shapes[index]} "
                     f"{self.grads[index].dtype}"
                 )
             self.grads[index][...] = grad

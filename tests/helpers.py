@@ -15,11 +15,11 @@ import numpy as np
 import pytest
 from mpi4py import MPI
 
-from hpcring.backend import available_backends
+from hpcring.arrays import available
 
 # A GPU test skips, saying why, where CuPy or a GPU is missing; BACKENDS parametrizes a test
 # over the array kinds (its CuPy case marked gpu, for tests/gpu/check.sh).
-needs_gpu = pytest.mark.skipif("cupy" not in available_backends(), reason="needs CuPy and a GPU")
+needs_gpu = pytest.mark.skipif("cupy" not in available(), reason="needs CuPy and a GPU")
 BACKENDS = ["numpy", pytest.param("cupy", marks=[pytest.mark.gpu, needs_gpu])]
 
 

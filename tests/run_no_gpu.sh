@@ -10,7 +10,7 @@ export PYTHONUNBUFFERED=1
 python - <<'PY'
 import sys
 
-from hpcring.backend import cupy, gpu_problem
+from hpcring.gpu import cupy, gpu_problem
 
 if cupy is None or not gpu_problem().startswith("CuPy sees no GPU"):
     sys.exit(f"tests/run_no_gpu.sh needs CuPy installed and no GPU; here: {gpu_problem() or 'a GPU'}")

@@ -14,7 +14,7 @@ from mpi4py import MPI
 import hpcring
 from hpcring import algorithms, config
 from hpcring.algorithms import auto, tuning
-from hpcring.backend import backend_for
+from hpcring.arrays import adapter_for
 from hpcring.comm import channel_for
 
 
@@ -115,7 +115,7 @@ def test_only_rank_0_reads_the_tuning_file(tmp_path_factory, monkeypatch) -> Non
     private = comm.Dup()
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # and no rank warns about a file it did not read
-        chosen = auto.chosen(channel_for(private, backend_for(np.ones(1))), 1 << 20)
+        chosen = auto.chosen(channel_for(private, adapter_for(np.ones(1))), 1 << 20)
     assert everywhere(comm, chosen == "rabenseifner")
     private.Free()
 
@@ -139,7 +139,7 @@ def test_auto_follows_the_in_place_table_in_place(tmp_path_factory, monkeypatch)
     x = np.full(1000, comm.rank + 1, dtype=np.float64)
     out = hpcring.allreduce(x, algorithm="auto", comm=private, out=np.empty_like(x))
     hpcring.allreduce(x, algorithm="auto", comm=private)
-    channel = channel_for(private, backend_for(x))
+    channel = channel_for(private, adapter_for(x))
     ok = (
         auto.chosen(channel, x.nbytes) == "ring"
         and auto.chosen(channel, x.nbytes, in_place=True) == "rabenseifner"
@@ -162,7 +162,7 @@ def test_auto_follows_the_tuning_file(tmp_path_factory, monkeypatch) -> None:
         x = np.full(count, comm.rank + 1, dtype=np.float64)
         hpcring.allreduce(x, algorithm="auto", comm=private)
         same = identical_everywhere(comm, x)
-        ran = auto.chosen(channel_for(private, backend_for(x)), x.nbytes)
+        ran = auto.chosen(channel_for(private, adapter_for(x)), x.nbytes)
         ok &= ran == want and same and bool((x == comm.size * (comm.size + 1) / 2).all())
     assert everywhere(comm, ok)
     private.Free()
@@ -180,7 +180,7 @@ def test_a_size_auto_has_chosen_runs_and_is_priced_as_its_choice(tmp_path_factor
     config.reload()
     private = comm.Dup()
     x = np.full(100_000, comm.rank + 1, dtype=np.float64)  # the default table runs the ring here
-    channel = channel_for(private, backend_for(x))
+    channel = channel_for(private, adapter_for(x))
     ok = algorithms.prepare("auto", channel, x.size, x.itemsize, False).name == "auto"  # nothing chosen yet
     hpcring.allreduce(x, algorithm="auto", comm=private, out=np.empty_like(x))
     ok &= algorithms.prepare("auto", channel, x.size, x.itemsize, False).name == "mpi"

@@ -25,11 +25,11 @@ from mpi4py import MPI
 from hpcring import ALGORITHMS, config
 from hpcring.algorithms import tuning
 from hpcring.algorithms.tuning import tuning_table
-from hpcring.backend import gpu_problem
 from hpcring.bench import main, measure
 from hpcring.bench.data import expected_bytes_sent, expected_result, sweep, verifiable_input
 from hpcring.bench.measure import BARE, Device, Row, bare_call, median_rows
 from hpcring.bench.report import format_footer, summarize
+from hpcring.gpu import gpu_problem
 from hpcring.ops import DTYPES, OPS, check_op
 from hpcring.units import busbw_factor, parse_size
 

@@ -14,7 +14,7 @@ from mpi4py import MPI
 
 from hpcring import config
 from hpcring.algorithms import ring, ring_staged
-from hpcring.backend import backend_for
+from hpcring.arrays import adapter_for
 from hpcring.channel import Channel
 from hpcring.config import BY_NAME, VARIABLES, Config
 from hpcring.ops import OPS
@@ -207,7 +207,7 @@ def test_digest_is_the_same_in_every_process() -> None:
 
 def test_ring_reads_its_channels_snapshot_not_the_environment() -> None:
     """The snapshot a channel holds is the one in force: a bad value there is refused, on any path."""
-    ch = Channel(MPI.COMM_SELF, backend_for(np.empty(0)))
+    ch = Channel(MPI.COMM_SELF, adapter_for(np.empty(0)))
     assert ch.config is config.current()
     x = np.ones(10)
     ring.allreduce(ch, x, x, OPS["sum"])  # the environment's (empty) config: fine

@@ -17,7 +17,8 @@ from helpers import everywhere, launcher_env, mpiexec, needs_gpu
 from mpi4py import MPI
 
 import hpcring
-from hpcring.backend import available_backends, gpu_problem, local_device, node_local_rank
+from hpcring.arrays import available
+from hpcring.gpu import gpu_problem, local_device, node_local_rank
 
 
 @pytest.mark.parametrize(
@@ -62,7 +63,7 @@ def test_node_local_rank_of_a_split_communicator() -> None:
 @pytest.mark.mpi
 def test_select_device_without_gpu_is_none(monkeypatch: pytest.MonkeyPatch) -> None:
     comm = MPI.COMM_WORLD
-    if "cupy" in available_backends():
+    if "cupy" in available():
         monkeypatch.setenv("HPCRING_DEVICE", "cpu")  # on a GPU machine, the CPU switch must win
     assert everywhere(comm, hpcring.select_device(comm) is None)
 

@@ -9,7 +9,7 @@ from mpi4py import MPI
 
 import hpcring
 from hpcring import config
-from hpcring.backend import backend_for
+from hpcring.arrays import adapter_for
 from hpcring.comm import channel_for
 
 pytestmark = pytest.mark.mpi
@@ -142,12 +142,12 @@ def test_duplicate_cached_and_released() -> None:
     comm = WORLD.Dup()
     x = np.ones(3)
     hpcring.allreduce(x, comm=comm)
-    channel = channel_for(comm, backend_for(x))
+    channel = channel_for(comm, adapter_for(x))
     private = channel.comm
     assert everywhere(WORLD, private != MPI.COMM_NULL and MPI.Comm.Compare(private, comm) == MPI.CONGRUENT)
     for _ in range(3):
         hpcring.allreduce(x, comm=comm)
-    assert everywhere(WORLD, channel_for(comm, backend_for(x)) is channel and channel.comm is private)
+    assert everywhere(WORLD, channel_for(comm, adapter_for(x)) is channel and channel.comm is private)
     comm.Free()
     assert everywhere(WORLD, private == MPI.COMM_NULL)
 

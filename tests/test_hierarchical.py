@@ -21,7 +21,7 @@ from test_allreduce import check_sizes
 import hpcring
 from hpcring import config, topology
 from hpcring.algorithms import bytes_sent, ring
-from hpcring.backend import backend_for
+from hpcring.arrays import adapter_for
 from hpcring.comm import channel_for
 from hpcring.ops import DTYPES, OPS, kind
 
@@ -44,7 +44,7 @@ def forced() -> Iterator[MPI.Intracomm]:
 
 
 def _topology(comm: MPI.Intracomm) -> topology.Topology:
-    return topology.of(channel_for(comm, backend_for(np.empty(0))).comm)
+    return topology.of(channel_for(comm, adapter_for(np.empty(0))).comm)
 
 
 def test_forced_topology_is_found(forced: MPI.Intracomm) -> None:
@@ -75,7 +75,7 @@ def test_bitwise_identical_on_rounding_floats(forced: MPI.Intracomm) -> None:
 @pytest.mark.parametrize("n", [1, 5, 1001, 2**16 + 3])
 def test_bytes_sent_formula_matches_the_count(forced: MPI.Intracomm, n: int) -> None:
     topo = _topology(forced)
-    ch = channel_for(forced, backend_for(np.empty(0, np.float32)))
+    ch = channel_for(forced, adapter_for(np.empty(0, np.float32)))
     x = np.ones(n, np.float32)
     before = ch.bytes_sent
     hpcring.allreduce(x, algorithm="hierarchical", comm=forced)
@@ -116,7 +116,7 @@ def test_bad_env_is_refused() -> None:
 
 def test_ring_across_nodes_streams_in_network_chunks(forced: MPI.Intracomm) -> None:
     """A ring that spans nodes is pipelined in NETWORK_CHUNK_BYTES pieces, with the same result."""
-    ch = channel_for(forced, backend_for(np.empty(0, np.float32)))
+    ch = channel_for(forced, adapter_for(np.empty(0, np.float32)))
     n = 3 * ring.NETWORK_CHUNK_BYTES // 4 * forced.size + 5  # several chunks per segment
     x = np.random.default_rng(forced.rank).standard_normal(n).astype(np.float32)
     exact = forced.allreduce(x.astype(np.float64))

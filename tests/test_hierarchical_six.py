@@ -17,7 +17,7 @@ from mpi4py import MPI
 import hpcring
 from hpcring.algorithms import bytes_sent
 from hpcring.comm import channel_for
-from hpcring.backend import backend_for
+from hpcring.arrays import adapter_for
 
 world = MPI.COMM_WORLD
 comm = world.Dup()
@@ -29,7 +29,7 @@ for n in (1, 5, 7, 1001, 300_007):
         keep = x.copy()
         want = np.empty_like(x)
         world.Allreduce(x, want)
-        ch = channel_for(comm, backend_for(x))
+        ch = channel_for(comm, adapter_for(x))
         before = ch.bytes_sent
         out = np.empty_like(x)
         hpcring.allreduce(x, out=out, algorithm="hierarchical", comm=comm)

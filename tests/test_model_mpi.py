@@ -72,9 +72,9 @@ def test_a_problem_on_one_rank_stops_every_rank_before_measuring(shared_dir: Pat
     """Checked and agreed before any collective: an array module this machine lacks (it hung:
     rank 0 failed in its gamma while the others waited in the broadcast after it), and a
     parameter file that only one rank fails to read (it hung in validate's barrier)."""
-    from hpcring.backend import available_backends
+    from hpcring.arrays import available
 
-    missing = next((a for a in ("cupy", "numpy") if a not in available_backends()), None)
+    missing = next((a for a in ("cupy", "numpy") if a not in available()), None)
     if missing is not None and WORLD.size > 1:
         output = shared_dir / "m.json"
         code = main(["--calibrate", "--quick", "--array", missing, "--output", str(output)])

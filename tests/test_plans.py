@@ -13,7 +13,7 @@ from mpi4py import MPI
 
 import hpcring
 from hpcring import config
-from hpcring.backend import backend_for
+from hpcring.arrays import adapter_for
 from hpcring.channel import Channel
 from hpcring.comm import channel_for
 
@@ -21,7 +21,7 @@ WORLD = MPI.COMM_WORLD
 
 
 def test_plan_cache_is_bounded_lru() -> None:
-    ch = Channel(MPI.COMM_SELF, backend_for(np.empty(0)))
+    ch = Channel(MPI.COMM_SELF, adapter_for(np.empty(0)))
     built = []
     for key in range(Channel.PLANS):
         ch.plan((key,), lambda key=key: built.append(key) or key)
@@ -64,7 +64,7 @@ def test_plans_go_with_the_communicator() -> None:
     comm = WORLD.Dup()
     x = np.ones(1000)
     hpcring.allreduce(x, comm=comm, algorithm="rabenseifner")
-    channel = weakref.ref(channel_for(comm, backend_for(x)))
+    channel = weakref.ref(channel_for(comm, adapter_for(x)))
     built = channel() is not None and len(channel()._plans) == (WORLD.size > 1)
     comm.Free()
     gc.collect()

@@ -19,8 +19,9 @@ from mpi4py import MPI
 import hpcring
 from hpcring import config
 from hpcring.algorithms import nccl, ring, ring_staged
-from hpcring.backend import Backend, verify_cuda_aware
+from hpcring.arrays.numpy import NumpyAdapter
 from hpcring.channel import Channel
+from hpcring.gpu import verify_cuda_aware
 from hpcring.ops import OPS
 
 
@@ -123,7 +124,7 @@ def test_nccl_refuses_numpy_on_every_rank() -> None:
 @pytest.mark.gpu
 @needs_gpu
 def test_pinned_copy_bandwidth_is_measured() -> None:
-    from hpcring.backend import pinned_d2h_bandwidth
+    from hpcring.gpu import pinned_d2h_bandwidth
 
     assert pinned_d2h_bandwidth(8 << 20, repeats=3) > 1e8  # any real link moves > 0.1 GB/s
 
@@ -134,7 +135,7 @@ def test_forced_cuda_aware_is_verified() -> None:
     """HPCRING_CUDA_AWARE=1 on this MPI: verified, or a warning and host staging; never a crash."""
     import subprocess
 
-    code = "from hpcring.backend import cuda_aware; print(cuda_aware())"
+    code = "from hpcring.gpu import cuda_aware; print(cuda_aware())"
     env = {**os.environ, "HPCRING_CUDA_AWARE": "1"}
     done = subprocess.run(
         [sys.executable, "-W", "always", "-c", code], env=env, capture_output=True, text=True, timeout=300
@@ -264,7 +265,7 @@ def test_nccl_runs_on_its_own_gpu() -> None:
     """One rank per GPU: NCCL bootstraps over MPI and reduces (on COMM_SELF where GPUs are shared)."""
     import cupy
 
-    from hpcring.backend import backend_for
+    from hpcring.arrays import adapter_for
     from hpcring.comm import channel_for
     from hpcring.ops import OPS
 
@@ -275,7 +276,7 @@ def test_nccl_runs_on_its_own_gpu() -> None:
     if reason is not None:
         pytest.skip(reason)
     x = cupy.arange(1000, dtype=cupy.float32) + own.rank
-    ch = channel_for(own, backend_for(x))
+    ch = channel_for(own, adapter_for(x))
     out = cupy.empty_like(x)
     nccl.allreduce(ch, x, out, OPS["sum"])
     g = own.size
@@ -321,7 +322,7 @@ class _HostStaging:
         pass
 
 
-class _HostStagedBackend(Backend):
+class _HostStagedBackend(NumpyAdapter):
     name, device, direct = "host-staged", True, False
 
     def staging(self, slot_bytes: int, marks: int) -> _HostStaging:

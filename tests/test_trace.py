@@ -23,7 +23,7 @@ from mpi4py import MPI
 
 import hpcring
 from hpcring import config, viz
-from hpcring.backend import backend_for
+from hpcring.arrays import adapter_for
 from hpcring.partition import segment_bounds
 
 TRACE = sys.modules["hpcring.trace"]  # the module; hpcring.trace is its context manager
@@ -210,7 +210,7 @@ def test_staging_copies_are_traced(shared_dir: Path) -> None:
 
     comm = MPI.COMM_WORLD
     x = cupy.arange(13, dtype=cupy.float32) + comm.rank
-    if backend_for(x).direct:
+    if adapter_for(x).direct:
         pytest.skip("CUDA-aware MPI: device buffers go to MPI directly, nothing is staged")
     path = shared_dir / "gpu.json"
     with hpcring.trace(path):

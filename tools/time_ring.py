@@ -20,7 +20,7 @@ from mpi4py import MPI
 
 from hpcring import config
 from hpcring.algorithms import ENTRIES, PORTABLE
-from hpcring.backend import backend_for
+from hpcring.arrays import adapter_for
 from hpcring.channel import Channel
 from hpcring.comm import channel_for
 from hpcring.ops import OPS, Op
@@ -56,7 +56,7 @@ def main() -> None:
     parser.add_argument("--chunks", default="", help="chunk bytes to try for the pipelined ring")
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
-    ch = channel_for(comm, backend_for(np.empty(0)))
+    ch = channel_for(comm, adapter_for(np.empty(0)))
     algs = {name: ENTRIES[name].allreduce for name in PORTABLE}
     algs["ring-old"] = old_ring
     variants = [(name, None) for name in args.algorithms.split(",")]

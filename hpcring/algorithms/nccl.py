@@ -30,7 +30,7 @@ def unavailable(comm: Any) -> str | None:
     try:
         from cupy.cuda import nccl
 
-        from ..backend import gpu_identity
+        from ..gpu import gpu_identity
 
         if not nccl.available:
             problem = "CuPy was built without NCCL"

@@ -29,15 +29,9 @@ from .. import __version__, algorithms, info, topology
 from ..algorithms import auto, ring_staged
 from ..algorithms.mpi import user_op
 from ..api import allreduce
-from ..backend import (
-    backend_for,
-    copyto_bandwidth,
-    gpu_identity,
-    gpu_problem_anywhere,
-    pinned_d2h_bandwidth,
-    select_device,
-)
+from ..arrays import adapter_for
 from ..comm import channel_for
+from ..gpu import copyto_bandwidth, gpu_identity, gpu_problem_anywhere, pinned_d2h_bandwidth, select_device
 from ..model.costs import ModelError, Params, predict
 from ..model.params import load_params
 from ..ops import OPS
@@ -213,7 +207,7 @@ def measure_row(
     out = x if args.in_place else dev.xp.empty_like(x)
     agree = not args.no_agree
     bare = algorithm == BARE
-    channel = None if bare else channel_for(comm, backend_for(x))
+    channel = None if bare else channel_for(comm, adapter_for(x))
     chosen = auto.chosen(channel, nbytes, args.in_place) if algorithm == "auto" else None  # collective
 
     if bare:
@@ -327,7 +321,7 @@ def header_facts(
     local.Free()
     hosts = comm.allgather(MPI.Get_processor_name() or socket.gethostname())
     per_host = sorted(set(comm.allgather(local_size)))
-    nodes = topology.of(channel_for(comm, backend_for(dev.xp.empty(0))).comm)  # what hierarchical sees
+    nodes = topology.of(channel_for(comm, adapter_for(dev.xp.empty(0))).comm)  # what hierarchical sees
     facts = info()
     return {
         "hpcring": __version__,
@@ -414,7 +408,7 @@ def model_source(params: Params | None) -> str | None:
 
 def predicted_us(algorithm: str, nbytes: int, comm: MPI.Intracomm, params: Params) -> float | None:
     """The cost model's time in us, on the nodes hpcring found (None where it cannot say)."""
-    nodes = topology.of(channel_for(comm, backend_for(np.empty(0))).comm)
+    nodes = topology.of(channel_for(comm, adapter_for(np.empty(0))).comm)
     per_node = nodes.per_node[0] if nodes.two_level else None
     if algorithm == "hierarchical" and per_node is None:
         algorithm = "ring"  # what it runs without a second level

@@ -30,7 +30,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcring
-from hpcring.backend import gpu_problem_anywhere
+from hpcring.gpu import gpu_problem_anywhere
 from hpcring.training import GradientSync
 
 TEST_SIZE = 297  # 1500 training images, 297 held out; the split is fixed (seed 0), not the run's seed

@@ -230,10 +230,10 @@ def _adder(array: str, nbytes: int) -> Any:
     """acc += other on float32 of ``nbytes`` with the array module in use, pages touched once."""
     import numpy as np
 
-    from ..backend import backend_named
+    from ..arrays import adapter_named
 
     check_array(array)
-    backend = backend_named(array)
+    backend = adapter_named(array)
     acc = backend.xp.ones(nbytes // 4, dtype=np.float32)
     other = backend.xp.ones(nbytes // 4, dtype=np.float32)
 
@@ -297,7 +297,7 @@ def runnable() -> list[str]:
 
 def check_array(array: str) -> None:
     """ModelError unless ``array`` (numpy, cupy) is usable in this process."""
-    from ..backend import available_backends
+    from ..arrays import available
 
-    if array not in available_backends():
-        raise ModelError(f"array module {array!r} is not usable here; choose one of {available_backends()}")
+    if array not in available():
+        raise ModelError(f"array module {array!r} is not usable here; choose one of {available()}")

@@ -37,7 +37,7 @@ step facts 120 python - <<'PY'
 import json, subprocess
 import cupy
 import hpcring
-from hpcring.backend import pinned_d2h_bandwidth
+from hpcring.gpu import pinned_d2h_bandwidth
 print(subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True).stdout.strip())
 print("cupy", cupy.__version__, "CUDA runtime", cupy.cuda.runtime.runtimeGetVersion(),
       "devices", cupy.cuda.runtime.getDeviceCount())

@@ -20,7 +20,7 @@ from test_allreduce import check_sizes
 import hpcring
 from hpcring import topology
 from hpcring.algorithms import bytes_sent
-from hpcring.backend import backend_for
+from hpcring.arrays import adapter_for
 from hpcring.comm import channel_for
 
 HOSTS = int(os.environ.get("HPCRING_CLUSTER_HOSTS", "0"))
@@ -35,7 +35,7 @@ WORLD = MPI.COMM_WORLD
 
 
 def _topology() -> topology.Topology:
-    return topology.of(channel_for(WORLD, backend_for(np.empty(0))).comm)
+    return topology.of(channel_for(WORLD, adapter_for(np.empty(0))).comm)
 
 
 def test_topology_is_the_cluster() -> None:
@@ -82,7 +82,7 @@ def test_rounding_floats_identical_on_every_host(algorithm: str) -> None:
 def test_bytes_sent_formula_matches_the_count(algorithm: str, n: int) -> None:
     """The formula at this rank's place in the node order, whatever the placement; the 4 MiB
     case also puts a few MB through every host's shaped link (run.sh checks tc)."""
-    ch = channel_for(WORLD, backend_for(np.empty(0, np.float32)))
+    ch = channel_for(WORLD, adapter_for(np.empty(0, np.float32)))
     x = np.ones(n, np.float32)
     before = ch.bytes_sent
     hpcring.allreduce(x, algorithm=algorithm)

@@ -1,0 +1,150 @@
+"""What an array adapter answers: the questions the API asks about a user's array, and the
+compute side the channel and the algorithms run on.
+
+An adapter owns one kind of user array (``numpy``: `numpy.ndarray`; ``cupy``: `cupy.ndarray`).
+It has two faces:
+
+- **The user's array**, asked by `api` (validation, the agreement row) and `training`: is it
+  C-contiguous and writeable (`flags`), its dtype (always a NumPy dtype, so one table of
+  supported dtypes and ops serves every kind), shape, size and bytes, whether it is on the
+  device this rank computes on, whether two arrays overlap or are the very same bytes, and
+  `flat`: the 1-D *native* view the algorithms run on. The API never reads these from the
+  array itself, so a new kind answers them its own way.
+- **The compute side** (what used to be ``Backend``), used by `Channel` and the algorithms on
+  native arrays (NumPy on the host, CuPy on a GPU): ``xp`` (the array module of local
+  reductions and scratch), `empty`, `mpi_view` (a buffer MPI may read or write, staged
+  through pinned host memory where MPI is not CUDA-aware), `staging` (the streamed pipeline;
+  device adapters only), `available_bytes`, `current_device`, `synchronize`, `handoff`,
+  `data_pointer`, and the flags ``device`` (the arrays live on a GPU) and ``direct`` (MPI
+  reads and writes them in place). Scratch buffers belong to the `Channel` (``scratch``),
+  which makes them with `empty`.
+
+Room for the frameworks (PyTorch, JAX: one new file each, which calls `register` at import,
+and its line in `hpcring.arrays.SHIPPED`, the kinds' fixed numbering):
+
+- A ``torch.Tensor`` adapter answers the first face from the tensor (``is_contiguous()`` in
+  `flags`, its dtype mapped to NumPy's, ``t.device``) and hands the algorithms a NumPy view
+  of a CPU tensor (``t.numpy()``) or a CuPy view of a CUDA tensor (``cupy.from_dlpack``) from
+  `flat`; its compute side is then the NumPy or the CuPy adapter's, inherited. A CPU and a
+  CUDA tensor need different compute sides, so it registers two adapters that both decline
+  the by-type lookup (``types = ()``) and tell the tensors apart in `owns`.
+- A ``jax.Array`` is immutable: its adapter sets ``immutable = True``, says writeable in
+  `flags` (the algorithms get a copy), makes `flat` a writable native copy (after the
+  agreement and the memory check, where `allreduce` asks for it), and `result` wraps the
+  reduced native buffer into a new array, which `allreduce` returns instead of ``x`` or ``out``.
+
+NumPy's answers are bound once as C callables (``operator.attrgetter``, ``ndarray.ravel``),
+so a warm call's questions cost what reading the attributes did.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, NamedTuple, Protocol
+
+import numpy as np
+
+
+class Flags(NamedTuple):
+    """What `Adapter.flags` answers, for a kind whose arrays' own flags do not say both."""
+
+    c_contiguous: bool
+    writeable: bool
+
+
+class Adapter(Protocol):
+    """One kind of array: the questions about a user's array, then the compute side."""
+
+    kind: str  # the registry's key ("numpy", "cupy"); the ranks' agreement compares kinds
+    name: str  # the same word, as `Channel`, `topology` and the trace read it
+    type_name: str  # what messages call its arrays: "numpy.ndarray"
+    types: tuple[type, ...]  # exact types it owns, for the registry's by-type lookup
+    by_type: bool  # `owns` depends on the type alone, so a subclass found once is cached
+    index: int  # this kind's number in the agreement row, set by `register`
+    immutable: bool  # its arrays cannot be written: `allreduce` returns `result(dst, x)`
+
+    def problem(self) -> str:
+        """Why this kind can't compute here ('' when it can): `available` lists those that can."""
+        ...
+
+    # -- the user's array ----------------------------------------------------------------
+    def owns(self, obj: Any) -> bool:
+        """Whether ``obj`` is an array of this kind."""
+        ...
+
+    def flags(self, array: Any) -> Any:
+        """Two booleans in one question, asked of every array: ``c_contiguous`` (one flat run of
+        memory, in row-major order) and ``writeable`` (the result may be written into it).
+        NumPy's own flags object; another kind returns any object with those two attributes."""
+        ...
+
+    def dtype(self, array: Any) -> np.dtype:
+        """The element type, as a NumPy dtype (ml_dtypes' bfloat16 for bfloat16)."""
+        ...
+
+    def shape(self, array: Any) -> tuple[int, ...]: ...
+
+    def size(self, array: Any) -> int:
+        """Number of elements."""
+        ...
+
+    def nbytes(self, array: Any) -> int: ...
+
+    def check_device(self, array: Any, name: str) -> None:
+        """ValueError (naming the argument ``name``) if this rank's MPI calls cannot use ``array``."""
+        ...
+
+    def shares_memory(self, a: Any, b: Any) -> bool:
+        """Whether the bytes of ``a`` and ``b`` meet."""
+        ...
+
+    def same_memory(self, a: Any, b: Any) -> bool:
+        """Whether ``a`` and ``b`` are the same non-empty bytes (another view of them: in place)."""
+        ...
+
+    def flat(self, array: Any) -> Any:
+        """The 1-D native array (NumPy or CuPy) over ``array``'s memory that the algorithms run on."""
+        ...
+
+    def result(self, dst: Any, x: Any) -> Any:
+        """What `allreduce` returns for an immutable kind: a new array of ``x``'s shape from ``dst``."""
+        ...
+
+    # -- the compute side: native arrays -------------------------------------------------
+    xp: Any  # the array module of local reductions and scratch
+    device: bool  # the arrays live on a GPU
+    direct: bool  # MPI reads and writes these arrays in place: no staging copy
+
+    def empty(self, count: int, dtype: np.dtype) -> Any: ...
+
+    def data_pointer(self, array: Any) -> int:
+        """The address of a native array's first byte."""
+        ...
+
+    def current_device(self) -> int | None:
+        """The device new work goes to (plans holding streams are per device); None on the host."""
+        ...
+
+    def available_bytes(self) -> int | None:
+        """Memory a new allocation may still take; None if unknown."""
+        ...
+
+    def synchronize(self) -> None:
+        """Wait for the work queued on the device (timing needs it)."""
+        ...
+
+    def mpi_view(
+        self, array: Any, *, copy_in: bool, copy_out: bool, slot: int = 0
+    ) -> AbstractContextManager[Any]:
+        """A buffer for one MPI call on ``array``: read by MPI (copy_in), written (copy_out)."""
+        ...
+
+    def staging(self, slot_bytes: int, marks: int) -> Any:
+        """The streamed host-staging pipeline (device adapters that are not ``direct``)."""
+        ...
+
+    def handoff(self, array: Any) -> Callable[[], AbstractContextManager[None]]:
+        """Called by the thread that wrote ``array``; the returned context, entered by another
+        thread, makes that thread see those writes."""
+        ...
