@@ -20,7 +20,7 @@ from .agreement import agree
 from .backend import Backend, backend_for
 from .channel import Channel
 from .comm import Exclusive, intracomm, state_of
-from .ops import DTYPES, OPS, Op, check_op
+from .ops import DTYPES, OPS, Op, check_op, op_name
 from .trace import call_begin, call_end, local_copy
 from .units import format_bytes
 
@@ -153,7 +153,7 @@ def default_timeout() -> float:
 def allreduce(
     x: Any,
     *,
-    op: str = "sum",
+    op: str | MPI.Op = "sum",
     algorithm: str = "ring",
     comm: MPI.Intracomm | None = None,
     out: Any = None,
@@ -175,6 +175,7 @@ def allreduce(
     problem: Exception | None = None
     in_place: bool | None = None
     try:
+        op = op_name(op)  # mpi4py's MPI.SUM, MAX, MIN, PROD -> their names; inside the try: a verdict
         backend, reduction, in_place = _validate(x, out, op, algorithm)
     except (TypeError, ValueError) as error:
         if not check:
