@@ -78,16 +78,26 @@ MPI_OPS: dict[str, str] = {"SUM": "sum", "MAX": "max", "MIN": "min", "PROD": "pr
 _OTHER_MPI_OPS = ("LAND", "BAND", "LOR", "BOR", "LXOR", "BXOR", "MAXLOC", "MINLOC", "REPLACE", "NO_OP")
 
 
+_MPI_OP_OBJECTS: list[tuple[Any, str]] = []  # (mpi4py's op, its name here), made on first use
+
+
 def mpi_op_name(op: Any) -> str | None:
     """hpcring's name for mpi4py's ``MPI.SUM``, ``MAX``, ``MIN`` or ``PROD`` (compared by handle, so
-    ``MPI.Op(MPI.SUM)`` counts); None for anything else. mpi4py's ops are unhashable, hence no dict."""
-    from mpi4py import MPI  # only reached for a non-string op: importing hpcring.ops needs no MPI
+    ``MPI.Op(MPI.SUM)`` counts); None for anything else. mpi4py's ops are unhashable, hence no dict;
+    the constants themselves are found by identity first (tens of ns, on every wrapped call)."""
+    if not _MPI_OP_OBJECTS:
+        from mpi4py import MPI  # only now: importing hpcring.ops needs no MPI
 
-    if not isinstance(op, MPI.Op):
-        return None
-    for mpi_name, name in MPI_OPS.items():
-        if op == getattr(MPI, mpi_name):
+        _MPI_OP_OBJECTS[:] = [(getattr(MPI, mpi_name), name) for mpi_name, name in MPI_OPS.items()]
+    for mpi_op, name in _MPI_OP_OBJECTS:
+        if op is mpi_op:
             return name
+    from mpi4py import MPI
+
+    if isinstance(op, MPI.Op):
+        for mpi_op, name in _MPI_OP_OBJECTS:
+            if op == mpi_op:
+                return name
     return None
 
 

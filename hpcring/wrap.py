@@ -37,7 +37,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms, api, nonblocking
-from .ops import OPS, kind, mpi_op_name
+from .ops import OPS, mpi_op_name
 
 # What gives MPI's speed today: the library's own all-reduce behind hpcring's checks. The latency
 # work makes "auto" that, and then this default.
@@ -72,15 +72,18 @@ def _dtype_of(datatype: Any) -> np.dtype | None:
 
 def _array(buf: Any, writable: bool) -> Any:
     """``buf`` as a 1-D C-contiguous array over its memory (in memory order), or None."""
-    if isinstance(buf, np.ndarray) or hasattr(buf, "__cuda_array_interface__"):  # NumPy, CuPy
+    if type(buf) is np.ndarray or hasattr(buf, "__cuda_array_interface__"):  # NumPy, CuPy
         array = buf
+    elif isinstance(buf, np.ndarray):  # np.matrix, a masked array: MPI sees only their memory
+        array = np.asarray(buf)
     else:  # bytearray, array.array, memoryview...: NumPy views the same memory
         array = np.asarray(memoryview(buf))
-    if writable and not getattr(array.flags, "writeable", True):
+    flags = array.flags
+    if writable and not getattr(flags, "writeable", True):
         return None  # mpi4py refuses a read-only receive buffer: let it say so
-    if array.flags.c_contiguous:
+    if flags.c_contiguous:
         return array if array.ndim == 1 else array.reshape(-1)
-    if array.flags.f_contiguous:  # mpi4py takes either contiguity; the transpose is C-ordered
+    if flags.f_contiguous:  # mpi4py takes either contiguity; the transpose is C-ordered
         return array.T.reshape(-1)
     return None
 
@@ -177,7 +180,7 @@ def _route(sendbuf: Any, recvbuf: Any, op: Any) -> tuple[Any, Any, str] | None:
                 return None
     except Exception:  # anything mpi4py's parser would object to: it reports it, in its words
         return None
-    if kind(x.dtype) not in OPS[name].kinds:  # MAX on complex: MPI's error
+    if x.dtype.kind not in OPS[name].kinds:  # MAX on complex: MPI's error (no bfloat16 here)
         return None
     return x, out, name
 
