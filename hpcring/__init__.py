@@ -1,6 +1,6 @@
 """hpcring: gradient all-reduce over MPI, the textbook algorithms side by side with the library's own.
 
-This module is the public face only (`allreduce`, `iallreduce`, `GradientSync`, `trace`,
+This module is the public face only (`allreduce`, `iallreduce`, `GradientSync`, `Intracomm`, `trace`,
 `info`...); the work is in the submodules, and the names that need MPI load on first use.
 """
 
@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from .gpu import select_device
     from .nonblocking import Request, iallreduce
     from .training import GradientSync
+    from .wrap import Intracomm
 
     ALGORITHMS: tuple[str, ...]
 
@@ -43,6 +44,10 @@ def __getattr__(name: str) -> Any:
         from .training import GradientSync
 
         return GradientSync
+    if name == "Intracomm":  # the drop-in communicator for existing mpi4py codes
+        from .wrap import Intracomm
+
+        return Intracomm
     if name == "ALGORITHMS":
         from .algorithms import PORTABLE
 
@@ -83,6 +88,7 @@ def info() -> dict[str, Any]:
 __all__ = [
     "ALGORITHMS",
     "GradientSync",
+    "Intracomm",
     "Request",
     "StallError",
     "__version__",

@@ -19,7 +19,7 @@ from .agreement import agree
 from .arrays import NAMES, NUMPY, Adapter, adapter_for
 from .channel import Channel
 from .comm import Exclusive, intracomm, state_of
-from .ops import DTYPES, OPS, Op, check_op
+from .ops import DTYPES, OPS, Op, check_op, op_name
 from .trace import call_begin, call_end, local_copy
 from .units import format_bytes
 
@@ -156,7 +156,7 @@ def default_timeout() -> float:
 def allreduce(
     x: Any,
     *,
-    op: str = "sum",
+    op: str | MPI.Op = "sum",
     algorithm: str = "ring",
     comm: MPI.Intracomm | None = None,
     out: Any = None,
@@ -178,6 +178,7 @@ def allreduce(
     problem: Exception | None = None
     in_place: bool | None = None
     try:
+        op = op_name(op)  # mpi4py's MPI.SUM, MAX, MIN, PROD -> their names; inside the try: a verdict
         adapter, reduction, in_place, dtype = _validate(x, out, op)
     except (TypeError, ValueError) as error:
         if not check:

@@ -119,6 +119,8 @@ def attached(comm: MPI.Intracomm, key: str, build: Callable[[], Any]) -> Any:
 def intracomm(comm: MPI.Intracomm | None, caller: str) -> MPI.Intracomm:
     """``comm``, or COMM_WORLD for None; TypeError (naming ``caller``) for anything else."""
     comm = MPI.COMM_WORLD if comm is None else comm
+    if type(comm) is not MPI.Intracomm:  # an hpcring.Intracomm: hpcring's own messages go to MPI itself
+        comm = getattr(comm, "_hpcring_plain", comm)
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
         raise TypeError(f"hpcring.{caller}: comm must be an mpi4py intracommunicator, got {comm!r}")
     return comm

@@ -144,7 +144,7 @@ def _handoff(x: Any) -> Callable[[], AbstractContextManager[None]]:
 def iallreduce(
     x: Any,
     *,
-    op: str = "sum",
+    op: str | MPI.Op = "sum",
     algorithm: str = "ring",
     comm: MPI.Intracomm | None = None,
     out: Any = None,

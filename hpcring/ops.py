@@ -69,3 +69,59 @@ def check_op(op: Op, dtype: np.dtype) -> None:
     """TypeError when ``op`` does not apply to ``dtype``."""
     if kind(dtype) not in op.kinds:
         raise TypeError(f"hpcring.allreduce: op={op.name!r} does not apply to dtype {dtype.name}")
+
+
+# mpi4py's predefined ops that hpcring computes itself, by their names in mpi4py.MPI. Every other
+# MPI op (LAND, BAND, MAXLOC, REPLACE, a user's MPI.Op.Create...) is MPI's business alone:
+# `hpcring.Intracomm` hands those to the wrapped communicator unchanged.
+MPI_OPS: dict[str, str] = {"SUM": "sum", "MAX": "max", "MIN": "min", "PROD": "prod"}
+_OTHER_MPI_OPS = ("LAND", "BAND", "LOR", "BOR", "LXOR", "BXOR", "MAXLOC", "MINLOC", "REPLACE", "NO_OP")
+
+
+_MPI_OP_OBJECTS: list[tuple[Any, str]] = []  # (mpi4py's op, its name here), made on first use
+
+
+def mpi_op_name(op: Any) -> str | None:
+    """hpcring's name for mpi4py's ``MPI.SUM``, ``MAX``, ``MIN`` or ``PROD`` (compared by handle, so
+    ``MPI.Op(MPI.SUM)`` counts); None for anything else. mpi4py's ops are unhashable, hence no dict;
+    the constants themselves are found by identity first (tens of ns, on every wrapped call)."""
+    if not _MPI_OP_OBJECTS:
+        from mpi4py import MPI  # only now: importing hpcring.ops needs no MPI
+
+        _MPI_OP_OBJECTS[:] = [(getattr(MPI, mpi_name), name) for mpi_name, name in MPI_OPS.items()]
+    for mpi_op, name in _MPI_OP_OBJECTS:
+        if op is mpi_op:
+            return name
+    from mpi4py import MPI
+
+    if isinstance(op, MPI.Op):
+        for mpi_op, name in _MPI_OP_OBJECTS:
+            if op == mpi_op:
+                return name
+    return None
+
+
+def op_name(op: Any, caller: str = "hpcring.allreduce") -> Any:
+    """The op name hpcring works with, for what the user passed as ``op``.
+
+    A string comes back as it is (an unknown one is reported where ops are validated, as
+    before); mpi4py's ``MPI.SUM``, ``MAX``, ``MIN`` and ``PROD`` become "sum", "max", "min" and
+    "prod", so the agreement compares names and ``MPI.SUM`` on one rank agrees with "sum" on
+    another. Any other MPI op is a ValueError naming it and the ones accepted.
+    """
+    if isinstance(op, str):
+        return op
+    name = mpi_op_name(op)
+    if name is not None:
+        return name
+    from mpi4py import MPI
+
+    if not isinstance(op, MPI.Op):
+        return op  # not an op at all: the caller's validation says so, in its words
+    known = [f"MPI.{n}" for n in (*MPI_OPS, *_OTHER_MPI_OPS, "OP_NULL") if op == getattr(MPI, n, None)]
+    what = known[0] if known else "a predefined MPI.Op" if op.is_predefined else "a user-defined MPI.Op"
+    accepted = ", ".join(f"MPI.{n}" for n in MPI_OPS)
+    raise ValueError(
+        f"{caller}: {what} is not a supported op; use one of {accepted} or "
+        f"{', '.join(map(repr, OPS))} (hpcring.Intracomm passes any other op to MPI)"
+    )

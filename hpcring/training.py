@@ -32,7 +32,7 @@ from mpi4py import MPI
 
 from .arrays import NUMPY, Adapter, adapter_for
 from .nonblocking import Engine, Request, engine_for, iallreduce
-from .ops import DTYPES
+from .ops import DTYPES, op_name
 
 MiB = 1 << 20
 
@@ -114,7 +114,7 @@ class GradientSync:
         bucket_bytes: int = 25 * MiB,
         first_bucket_bytes: int = 1 * MiB,
         algorithm: str = "auto",
-        op: str = "mean",
+        op: str | MPI.Op = "mean",
         check: bool = True,
     ) -> None:
         comm = MPI.COMM_WORLD if comm is None else comm
@@ -122,6 +122,7 @@ class GradientSync:
         self.comm = comm
         self.op, self.algorithm, self.check = op, algorithm, check
         try:  # any mistake here is still a verdict for the allgather: no rank may skip it
+            self.op = op = op_name(op, "hpcring.GradientSync")  # MPI.SUM -> "sum": ranks compare names
             problem = self._local_problem(grads, bucket_bytes, first_bucket_bytes)
             layout = None
             if problem is None:  # every gradient is an array of one kind
