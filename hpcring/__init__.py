@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 from .errors import StallError, abort_on_error, aborting  # no MPI needed to import these
-from .trace import from_environment as _trace_from_environment
-from .trace import trace
+from .tracing import from_environment as _trace_from_environment
+from .tracing import trace
 
 if TYPE_CHECKING:
     from .api import allreduce

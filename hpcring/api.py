@@ -20,7 +20,7 @@ from .arrays import NAMES, NUMPY, Adapter, adapter_for
 from .channel import Channel
 from .comm import Exclusive, intracomm, state_of
 from .ops import DTYPES, OPS, Op, check_op, op_name
-from .trace import call_begin, call_end, local_copy
+from .tracing import call_begin, call_end, local_copy
 from .units import format_bytes
 
 

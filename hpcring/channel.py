@@ -26,7 +26,7 @@ from mpi4py import MPI
 
 from . import config
 from .arrays import Adapter
-from .trace import channel_call, channel_start, channel_wait
+from .tracing import channel_call, channel_start, channel_wait
 
 
 class Channel:

@@ -15,7 +15,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
-from .trace import reduction
+from .tracing import reduction
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 _NUMPY_NAMES = ("float16", "float32", "float64", "int32", "int64", "complex64", "complex128")

@@ -26,7 +26,7 @@ from hpcring import config, viz
 from hpcring.arrays import adapter_for
 from hpcring.partition import segment_bounds
 
-TRACE = sys.modules["hpcring.trace"]  # the module; hpcring.trace is its context manager
+TRACE = hpcring.tracing  # the module; hpcring.trace is its context manager
 FIXTURE = Path(__file__).resolve().parent.parent / "docs" / "img" / "trace-ring-4ranks.json"
 
 

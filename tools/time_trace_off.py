@@ -29,7 +29,7 @@ def per_call(x: np.ndarray, out: np.ndarray, check: bool, calls: int) -> float:
 
 def traced_cost(x: np.ndarray, out: np.ndarray, calls: int) -> None:
     """For comparison: the same call with tracing on (events dropped after each run)."""
-    trace = sys.modules.get("hpcring.trace")
+    trace = sys.modules.get("hpcring.tracing") or sys.modules.get("hpcring.trace")  # before the rename too
     if trace is None or not hasattr(trace, "hooked"):
         return  # the code before tracing
     assert not trace.hooked(), "tracing is off, yet a traced method is installed"

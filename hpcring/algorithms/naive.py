@@ -12,7 +12,7 @@ from typing import Any
 
 from ..channel import Channel
 from ..ops import Op
-from ..trace import local_copy
+from ..tracing import local_copy
 
 
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:

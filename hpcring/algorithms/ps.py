@@ -10,7 +10,7 @@ from typing import Any
 
 from ..channel import Channel
 from ..ops import Op
-from ..trace import local_copy
+from ..tracing import local_copy
 
 ROOT = 0
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..gpu import cuda_aware, cupy, cupy_problem
-from ..trace import clock, staging
+from ..tracing import clock, staging
 from . import register
 from .base import Flags
 from .numpy import NumpyAdapter

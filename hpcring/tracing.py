@@ -320,8 +320,7 @@ def from_environment() -> None:
 
 
 # --- hooks -------------------------------------------------------------------------------
-# Other modules call these functions (never ``TRACER`` through ``hpcring.trace``, which is
-# the context manager's name in the package namespace); each reads the global at call time.
+# Other modules call these functions (never ``TRACER`` itself); each reads the global at call time.
 
 
 def call_begin(algorithm: str, channel: Any, src: Any, dst: Any) -> None:
