@@ -22,6 +22,8 @@ import hpcring
 from hpcring import config, topology
 from hpcring.algorithms import bytes_sent, ring
 from hpcring.arrays import adapter_for
+from hpcring.arrays.numpy import NumpyAdapter
+from hpcring.channel import Channel
 from hpcring.comm import channel_for
 from hpcring.ops import DTYPES, OPS, kind
 
@@ -129,3 +131,30 @@ def test_ring_across_nodes_streams_in_network_chunks(forced: MPI.Intracomm) -> N
         assert everywhere(forced, plans[0].pipelined == spans)
     assert everywhere(forced, identical_everywhere(forced, x))
     assert everywhere(forced, np.allclose(x, exact, rtol=1e-4, atol=1e-3))
+
+
+class _OnDevice(NumpyAdapter):
+    """NumPy's adapter, as if its arrays lived on device ``device``: what a rank that switches GPUs
+    (``with cupy.cuda.Device(i):``) looks like to the channels, without a GPU."""
+
+    def __init__(self, device: int) -> None:
+        self._device = device
+
+    def current_device(self) -> int | None:
+        return self._device
+
+
+def test_node_channels_are_per_device(forced: MPI.Intracomm) -> None:
+    """The node-local and cross-node channels are made per backend and device, as the main ones
+    are: they were keyed by the backend's name only, so after a switch of GPU the second device
+    reused scratch made on the first."""
+    topo = _topology(forced)
+    if not topo.two_level:
+        pytest.skip("needs a two-level topology: 4 or more ranks, an even count")
+    parent = channel_for(forced, adapter_for(np.empty(0))).comm
+    first = topo.channels(Channel(parent, _OnDevice(0)))
+    second = topo.channels(Channel(parent, _OnDevice(1)))
+    again = topo.channels(Channel(parent, _OnDevice(0)))
+    ok = again is first and second[0] is not first[0] and second[1] is not first[1]
+    ok &= second[0].backend.current_device() == 1 and first[0].backend.current_device() == 0
+    assert everywhere(forced, ok)
