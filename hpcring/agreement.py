@@ -1,14 +1,19 @@
 """Agreement before data moves: every rank arrives, with the same call, or all raise.
 
-Each rank sends one small row (call number, count, dtype, op, algorithm, array kind,
-placement, local verdict) to rank 0 with a non-blocking send; rank 0 receives them, knows
-exactly who arrived, and broadcasts a one-word verdict. So a mismatch or a bad argument on
-any rank becomes an exception on every rank, and a rank that never arrives becomes a
-`StallError` on the others, naming it, after ``timeout`` seconds instead of a hang.
+The fast path is one tiny collective: every rank contributes its row (call number,
+count, dtype, op, algorithm, array kind, placement) and the row negated, and a
+non-blocking all-reduce under MAX gives every rank max(row) and -min(row) at once; the
+ranks agree exactly where they are equal, and any local verdict (a bad argument) shows
+as a 1 in its column. Only when something is off are the rows gathered, on a slow path
+every rank takes together, to name the ranks and the values that differ.
 
-Cost when nothing is wrong: G-1 tiny messages into rank 0 and one small broadcast,
-about the latency of one small Allgather (docs/reliability.md has the figures).
-After a StallError the communicator holds unmatched messages: end the job.
+A rank that does not arrive leaves the collective pending: each waiting rank waits for
+it until its deadline (`hpcring.polling.Waiter`: MPI's own wait, woken by a watchdog),
+then tells every other rank that it stopped waiting (one tiny message each), listens a
+moment for the others', and names the ranks it did not hear from in a `StallError`. A
+rank still waiting that hears such a message takes the same road at once, so every rank
+that did arrive raises within the timeout plus that moment. After a StallError the
+communicator holds unmatched messages: end the job.
 """
 
 from __future__ import annotations
@@ -21,105 +26,87 @@ import numpy as np
 from mpi4py import MPI
 
 from .errors import StallError
+from .polling import Waiter
 
-ROOT = 0
-TAG_ARRIVE, TAG_STALL = 1, 2  # the algorithms use tag 0 on the same private communicator
 FIELDS = ("call", "count", "dtype", "op", "algorithm", "array", "placement")
+GRACE = 1.0  # seconds a rank that stopped waiting listens for the others' notices
 
 
-def _wait(requests: Sequence[MPI.Request], deadline: float | None, probe: Any = None) -> bool:
-    """Wait for all ``requests``; False at ``deadline`` (None: forever), or when ``probe()`` is true.
+class Agreement:
+    """One communicator's agreement: a reused buffer, so a call allocates nothing."""
 
-    A short spin keeps the common case fast; after that the loop sleeps a little between
-    tests so that oversubscribed ranks leave the CPU to the ranks they wait for.
-    """
-    if deadline is None and probe is None:
-        MPI.Request.Waitall(list(requests))
-        return True
-    pause, spins = 0.0, 0
-    while not MPI.Request.Testall(list(requests)):
-        if (deadline is not None and time.monotonic() > deadline) or (probe is not None and probe()):
-            return False
-        spins += 1
-        if spins > 200:
-            pause = min(max(pause * 2, 1e-5), 1e-3)
-            time.sleep(pause)
-    return True
+    __slots__ = ("buf", "comm", "head", "rank", "size", "tail", "waiter", "width")
 
+    def __init__(self, comm: MPI.Intracomm) -> None:
+        self.comm = comm
+        self.waiter = Waiter(comm)
+        self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.width = len(FIELDS) + 1  # the row and the local verdict
+        self.buf = np.zeros(2 * self.width, dtype=np.int64)
+        self.head, self.tail = self.buf[: self.width], self.buf[self.width :]
 
-def agree(
-    comm: MPI.Intracomm,
-    row: Sequence[int],
-    problem: Exception | None,
-    *,
-    timeout: float,
-    describe: Any,
-    what: str,
-) -> None:
-    """Raise on every rank if any rank failed, disagrees on ``row``, or does not arrive in time.
+    def __call__(
+        self,
+        row: Sequence[int],
+        problem: Exception | None,
+        *,
+        timeout: float,
+        describe: Any,
+        what: str,
+    ) -> None:
+        """Raise on every rank if any rank failed, disagrees on ``row``, or does not arrive in time.
 
-    ``row`` is (call, count, dtype, op, algorithm, array, placement) as integers;
-    ``describe(field, value)`` names a value for messages; ``what`` names the operation for
-    StallError.
-    """
-    size, rank = comm.Get_size(), comm.Get_rank()
-    mine = np.array([*row, problem is not None], dtype=np.int64)
-    verdict = np.zeros(1, dtype=np.int64)
-    deadline = time.monotonic() + timeout if timeout > 0 else None
-    if rank == ROOT:
-        table = np.empty((size, mine.size), dtype=np.int64)
-        table[ROOT] = mine
-        others = [r for r in range(size) if r != ROOT]
-        arrivals = [comm.Irecv(table[r], r, TAG_ARRIVE) for r in others]
-        if not _wait(arrivals, deadline):
-            arrived = [r for r, req in zip(others, arrivals, strict=True) if req.Test()]
-            missing = sorted(set(others) - set(arrived))
-            notice = np.zeros(size, dtype=np.int64)
-            notice[missing] = 1
-            for r in arrived:
-                comm.Isend(notice, r, TAG_STALL)
-            for req in arrivals:
-                if not req.Test():
-                    req.Cancel()
-            raise StallError(missing, what, timeout)
-        verdict[0] = int(table[:, -1].any() or (table[:, :-1] != table[ROOT, :-1]).any())
-        _wait([comm.Ibcast(verdict, ROOT)], None)
-    else:
-        sent = comm.Isend(mine, ROOT, TAG_ARRIVE)
-        late = deadline + 1.0 if deadline is not None else None  # let rank 0 name the missing first
-        stalled = (lambda: comm.Iprobe(ROOT, TAG_STALL)) if deadline is not None else None
-        if not _wait([comm.Ibcast(verdict, ROOT)], late, stalled):
-            if comm.Iprobe(ROOT, TAG_STALL):
-                notice = np.empty(size, dtype=np.int64)
-                comm.Recv(notice, ROOT, TAG_STALL)
-                raise StallError(np.flatnonzero(notice).tolist(), what, timeout)
-            raise StallError([ROOT], what, timeout)
-        sent.Wait()
-        table = np.empty((size, mine.size), dtype=np.int64)
-    if verdict[0]:
-        comm.Bcast(table, ROOT)  # everyone knows something is off, so everyone is here
-        _raise_for(comm, table, problem, describe)
+        ``row`` is (call, count, dtype, op, algorithm, array, placement) as integers;
+        ``describe(field, value)`` names a value for messages; ``what`` names the operation for
+        StallError (which adds the call number).
+        """
+        mine = [*row, problem is not None]
+        head, tail = self.head, self.tail
+        head[:] = mine
+        np.negative(head, out=tail)
+        tail[-1] = mine[-1]  # the verdict: MAX says whether any rank failed
+        request = self.comm.Iallreduce(MPI.IN_PLACE, self.buf, MPI.MAX)
+        if not request.Test():
+            deadline = time.monotonic() + timeout if timeout > 0 else None
+            woke = self.waiter.wait(request, deadline)
+            if woke is not None:
+                raise StallError(self._missing(woke), f"{what} call {row[0]} on this communicator", timeout)
+        # Agreeing rows leave head == -tail (max == min) but for the verdict, where both are
+        # the largest verdict: the sum is all zeros exactly when nothing is off.
+        if (head + tail).any():
+            self._raise_for(np.array(mine, dtype=np.int64), problem, describe)
 
+    def _missing(self, woke: int) -> list[int]:
+        """The slow path of a stall: tell every other rank, listen GRACE seconds for theirs, and
+        return the ranks not heard from (this rank itself where every other one was heard: it
+        is the one that arrived after the others had given up)."""
+        self.waiter.notify_all()
+        heard = self.waiter.listen(GRACE, {self.rank, woke})
+        return sorted(set(range(self.size)) - heard) or [self.rank]
 
-def _raise_for(comm: MPI.Intracomm, table: np.ndarray, problem: Exception | None, describe: Any) -> None:
-    """The same exception on every rank, from the table of every rank's row."""
-    failed = np.flatnonzero(table[:, -1])
-    if failed.size:
-        reports = comm.allgather(None if problem is None else (type(problem), str(problem)))
-        if problem is not None:
-            raise problem
-        kind, message = reports[failed[0]]
-        raise kind(f"rank {failed[0]} rejected its input: {message}")
-    for column, field in enumerate(FIELDS):
-        values = table[:, column]
-        if (values != values[0]).any():
-            groups: dict[int, list[int]] = {}
-            for r, value in enumerate(values.tolist()):
-                groups.setdefault(value, []).append(r)
-            detail = "; ".join(
-                f"{describe(field, value)} on rank{'s' if len(ranks) > 1 else ''} "
-                f"{', '.join(map(str, ranks))}"
-                for value, ranks in groups.items()
-            )
-            hint = " (a rank skipped or repeated a call on this communicator)" if field == "call" else ""
-            raise ValueError(f"hpcring.allreduce: ranks disagree on {field}: {detail}{hint}")
+    def _raise_for(self, mine: np.ndarray, problem: Exception | None, describe: Any) -> None:
+        """The same exception on every rank, from every rank's row (every rank is here: the
+        collective completed, and showed every rank that something is off)."""
+        table = np.empty((self.size, mine.size), dtype=np.int64)
+        self.comm.Allgather(mine, table)
+        failed = np.flatnonzero(table[:, -1])
+        if failed.size:
+            reports = self.comm.allgather(None if problem is None else (type(problem), str(problem)))
+            if problem is not None:
+                raise problem
+            kind, message = reports[failed[0]]
+            raise kind(f"rank {failed[0]} rejected its input: {message}")
+        for column, field in enumerate(FIELDS):
+            values = table[:, column]
+            if (values != values[0]).any():
+                groups: dict[int, list[int]] = {}
+                for r, value in enumerate(values.tolist()):
+                    groups.setdefault(value, []).append(r)
+                detail = "; ".join(
+                    f"{describe(field, value)} on rank{'s' if len(ranks) > 1 else ''} "
+                    f"{', '.join(map(str, ranks))}"
+                    for value, ranks in groups.items()
+                )
+                hint = " (a rank skipped or repeated a call on this communicator)" if field == "call" else ""
+                raise ValueError(f"hpcring.allreduce: ranks disagree on {field}: {detail}{hint}")
+        raise AssertionError("the agreement saw a difference the table does not show")

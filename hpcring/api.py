@@ -15,13 +15,14 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms, config
-from .agreement import agree
-from .arrays import NAMES, NUMPY, Adapter, adapter_for
+from .arrays import NAMES, NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
-from .comm import Exclusive, intracomm, state_of
+from .comm import CommState, Exclusive, intracomm, known_state, state_of
 from .ops import DTYPES, OPS, Op, check_op, op_name
 from .tracing import call_begin, call_end, local_copy
 from .units import format_bytes
+
+WARM_CALLS = 256  # kinds of call remembered per communicator
 
 
 def _validate(x: Any, out: Any, op: str) -> tuple[Adapter, Op, bool, np.dtype]:
@@ -174,9 +175,96 @@ def allreduce(
     seconds (default `HPCRING_TIMEOUT`, 300; 0 waits forever) makes the others raise
     `hpcring.StallError` naming it.
     """
-    comm = intracomm(comm, "allreduce")
+    # A warm call (a shape, dtype, op, algorithm and placement this communicator has run, on
+    # the same device) reuses what cannot have changed and asks the adapter one question of
+    # what can; anything else, an error included, takes the full path.
+    state = known_state(MPI.COMM_WORLD if comm is None else comm)
+    if state is not None and op.__class__ is str:
+        adapter = known_adapter(x)
+        if adapter is not None:
+            device = adapter.current_device() if adapter.device else None
+            call = state.warm.get((adapter.shape(x), adapter.dtype(x), op, algorithm, out is None, device))
+            if call is not None and adapter.ready(x, out):
+                return call.execute(x, out, check, timeout, None)
+    return _first(x, op, algorithm, intracomm(comm, "allreduce"), out, check, timeout)
+
+
+class _Call:
+    """Everything about one kind of call that cannot change between calls: worked out by the
+    full path once, then reused by every warm call of that shape, dtype, op, algorithm and
+    placement on the communicator."""
+
+    __slots__ = (
+        "adapter",
+        "algorithm",
+        "channel",
+        "in_place",
+        "mean",
+        "reduction",
+        "row",
+        "run",
+        "state",
+        "what",
+    )
+
+    def __init__(
+        self,
+        state: CommState,
+        channel: Channel,
+        adapter: Adapter | None,
+        algorithm: str,
+        op: Any,
+        reduction: Op | None,
+        in_place: bool | None,
+        row: list[int],
+        run: Any,
+    ) -> None:
+        self.state, self.channel, self.adapter, self.algorithm = state, channel, adapter, algorithm
+        self.reduction, self.in_place, self.row, self.run = reduction, in_place, row, run
+        self.mean = reduction is not None and reduction.name == "mean"
+        self.what = f"allreduce(op={op!r}, algorithm={algorithm!r})"
+
+    def execute(self, x: Any, out: Any, check: bool, timeout: float | None, problem: Exception | None) -> Any:
+        """Agree (with ``check``), then move the data, or raise ``problem`` on every rank."""
+        state, channel = self.state, self.channel
+        with Exclusive(state):
+            if check and channel.size > 1:
+                state.calls = call = state.calls + 1
+                state.agreement(
+                    [call, *self.row],
+                    problem,
+                    timeout=default_timeout() if timeout is None else timeout,
+                    describe=_describe,
+                    what=self.what,
+                )
+            if problem is not None:  # a single rank: nothing to agree on
+                raise problem
+            adapter = self.adapter
+            src = adapter.flat(x)
+            dst = src if self.in_place else adapter.flat(out)
+            call_begin(self.algorithm, channel, src, dst)
+            if channel.size > 1 and src.size > 0:
+                self.run(channel, src, dst, self.reduction)
+                if self.mean:
+                    channel.xp.true_divide(dst, channel.size, out=dst)
+            elif dst is not src:  # nothing to exchange: every algorithm would only copy
+                dst[...] = src
+                local_copy(dst, src)
+            call_end()
+        if adapter.immutable:  # JAX: the algorithms ran on a copy; the result is a new array
+            return adapter.result(dst, x)
+        return x if self.in_place else out
+
+
+def _first(
+    x: Any, op: Any, algorithm: str, comm: MPI.Intracomm, out: Any, check: bool, timeout: float | None
+) -> Any:
+    """The full path: validation through the adapter, the communicator's state (its first call
+    duplicates it), the one question to the algorithms, the memory guard; then the call, and
+    what a warm call of the same kind may reuse."""
     problem: Exception | None = None
     in_place: bool | None = None
+    reduction: Op | None = None
     try:
         op = op_name(op)  # mpi4py's MPI.SUM, MAX, MIN, PROD -> their names; inside the try: a verdict
         adapter, reduction, in_place, dtype = _validate(x, out, op)
@@ -186,39 +274,29 @@ def allreduce(
         problem, adapter = error, None
     state = state_of(comm)
     channel = state.channel(NUMPY if adapter is None else adapter)
+    run = None
+    cacheable = False
     if adapter is not None:
         try:
             count, itemsize = adapter.size(x), dtype.itemsize
             prepared = algorithms.prepare(algorithm, channel, count, itemsize, bool(in_place))
             _check_memory(channel, prepared.name, prepared.scratch, count, itemsize)
+            run = prepared.run
+            # `auto` before its choice for this size asks again next time (where it runs at all:
+            # not on one rank, nor for no data). A view of x's bytes passed as out= is in place,
+            # but is not what a warm call's key says.
+            chosen = prepared.name != "auto" or channel.size == 1 or count == 0
+            cacheable = chosen and in_place == (out is None)
         except (MemoryError, TypeError, ValueError) as error:
             if not check:
                 raise
             problem = error
-    with Exclusive(state):
-        if check and channel.size > 1:
-            state.calls = call = state.calls + 1
-            agree(
-                channel.comm,
-                _signature(call, x, adapter, op, algorithm, in_place),
-                problem,
-                timeout=default_timeout() if timeout is None else timeout,
-                describe=_describe,
-                what=f"allreduce(op={op!r}, algorithm={algorithm!r}) call {call} on this communicator",
-            )
-        if problem is not None:  # a single rank: nothing to agree on
-            raise problem
-        src = adapter.flat(x)
-        dst = src if in_place else adapter.flat(out)
-        call_begin(algorithm, channel, src, dst)
-        if channel.size > 1 and src.size > 0:
-            prepared.run(channel, src, dst, reduction)
-            if reduction.name == "mean":
-                channel.xp.true_divide(dst, channel.size, out=dst)
-        elif dst is not src:  # nothing to exchange: every algorithm would only copy
-            dst[...] = src
-            local_copy(dst, src)
-        call_end()
-    if adapter.immutable:  # JAX: the algorithms ran on a copy; the result is a new array
-        return adapter.result(dst, x)
-    return x if in_place else out
+    row = _signature(0, x, adapter, op, algorithm, in_place)[1:]
+    call = _Call(state, channel, adapter, algorithm, op, reduction, in_place, row, run)
+    result = call.execute(x, out, check, timeout, problem)
+    if cacheable:
+        if len(state.warm) >= WARM_CALLS:  # a code that never repeats a shape: keep the table small
+            state.warm.clear()
+        device = adapter.current_device() if adapter.device else None
+        state.warm[(adapter.shape(x), dtype, op, algorithm, out is None, device)] = call
+    return result

@@ -16,6 +16,7 @@ from typing import Any
 
 from mpi4py import MPI
 
+from .agreement import Agreement
 from .channel import Channel
 
 _lock = threading.Lock()  # guards the keyval, the table of communicators being set up, channel creation
@@ -34,6 +35,16 @@ class CommState:
     made: dict[str, Any] = field(default_factory=dict)  # `attached` objects, by key
     closers: list[Callable[[], None]] = field(default_factory=list)
     calls: int = 0  # checked calls so far: the agreement names the call a rank stopped at
+    warm: dict[Any, Any] = field(default_factory=dict)  # `hpcring.api`'s warm calls, by what cannot change
+    _agreement: Agreement | None = None
+
+    @property
+    def agreement(self) -> Agreement:
+        """The agreement on this communicator's duplicate (its buffer made once)."""
+        made = self._agreement
+        if made is None:
+            made = self._agreement = Agreement(self.comm)
+        return made
 
     def channel(self, backend: Any) -> Channel:
         """The Channel for ``backend``'s arrays on its current device, made on first use (local)."""
@@ -69,6 +80,15 @@ def channel_key(backend: Any) -> Any:
 def _release(comm: MPI.Comm, keyval: int, state: CommState) -> None:
     """Attribute delete callback: the user freed their communicator, so free what we made for it."""
     state.close()
+
+
+def known_state(comm: Any) -> CommState | None:
+    """``comm``'s state where a call has made it, else None: a warm call's lookup, with no lock
+    (reading an attribute is safe from any thread) and no Dup."""
+    keyval = _keyval
+    if keyval is None or comm.__class__ is not MPI.Intracomm:
+        return None
+    return comm.Get_attr(keyval)
 
 
 def state_of(comm: MPI.Intracomm) -> CommState:

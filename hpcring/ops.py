@@ -9,6 +9,7 @@ NumPy has no such dtype, and ml_dtypes gives it NumPy's add, maximum, minimum an
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,9 +49,15 @@ class Op:
         getattr(xp, self.ufunc)(left, right, out=out)
 
     def mpi_op(self) -> Any:
-        from mpi4py import MPI
+        """mpi4py's op (looked up once: the mpi algorithm asks on every call)."""
+        return _mpi_op(self.mpi_name)
 
-        return getattr(MPI, self.mpi_name)
+
+@functools.cache
+def _mpi_op(name: str) -> Any:
+    from mpi4py import MPI  # only now: importing hpcring.ops needs no MPI
+
+    return getattr(MPI, name)
 
 
 OPS: dict[str, Op] = {

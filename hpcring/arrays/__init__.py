@@ -58,6 +58,11 @@ def adapter_for(obj: Any) -> Adapter:
     return _search(obj)
 
 
+def known_adapter(obj: Any) -> Adapter | None:
+    """The adapter of ``obj``'s exact type, where one is registered (a warm call's lookup)."""
+    return _by_type.get(obj.__class__)
+
+
 def _search(obj: Any) -> Adapter:
     """`adapter_for` past the by-type lookup: ask each adapter, then load the one of ``obj``'s library."""
     for _ in range(2):

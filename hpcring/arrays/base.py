@@ -53,6 +53,28 @@ class Flags(NamedTuple):
     writeable: bool
 
 
+def ready_from_questions(adapter: Any, x: Any, out: Any) -> bool:
+    """`Adapter.ready` answered from the adapter's other questions (a new kind can start here)."""
+    try:
+        adapter.check_device(x, "x")
+        flags = adapter.flags(x)
+        if out is None:
+            return bool(flags.c_contiguous and flags.writeable)
+        if not (flags.c_contiguous and adapter.owns(out)):
+            return False
+        adapter.check_device(out, "out")
+    except ValueError:
+        return False
+    flags = adapter.flags(out)
+    return bool(
+        flags.c_contiguous
+        and flags.writeable
+        and adapter.shape(out) == adapter.shape(x)
+        and adapter.dtype(out) == adapter.dtype(x)
+        and not adapter.shares_memory(x, out)
+    )
+
+
 class Adapter(Protocol):
     """One kind of array: the questions about a user's array, then the compute side."""
 
@@ -105,6 +127,13 @@ class Adapter(Protocol):
 
     def flat(self, array: Any) -> Any:
         """The 1-D native array (NumPy or CuPy) over ``array``'s memory that the algorithms run on."""
+        ...
+
+    def ready(self, x: Any, out: Any) -> bool:
+        """The warm call's one question: True only where the full validation would pass for ``x``
+        of a shape and dtype already validated (C-contiguous, on this rank's device, writeable in
+        place; with ``out``: one of this kind like ``x``, C-contiguous, writeable, not meeting
+        ``x``). False sends the call through the full validation, which says what is wrong."""
         ...
 
     def result(self, dst: Any, x: Any) -> Any:

@@ -24,7 +24,7 @@ import numpy as np
 from ..gpu import cuda_aware, cupy, cupy_problem
 from ..tracing import clock, staging
 from . import register
-from .base import Flags
+from .base import Flags, ready_from_questions
 from .numpy import NumpyAdapter
 
 if cupy is None:
@@ -69,6 +69,9 @@ class CupyAdapter(NumpyAdapter):
         return Flags(array.flags.c_contiguous, True)
 
     flat = methodcaller("reshape", -1)  # C-contiguous (validated): a view, never a copy
+
+    def ready(self, x: Any, out: Any) -> bool:
+        return ready_from_questions(self, x, out)
 
     def check_device(self, array: Any, name: str) -> None:
         """The array must be on the current device: the one this rank's streams, staging and

@@ -47,6 +47,22 @@ class NumpyAdapter:
     # C-contiguous (validated): a 1-D view, never a copy, as reshape(-1) is, in half the time.
     flat = staticmethod(np.ndarray.ravel)
 
+    def ready(self, x: Any, out: Any) -> bool:
+        """`Adapter.ready`, in attribute reads and one bounds test (a warm call's whole check)."""
+        flags = x.flags
+        if out is None:
+            return flags.c_contiguous and flags.writeable
+        out_flags = out.flags
+        return (
+            flags.c_contiguous
+            and out_flags.c_contiguous
+            and out_flags.writeable
+            and type(out) is type(x)
+            and out.shape == x.shape
+            and out.dtype == x.dtype
+            and not np.may_share_memory(x, out)
+        )
+
     def check_device(self, array: Any, name: str) -> None:
         """ValueError if ``array`` lives somewhere this rank's MPI calls cannot use; host memory is fine."""
 
