@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from .api import allreduce
     from .gpu import select_device
     from .nonblocking import Request, iallreduce
+    from .persistent import Plan, plan
     from .training import GradientSync
     from .wrap import Intracomm
 
@@ -44,6 +45,11 @@ def __getattr__(name: str) -> Any:
         from .training import GradientSync
 
         return GradientSync
+    if name in ("plan", "Plan"):  # persistent calls: validated and agreed once
+        from . import persistent
+
+        globals()[name] = made = getattr(persistent, name)
+        return made
     if name == "Intracomm":  # the drop-in communicator for existing mpi4py codes
         from .wrap import Intracomm
 
@@ -89,6 +95,7 @@ __all__ = [
     "ALGORITHMS",
     "GradientSync",
     "Intracomm",
+    "Plan",
     "Request",
     "StallError",
     "__version__",
@@ -97,6 +104,7 @@ __all__ = [
     "allreduce",
     "iallreduce",
     "info",
+    "plan",
     "select_device",
     "trace",
 ]

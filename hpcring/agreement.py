@@ -70,13 +70,13 @@ class Agreement:
             deadline = time.monotonic() + timeout if timeout > 0 else None
             woke = self.waiter.wait(request, deadline)
             if woke is not None:
-                raise StallError(self._missing(woke), f"{what} call {row[0]} on this communicator", timeout)
+                raise StallError(self.missing(woke), f"{what} call {row[0]} on this communicator", timeout)
         # Agreeing rows leave head == -tail (max == min) but for the verdict, where both are
         # the largest verdict: the sum is all zeros exactly when nothing is off.
         if (head + tail).any():
             self._raise_for(np.array(mine, dtype=np.int64), problem, describe)
 
-    def _missing(self, woke: int) -> list[int]:
+    def missing(self, woke: int) -> list[int]:
         """The slow path of a stall: tell every other rank, listen GRACE seconds for theirs, and
         return the ranks not heard from (this rank itself where every other one was heard: it
         is the one that arrived after the others had given up)."""

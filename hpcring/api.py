@@ -200,6 +200,7 @@ class _Call:
         "channel",
         "in_place",
         "mean",
+        "name",
         "reduction",
         "row",
         "run",
@@ -222,46 +223,71 @@ class _Call:
         self.state, self.channel, self.adapter, self.algorithm = state, channel, adapter, algorithm
         self.reduction, self.in_place, self.row, self.run = reduction, in_place, row, run
         self.mean = reduction is not None and reduction.name == "mean"
+        self.name: str | None = None  # what runs (`auto`: its choice once made), where known
         self.what = f"allreduce(op={op!r}, algorithm={algorithm!r})"
 
     def execute(self, x: Any, out: Any, check: bool, timeout: float | None, problem: Exception | None) -> Any:
         """Agree (with ``check``), then move the data, or raise ``problem`` on every rank."""
-        state, channel = self.state, self.channel
-        with Exclusive(state):
-            if check and channel.size > 1:
-                state.calls = call = state.calls + 1
-                state.agreement(
-                    [call, *self.row],
-                    problem,
-                    timeout=default_timeout() if timeout is None else timeout,
-                    describe=_describe,
-                    what=self.what,
-                )
+        with Exclusive(self.state):
+            if check:
+                self.agree(timeout, problem)
             if problem is not None:  # a single rank: nothing to agree on
                 raise problem
-            adapter = self.adapter
-            src = adapter.flat(x)
-            dst = src if self.in_place else adapter.flat(out)
-            call_begin(self.algorithm, channel, src, dst)
-            if channel.size > 1 and src.size > 0:
-                self.run(channel, src, dst, self.reduction)
-                if self.mean:
-                    channel.xp.true_divide(dst, channel.size, out=dst)
-            elif dst is not src:  # nothing to exchange: every algorithm would only copy
-                dst[...] = src
-                local_copy(dst, src)
-            call_end()
-        if adapter.immutable:  # JAX: the algorithms ran on a copy; the result is a new array
-            return adapter.result(dst, x)
+            dst = self.move(x, out)
+        if self.adapter.immutable:  # JAX: the algorithms ran on a copy; the result is a new array
+            return self.adapter.result(dst, x)
         return x if self.in_place else out
+
+    def agree(self, timeout: float | None, problem: Exception | None) -> None:
+        """The ranks' agreement on this call (nothing to agree on for one rank)."""
+        if self.channel.size > 1:
+            state = self.state
+            state.calls = call = state.calls + 1
+            state.agreement(
+                [call, *self.row],
+                problem,
+                timeout=default_timeout() if timeout is None else timeout,
+                describe=_describe,
+                what=self.what,
+            )
+
+    def move(self, x: Any, out: Any) -> Any:
+        """The all-reduce itself, on the flat views of ``x`` and ``out``; returns the result's view."""
+        adapter, channel = self.adapter, self.channel
+        src = adapter.flat(x)
+        dst = src if self.in_place else adapter.flat(out)
+        call_begin(self.algorithm, channel, src, dst)
+        if channel.size > 1 and src.size > 0:
+            self.run(channel, src, dst, self.reduction)
+            if self.mean:
+                channel.xp.true_divide(dst, channel.size, out=dst)
+        elif dst is not src:  # nothing to exchange: every algorithm would only copy
+            dst[...] = src
+            local_copy(dst, src)
+        call_end()
+        return dst
 
 
 def _first(
     x: Any, op: Any, algorithm: str, comm: MPI.Intracomm, out: Any, check: bool, timeout: float | None
 ) -> Any:
-    """The full path: validation through the adapter, the communicator's state (its first call
-    duplicates it), the one question to the algorithms, the memory guard; then the call, and
-    what a warm call of the same kind may reuse."""
+    """The full path: `examine` the call, run it, and keep what a warm call of its kind reuses."""
+    call, problem, key = examine(x, op, algorithm, comm, out, check)
+    result = call.execute(x, out, check, timeout, problem)
+    if key is not None:
+        warm = call.state.warm
+        if len(warm) >= WARM_CALLS:  # a code that never repeats a shape: keep the table small
+            warm.clear()
+        warm[key] = call
+    return result
+
+
+def examine(
+    x: Any, op: Any, algorithm: str, comm: MPI.Intracomm, out: Any, check: bool
+) -> tuple[_Call, Exception | None, Any]:
+    """Validation through the adapter, the communicator's state (its first call duplicates it),
+    the one question to the algorithms, the memory guard: the call to run, this rank's problem
+    with it (raised at once without ``check``), and its warm key (None: not reusable)."""
     problem: Exception | None = None
     in_place: bool | None = None
     reduction: Op | None = None
@@ -274,14 +300,14 @@ def _first(
         problem, adapter = error, None
     state = state_of(comm)
     channel = state.channel(NUMPY if adapter is None else adapter)
-    run = None
+    run = ran = None
     cacheable = False
     if adapter is not None:
         try:
             count, itemsize = adapter.size(x), dtype.itemsize
             prepared = algorithms.prepare(algorithm, channel, count, itemsize, bool(in_place))
             _check_memory(channel, prepared.name, prepared.scratch, count, itemsize)
-            run = prepared.run
+            run, ran = prepared.run, prepared.name
             # `auto` before its choice for this size asks again next time (where it runs at all:
             # not on one rank, nor for no data). A view of x's bytes passed as out= is in place,
             # but is not what a warm call's key says.
@@ -293,10 +319,9 @@ def _first(
             problem = error
     row = _signature(0, x, adapter, op, algorithm, in_place)[1:]
     call = _Call(state, channel, adapter, algorithm, op, reduction, in_place, row, run)
-    result = call.execute(x, out, check, timeout, problem)
+    call.name = ran
+    key = None
     if cacheable:
-        if len(state.warm) >= WARM_CALLS:  # a code that never repeats a shape: keep the table small
-            state.warm.clear()
         device = adapter.current_device() if adapter.device else None
-        state.warm[(adapter.shape(x), dtype, op, algorithm, out is None, device)] = call
-    return result
+        key = (adapter.shape(x), dtype, op, algorithm, out is None, device)
+    return call, problem, key

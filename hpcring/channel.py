@@ -198,6 +198,17 @@ class Channel:
         with self.backend.mpi_view(buf, copy_in=is_root, copy_out=not is_root) as b:
             self.comm.Bcast(_raw(b), root)
 
+    def allreduce_init(self, src: Any, dst: Any, op: Any) -> MPI.Prequest | None:
+        """A persistent MPI_Allreduce (MPI-4) on these very buffers, where MPI reads them directly
+        (host memory, CUDA-aware MPI) and the library has one; None otherwise."""
+        if not self.backend.direct or not hasattr(self.comm, "Allreduce_init"):
+            return None
+        self.bytes_unknown = True
+        try:
+            return self.comm.Allreduce_init(MPI.IN_PLACE if src is dst else src, dst, op)
+        except (NotImplementedError, MPI.Exception):  # an MPI before 4.0
+            return None
+
     @channel_call
     def allreduce(self, src: Any, dst: Any, op: Any) -> None:
         """MPI_Allreduce with a typed buffer (the MPI library must know the dtype)."""

@@ -53,9 +53,13 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
 
     The choice for a size is a plan of its own, so later calls of that size need no
     communication to make it; `hpcring.api` then runs the choice directly (`resolve`)."""
-    nbytes, in_place = src.nbytes, dst is src
-    name = ch.plan(_choice_key(nbytes, in_place), lambda: chosen(ch, nbytes, in_place))
-    _package().get(name)(ch, src, dst, op)
+    _package().get(choose_for(ch, src.nbytes, dst is src))(ch, src, dst, op)
+
+
+def choose_for(ch: Channel, nbytes: int, in_place: bool) -> str:
+    """The algorithm for ``nbytes`` in place or not on this channel, kept once chosen (collective
+    the first time on a channel, as the table's broadcast is)."""
+    return ch.plan(_choice_key(nbytes, in_place), lambda: chosen(ch, nbytes, in_place))
 
 
 def _choice_key(nbytes: int, in_place: bool) -> tuple[Any, ...]:

@@ -40,6 +40,10 @@ class Algorithm(Protocol):
 # resolve(ch, nbytes, in_place) -> str | None
 #     The algorithm a call will really run, where the channel already knows it without
 #     communicating (`auto`, for a size and placement it has chosen for); None before that.
+# persistent(ch, src, dst, op) -> MPI.Prequest | None
+#     A persistent request that runs the algorithm on these very buffers each time it is
+#     started (`hpcring.plan`; `mpi`: MPI-4's MPI_Allreduce_init), or None where there is none;
+#     without the hook a plan runs ``allreduce`` itself.
 # TOPOLOGY_AWARE = True
 #     ``bytes_sent`` takes ``per_node`` (ranks per node, in blocks) as a keyword as well.
 # RING_ORDER = True
@@ -57,6 +61,7 @@ class Entry:
     scratch_bytes: Callable[..., int]
     refuses: Callable[[Any], str | None] | None
     resolve: Callable[[Any, int, bool], str | None] | None
+    persistent: Callable[..., Any] | None
     topology_aware: bool
     ring_order: bool
 
@@ -69,6 +74,7 @@ class Entry:
             scratch_bytes=module.scratch_bytes,
             refuses=getattr(module, "refuses", None),
             resolve=getattr(module, "resolve", None),
+            persistent=getattr(module, "persistent", None),
             topology_aware=getattr(module, "TOPOLOGY_AWARE", False),
             ring_order=getattr(module, "RING_ORDER", False),
         )

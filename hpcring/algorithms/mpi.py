@@ -27,6 +27,14 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     ch.allreduce(src, dst, op.mpi_op())
 
 
+def persistent(ch: Channel, src: Any, dst: Any, op: Op) -> MPI.Prequest | None:
+    """MPI-4's persistent all-reduce on these buffers (`hpcring.plan`), where the library has it."""
+    if src.dtype == BFLOAT16:
+        words = src.view(np.uint16)
+        return ch.allreduce_init(words, words if dst is src else dst.view(np.uint16), user_op(op, BFLOAT16))
+    return ch.allreduce_init(src, dst, op.mpi_op())
+
+
 @functools.cache
 def user_op(op: Op, dtype: np.dtype) -> MPI.Op:
     """An MPI op over words of ``dtype``'s size that applies ``op`` to them read as ``dtype``

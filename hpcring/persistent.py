@@ -1,0 +1,126 @@
+"""Persistent calls: `hpcring.plan` validates and agrees once, then runs again and again.
+
+An inner loop that all-reduces the same buffers every iteration (a solver's residual, a
+training step's bucket) pays the checks once, when the plan is made: the ranks agree on
+the call then, as `hpcring.allreduce` does before every call, and each run moves data
+only. With `mpi` the plan holds MPI-4's persistent all-reduce (``MPI_Allreduce_init``) on
+the buffers, started and waited for as MPI starts and waits it, and the wait is bounded by
+the timeout, so a rank that never starts its plan becomes a `StallError` on the others.
+hpcring's own algorithms run their prebuilt schedules (the channel's cached plans).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+from mpi4py import MPI
+
+from . import algorithms
+from .algorithms import auto
+from .api import default_timeout, examine
+from .comm import Exclusive, intracomm
+from .errors import StallError
+
+
+class Plan:
+    """One all-reduce on fixed buffers, made by `hpcring.plan`: call it (or start, then wait)."""
+
+    def __init__(self, call: Any, entry: algorithms.Entry, x: Any, out: Any, timeout: float | None) -> None:
+        self._call, self._x, self._out, self._timeout = call, x, out, timeout
+        self.algorithm = entry.name  # what runs (`auto`'s choice)
+        call.run = entry.allreduce
+        self._where = self._buffers()  # what the buffers were: a plan on changed ones is refused
+        self._request: MPI.Prequest | None = None
+        self._started = self._freed = False
+        adapter = call.adapter
+        if entry.persistent is not None and call.channel.size > 1 and adapter.size(x) > 0:
+            src = adapter.flat(x)
+            dst = src if call.in_place else adapter.flat(out)
+            self._request = entry.persistent(call.channel, src, dst, call.reduction)
+
+    def _buffers(self) -> tuple[Any, ...]:
+        adapter, x, out = self._call.adapter, self._x, self._out
+        where = (adapter.data_pointer(adapter.flat(x)), adapter.nbytes(x))
+        if not self._call.in_place:
+            where += (adapter.data_pointer(adapter.flat(out)), adapter.nbytes(out))
+        return where
+
+    def __call__(self) -> Any:
+        """Run the all-reduce once and return its result (``x`` in place, else ``out``)."""
+        self.start()
+        return self.wait()
+
+    def start(self) -> None:
+        """Start the all-reduce: with a persistent request (`mpi`) it runs while the caller
+        computes, until `wait`; hpcring's own algorithms run here, to the end."""
+        if self._freed:
+            raise RuntimeError("hpcring.plan: this plan was freed")
+        if self._started:
+            raise RuntimeError("hpcring.plan: started twice without a wait in between")
+        if self._buffers() != self._where:
+            raise ValueError("hpcring.plan: the buffers changed since the plan was made (make a new plan)")
+        self._started = True
+        if self._request is not None:
+            self._request.Start()
+        else:
+            with Exclusive(self._call.state):
+                self._call.move(self._x, self._out)
+
+    def wait(self) -> Any:
+        """Wait for the started all-reduce and return its result; StallError where a rank does
+        not take part within the timeout."""
+        if not self._started:
+            raise RuntimeError("hpcring.plan: wait without a start")
+        self._started = False
+        call = self._call
+        if self._request is not None:
+            timeout = default_timeout() if self._timeout is None else self._timeout
+            deadline = time.monotonic() + timeout if timeout > 0 else None
+            agreement = call.state.agreement
+            woke = agreement.waiter.wait(self._request, deadline)
+            if woke is not None:
+                raise StallError(agreement.missing(woke), f"{call.what} plan", timeout)
+            if call.mean:
+                dst = call.adapter.flat(self._x if call.in_place else self._out)
+                call.channel.xp.true_divide(dst, call.channel.size, out=dst)
+        return self._x if call.in_place else self._out
+
+    def free(self) -> None:
+        """Release the persistent request now (a plan that is garbage collected releases it too)."""
+        if not self._freed and self._request is not None and not MPI.Is_finalized():
+            self._request.Free()
+        self._freed = True
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # interpreter shutdown: nothing left to free
+            self.free()
+
+
+def plan(
+    x: Any,
+    *,
+    op: str | MPI.Op = "sum",
+    algorithm: str = "auto",
+    comm: MPI.Intracomm | None = None,
+    out: Any = None,
+    timeout: float | None = None,
+) -> Plan:
+    """An all-reduce of ``x`` (into ``out``, or in place) to run again and again: ``p()``, or
+    ``p.start()`` ... ``p.wait()``. Collective: every rank makes the same plan, and the ranks
+    agree on it here as `hpcring.allreduce` does before every call (a mismatch or a bad
+    argument on any rank raises on every rank); each run then moves data only. Do not resize
+    or reallocate the buffers while the plan lives: a plan on changed buffers is refused."""
+    comm = intracomm(comm, "plan")
+    call, problem, _ = examine(x, op, algorithm, comm, out, True)
+    with Exclusive(call.state):
+        call.agree(timeout, problem)
+    if problem is not None:
+        raise problem
+    if call.adapter.immutable:  # the kind is agreed: every rank raises this
+        raise TypeError("hpcring.plan: these arrays cannot be written in place; use hpcring.allreduce")
+    name = call.name
+    if name == "auto":  # its first choice for this size: collective, and every rank is here
+        name = auto.choose_for(call.channel, call.adapter.nbytes(x), bool(call.in_place))
+    return Plan(call, algorithms.ENTRIES[name], x, out, timeout)

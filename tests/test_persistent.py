@@ -1,0 +1,87 @@
+"""hpcring.plan: validated and agreed once, then run again and again on the same buffers."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+from helpers import everywhere, identical_everywhere, raises_everywhere
+from mpi4py import MPI
+
+import hpcring
+
+pytestmark = pytest.mark.mpi
+WORLD = MPI.COMM_WORLD
+G = WORLD.size
+
+
+@pytest.mark.parametrize("placement", ["in place", "out="])
+@pytest.mark.parametrize("algorithm", [*hpcring.ALGORITHMS])
+def test_repeated_runs_give_the_closed_form(
+    fresh_world: MPI.Intracomm, algorithm: str, placement: str
+) -> None:
+    """Each run reads what the buffers hold then: rank r holds r + k on run k, so the sum is
+    G(G-1)/2 + G k, exactly, and the same bits on every rank."""
+    x = np.zeros(1001, dtype=np.float64)
+    out = None if placement == "in place" else np.empty_like(x)
+    p = hpcring.plan(x, algorithm=algorithm, comm=fresh_world, out=out)
+    ok = True
+    for k in range(4):
+        x[:] = fresh_world.rank + k
+        result = p() if k % 2 else (p.start(), p.wait())[1]
+        ok &= result is (x if out is None else out)
+        ok &= bool((result == G * (G - 1) / 2 + G * k).all()) and identical_everywhere(fresh_world, result)
+    assert everywhere(fresh_world, ok)
+    assert everywhere(fresh_world, p.algorithm in hpcring.ALGORITHMS and p.algorithm != "auto")
+    p.free()
+
+
+def test_mean_and_the_mpi_persistent_request(fresh_world: MPI.Intracomm) -> None:
+    """`mpi` holds MPI-4's persistent all-reduce; mean divides after each run."""
+    x = np.empty(64, dtype=np.float32)
+    p = hpcring.plan(x, op="mean", algorithm="mpi", comm=fresh_world)
+    ok = True
+    for k in range(3):
+        x[:] = 2 * fresh_world.rank + k
+        p()
+        ok &= bool((x == (G - 1) + k).all())
+    assert everywhere(fresh_world, ok and (G == 1 or p._request is not None))
+    p.free()
+
+
+def test_freed_plan_and_misuse_are_refused(fresh_world: MPI.Intracomm) -> None:
+    x = np.ones(8)
+    p = hpcring.plan(x, algorithm="ring", comm=fresh_world)
+    raises_everywhere(RuntimeError, "wait without a start", p.wait)
+    p()
+    p.free()
+    raises_everywhere(RuntimeError, "was freed", p)
+
+
+def test_mismatch_at_creation_raises_on_every_rank(fresh_world: MPI.Intracomm) -> None:
+    if G == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    x = np.ones(10 + (fresh_world.rank == G - 1))
+    raises_everywhere(ValueError, "disagree on count", lambda: hpcring.plan(x, comm=fresh_world))
+    y = np.ones(4)
+    y.flags.writeable = fresh_world.rank != 0
+    raises_everywhere(ValueError, "read-only", lambda: hpcring.plan(y, comm=fresh_world))
+    assert everywhere(fresh_world, (x == 1).all())
+
+
+def test_a_rank_that_never_starts_is_named(fresh_world: MPI.Intracomm) -> None:
+    """A stall during a started plan is detected within the timeout, naming the rank."""
+    if G == 1:
+        pytest.skip("needs a rank to miss")
+    timeout, missing = 2.0, G - 1
+    p = hpcring.plan(np.ones(100), algorithm="mpi", comm=fresh_world, timeout=timeout)
+    ok = True
+    if fresh_world.rank != missing:
+        start = time.monotonic()
+        try:
+            p()
+            ok = False
+        except hpcring.StallError as error:
+            ok = error.missing == [missing] and timeout - 0.1 <= time.monotonic() - start <= timeout + 2.0
+    assert everywhere(WORLD, ok)
