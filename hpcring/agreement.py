@@ -1,7 +1,8 @@
 """Agreement before data moves: every rank arrives, with the same call, or all raise.
 
 The fast path is one tiny collective: every rank contributes its row (call number,
-count, dtype, op, algorithm, array kind, placement) and the row negated, and a
+count, dtype, op, algorithm, array kind, placement, and the digest of the settings that
+must agree) and the row negated, and a
 non-blocking all-reduce under MAX gives every rank max(row) and -min(row) at once; the
 ranks agree exactly where they are equal, and any local verdict (a bad argument) shows
 as a 1 in its column. Only when something is off are the rows gathered, on a slow path
@@ -28,7 +29,14 @@ from mpi4py import MPI
 from .errors import StallError
 from .polling import Waiter
 
-FIELDS = ("call", "count", "dtype", "op", "algorithm", "array", "placement")
+FIELDS = ("call", "count", "dtype", "op", "algorithm", "array", "placement", "settings")
+HINTS = {
+    "call": " (a rank skipped or repeated a call on this communicator)",
+    "settings": (
+        " (the HPCRING_* variables that must be the same on every rank differ; "
+        "docs/configuration.md marks them)"
+    ),
+}
 GRACE = 1.0  # seconds a rank that stopped waiting listens for the others' notices
 
 
@@ -56,7 +64,7 @@ class Agreement:
     ) -> None:
         """Raise on every rank if any rank failed, disagrees on ``row``, or does not arrive in time.
 
-        ``row`` is (call, count, dtype, op, algorithm, array, placement) as integers;
+        ``row`` is (call, count, dtype, op, algorithm, array, placement, settings) as integers;
         ``describe(field, value)`` names a value for messages; ``what`` names the operation for
         StallError (which adds the call number).
         """
@@ -107,6 +115,6 @@ class Agreement:
                     f"{', '.join(map(str, ranks))}"
                     for value, ranks in groups.items()
                 )
-                hint = " (a rank skipped or repeated a call on this communicator)" if field == "call" else ""
+                hint = HINTS.get(field, "")
                 raise ValueError(f"hpcring.allreduce: ranks disagree on {field}: {detail}{hint}")
         raise AssertionError("the agreement saw a difference the table does not show")

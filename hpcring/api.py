@@ -86,7 +86,7 @@ _ALG_NAMES = list(algorithms.MODULES)
 
 
 def _signature(
-    call: int, x: Any, adapter: Adapter | None, op: str, algorithm: str, in_place: bool | None
+    call: int, x: Any, adapter: Adapter | None, op: str, algorithm: str, in_place: bool | None, settings: int
 ) -> list[int]:
     """What must agree across ranks, as integers (-1 where a value is not one we know).
 
@@ -95,7 +95,9 @@ def _signature(
     So is the placement, as MPI asks of MPI_IN_PLACE: `auto` keeps a choice per size and
     placement, and ranks that chose differently would run different algorithms.
     ``adapter`` is None where this rank refused ``x``: its verdict, not this row, is then
-    what the others hear.
+    what the others hear. ``settings`` is the digest of the communicator's must-agree
+    HPCRING_* values (`hpcring.config.Config.digest`): ranks with other chunk sizes or node
+    shapes would run other schedules, and hang.
     """
     if adapter is None:
         count, dtype, kind = -1, None, -1
@@ -109,6 +111,7 @@ def _signature(
         _ALG_NAMES.index(algorithm) if algorithm in _ALG_NAMES else -1,
         kind,
         -1 if in_place is None else int(in_place),
+        settings,
     ]
 
 
@@ -123,6 +126,8 @@ def _describe(field: str, value: int) -> str:
     }
     if field in names:
         return names[field][value] if 0 <= value < len(names[field]) else "?"
+    if field == "settings":
+        return f"digest {value:08x}"
     return str(value)
 
 
@@ -317,7 +322,7 @@ def examine(
             if not check:
                 raise
             problem = error
-    row = _signature(0, x, adapter, op, algorithm, in_place)[1:]
+    row = _signature(0, x, adapter, op, algorithm, in_place, channel.config.digest())[1:]
     call = _Call(state, channel, adapter, algorithm, op, reduction, in_place, row, run)
     call.name = ran
     key = None

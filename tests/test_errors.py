@@ -194,3 +194,20 @@ def test_scratch_that_cannot_fit_raises_memory_error_everywhere(algorithm: str, 
     hpcring.allreduce(x, algorithm="ring", comm=comm)  # the suggestion works
     assert everywhere(WORLD, (x == WORLD.size).all())
     comm.Free()
+
+
+def test_settings_that_must_agree_are_compared(fresh_world: MPI.Intracomm, monkeypatch) -> None:
+    """A must-agree HPCRING_* variable set on one rank only: every rank raises, naming the
+    settings, where the ring would otherwise run two schedules and hang."""
+    if WORLD.size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    if WORLD.rank == 0:
+        monkeypatch.setenv("HPCRING_CHUNK_BYTES", "4096")
+    config.reload()  # fresh_world has not been used: its channel takes this snapshot
+    x = np.ones(10_000)
+    raises_everywhere(
+        ValueError,
+        "ranks disagree on settings",
+        lambda: hpcring.allreduce(x, algorithm="ring", comm=fresh_world),
+    )
+    assert everywhere(WORLD, (x == 1).all())
