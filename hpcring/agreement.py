@@ -9,7 +9,7 @@ as a 1 in its column. Only when something is off are the rows gathered, on a slo
 every rank takes together, to name the ranks and the values that differ.
 
 A rank that does not arrive leaves the collective pending: each waiting rank waits for
-it until its deadline (`hpcring.polling.Waiter`: MPI's own wait, woken by a watchdog),
+it until its deadline (`hpcring.polling.Waiter`: a test loop, as MPI's own wait is),
 then tells every other rank that it stopped waiting (one tiny message each), listens a
 moment for the others', and names the ranks it did not hear from in a `StallError`. A
 rank still waiting that hears such a message takes the same road at once, so every rank
