@@ -41,17 +41,14 @@ GRACE = 1.0  # seconds a rank that stopped waiting listens for the others' notic
 
 
 class Agreement:
-    """One communicator's agreement: a reused buffer, so a call allocates nothing."""
+    """One communicator's agreement: the row and its negation in one tiny collective."""
 
-    __slots__ = ("buf", "comm", "head", "rank", "size", "tail", "waiter", "width")
+    __slots__ = ("comm", "rank", "size", "waiter")
 
     def __init__(self, comm: MPI.Intracomm) -> None:
         self.comm = comm
         self.waiter = Waiter(comm)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.width = len(FIELDS) + 1  # the row and the local verdict
-        self.buf = np.zeros(2 * self.width, dtype=np.int64)
-        self.head, self.tail = self.buf[: self.width], self.buf[self.width :]
 
     def __call__(
         self,
@@ -68,21 +65,21 @@ class Agreement:
         ``describe(field, value)`` names a value for messages; ``what`` names the operation for
         StallError (which adds the call number).
         """
-        mine = [*row, problem is not None]
-        head, tail = self.head, self.tail
-        head[:] = mine
-        np.negative(head, out=tail)
-        tail[-1] = mine[-1]  # the verdict: MAX says whether any rank failed
-        request = self.comm.Iallreduce(MPI.IN_PLACE, self.buf, MPI.MAX)
+        verdict = int(problem is not None)
+        # [row, verdict, -row, verdict] under MAX: [max(row), any verdict, -min(row), any verdict].
+        # (Python lists and one small array: NumPy's slicing and negation cost more here.)
+        buf = np.array([*row, verdict, *[-v for v in row], verdict], dtype=np.int64)
+        request = self.comm.Iallreduce(MPI.IN_PLACE, buf, MPI.MAX)
         if not request.Test():
             deadline = time.monotonic() + timeout if timeout > 0 else None
             woke = self.waiter.wait(request, deadline)
             if woke is not None:
                 raise StallError(self.missing(woke), f"{what} call {row[0]} on this communicator", timeout)
-        # Agreeing rows leave head == -tail (max == min) but for the verdict, where both are
-        # the largest verdict: the sum is all zeros exactly when nothing is off.
-        if (head + tail).any():
-            self._raise_for(np.array(mine, dtype=np.int64), problem, describe)
+        got, width = buf.tolist(), len(row) + 1
+        if got[width - 1] or any(
+            high + low for high, low in zip(got[: width - 1], got[width:], strict=False)
+        ):
+            self._raise_for(np.array([*row, verdict], dtype=np.int64), problem, describe)
 
     def missing(self, woke: int) -> list[int]:
         """The slow path of a stall: tell every other rank, listen GRACE seconds for theirs, and
