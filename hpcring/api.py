@@ -219,6 +219,6 @@ def allreduce(
             dst[...] = src
             local_copy(dst, src)
         call_end()
-    if adapter.immutable:  # JAX: the algorithms ran on a copy; the result is a new array
-        return adapter.result(dst, x)
+    if adapter.immutable:  # JAX: a new array from the copy reduced; a CUDA tensor: after its stream waits
+        return adapter.result(dst, x if in_place else out)
     return x if in_place else out
