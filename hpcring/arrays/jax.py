@@ -77,6 +77,17 @@ class JaxAdapter(NumpyAdapter):
                 f"(jax.device_put({name}, jax.devices('cpu')[0]))"
             )
 
+    def ready(self, x: Any, out: Any) -> bool:
+        """A warm call's one question (main's fast path asks it of by-type kinds): in place only,
+        and what `check_device` asks, every call (a later array may be a tracer, or deleted)."""
+        if out is not None:
+            return False
+        try:
+            self.check_device(x, "x")
+        except ValueError:
+            return False
+        return True
+
     def shares_memory(self, a: Any, b: Any) -> bool:
         return False  # nothing is written into a JAX array: no overlap can matter
 

@@ -138,6 +138,11 @@ class TorchAdapter(NumpyAdapter):
             )
         self._refuse(array, name)
 
+    def ready(self, x: Any, out: Any) -> bool:
+        """A warm call's one question: never, a tensor takes the full path (its type does not say
+        its device, so it is not in the by-type table a warm call looks in anyway)."""
+        return False
+
     def shares_memory(self, a: Any, b: Any) -> bool:
         if a.device != b.device:
             return False
