@@ -180,15 +180,16 @@ def allreduce(
     seconds (default `HPCRING_TIMEOUT`, 300; 0 waits forever) makes the others raise
     `hpcring.StallError` naming it.
     """
-    # A warm call (a shape, dtype, op, algorithm and placement this communicator has run, on
-    # the same device) reuses what cannot have changed and asks the adapter one question of
+    # A warm call (an array kind, shape, dtype, op, algorithm and placement this communicator
+    # has run, on the same device) reuses what cannot have changed and asks the adapter one question of
     # what can; anything else, an error included, takes the full path.
     state = known_state(MPI.COMM_WORLD if comm is None else comm)
     if state is not None and op.__class__ is str:
         adapter = known_adapter(x)
         if adapter is not None:
             device = adapter.current_device() if adapter.device else None
-            call = state.warm.get((adapter.shape(x), adapter.dtype(x), op, algorithm, out is None, device))
+            key = (adapter, adapter.shape(x), adapter.dtype(x), op, algorithm, out is None, device)
+            call = state.warm.get(key)
             if call is not None and adapter.ready(x, out):
                 return call.execute(x, out, check, timeout, None)
     return _first(x, op, algorithm, intracomm(comm, "allreduce"), out, check, timeout)
@@ -239,8 +240,10 @@ class _Call:
             if problem is not None:  # a single rank: nothing to agree on
                 raise problem
             dst = self.move(x, out)
-        if self.adapter.immutable:  # JAX: the algorithms ran on a copy; the result is a new array
-            return self.adapter.result(dst, x)
+        if (
+            self.adapter.immutable
+        ):  # JAX: a new array from the copy reduced; a CUDA tensor: after its stream waits
+            return self.adapter.result(dst, x if self.in_place else out)
         return x if self.in_place else out
 
     def agree(self, timeout: float | None, problem: Exception | None) -> None:
@@ -328,5 +331,5 @@ def examine(
     key = None
     if cacheable:
         device = adapter.current_device() if adapter.device else None
-        key = (adapter.shape(x), dtype, op, algorithm, out is None, device)
+        key = (adapter, adapter.shape(x), dtype, op, algorithm, out is None, device)
     return call, problem, key

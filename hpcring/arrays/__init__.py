@@ -1,5 +1,4 @@
-"""Array adapters, registered by kind: the one place that knows NumPy from CuPy (and, next,
-PyTorch and JAX).
+"""Array adapters, registered by kind: the one place that knows NumPy from CuPy, PyTorch and JAX.
 
 `adapter_for(x)` is the adapter owning a user's array: a dict lookup by ``type(x)`` first, so
 a warm call pays no isinstance chain; else each registered adapter is asked (`owns`: a
@@ -16,6 +15,7 @@ import, and its line in `SHIPPED` (see `base` for what an adapter answers).
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
 from .base import Adapter
@@ -24,20 +24,29 @@ from .numpy import NumpyAdapter
 _by_type: dict[type, Adapter] = {}  # exact type -> its adapter: the warm path's one lookup
 _registered: dict[str, Adapter] = {}  # kind -> adapter, in registration order
 
-# Every kind hpcring ships: what messages call its arrays, the top-level module of their type,
-# and the module of its adapter (None: registered here, always). The agreement row carries
-# a call's array kind as its place in this table, which so means the same on every rank
-# whichever libraries import there; a kind from outside hpcring is numbered after these, in
-# the order of registering (the same on every rank where every rank registers it alike).
+# Every kind hpcring ships: what messages call its arrays, the top-level modules of their
+# types (space-separated: a jax.Array's type lives in jaxlib, a tracer's in jax), and the module
+# of its adapter (None: registered here, always). The agreement row carries a call's array kind
+# as its place in this table, which so means the same on every rank whichever libraries import
+# there; a kind from outside hpcring is numbered after these, in the order of registering (the
+# same on every rank where every rank registers it alike).
 SHIPPED: tuple[tuple[str, str, str | None], ...] = (
     ("numpy.ndarray", "numpy", None),
     ("cupy.ndarray", "cupy", "hpcring.arrays.cupy"),
+    # PyTorch: a CPU tensor computes as NumPy, a CUDA one as CuPy, so two kinds (see `base`).
+    ("torch.Tensor (CPU)", "torch", "hpcring.arrays.torch"),
+    ("torch.Tensor (CUDA)", "torch", "hpcring.arrays.torch"),
+    ("jax.Array", "jax jaxlib", "hpcring.arrays.jax"),
 )
 NAMES: list[str] = [name for name, _, _ in SHIPPED]  # by agreement number, for messages
 
 # Adapters of optional libraries, by the top-level module of their arrays' type: imported on
 # the first such array (the library is loaded by then: the user made the array with it).
-_ON_FIRST_SIGHT: dict[str, str] = {top: module for _, top, module in SHIPPED if module is not None}
+_ON_FIRST_SIGHT: dict[str, str] = {
+    top: module for _, tops, module in SHIPPED if module is not None for top in tops.split()
+}
+# Libraries `_load_all` imports only where the user already has (seconds each otherwise).
+_IF_IMPORTED = frozenset({"torch", "jax", "jaxlib"})
 
 
 def register(kind: str, adapter: Adapter) -> None:
@@ -93,13 +102,16 @@ def _load(module: str) -> bool:
 
 
 def _load_all() -> None:
-    """Every adapter whose library imports here, registered: for questions about all kinds."""
-    for module in list(_ON_FIRST_SIGHT.values()):
-        _load(module)
+    """Every adapter whose library imports here, registered: for questions about all kinds
+    (a framework's only once the user has imported it)."""
+    for top, module in list(_ON_FIRST_SIGHT.items()):
+        if top not in _IF_IMPORTED or top in sys.modules:
+            _load(module)
 
 
 def available() -> list[str]:
-    """Array kinds usable in this process: always numpy, cupy where a GPU is visible."""
+    """Array kinds usable in this process: always numpy, cupy where a GPU is visible, torch and
+    jax where the user imported them (torch_cuda where CuPy sees a GPU too)."""
     _load_all()
     return [kind for kind, adapter in _registered.items() if not adapter.problem()]
 

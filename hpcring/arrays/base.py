@@ -19,8 +19,9 @@ It has two faces:
   reads and writes them in place). Scratch buffers belong to the `Channel` (``scratch``),
   which makes them with `empty`.
 
-Room for the frameworks (PyTorch, JAX: one new file each, which calls `register` at import,
-and its line in `hpcring.arrays.SHIPPED`, the kinds' fixed numbering):
+The frameworks (PyTorch: `hpcring.arrays.torch`, JAX: `hpcring.arrays.jax`; one file each,
+which calls `register` at import, and its lines in `hpcring.arrays.SHIPPED`, the kinds'
+fixed numbering):
 
 - A ``torch.Tensor`` adapter answers the first face from the tensor (``is_contiguous()`` in
   `flags`, its dtype mapped to NumPy's, ``t.device``) and hands the algorithms a NumPy view
@@ -84,7 +85,9 @@ class Adapter(Protocol):
     types: tuple[type, ...]  # exact types it owns, for the registry's by-type lookup
     by_type: bool  # `owns` depends on the type alone, so a subclass found once is cached
     index: int  # this kind's number in the agreement row, set by `register`
-    immutable: bool  # its arrays cannot be written: `allreduce` returns `result(dst, x)`
+    immutable: (
+        bool  # `allreduce` returns `result(dst, x)`: its arrays cannot be written (or need a hand-back)
+    )
 
     def problem(self) -> str:
         """Why this kind can't compute here ('' when it can): `available` lists those that can."""
@@ -137,7 +140,9 @@ class Adapter(Protocol):
         ...
 
     def result(self, dst: Any, x: Any) -> Any:
-        """What `allreduce` returns for an immutable kind: a new array of ``x``'s shape from ``dst``."""
+        """What `allreduce` returns for an immutable kind, from ``dst`` reduced and ``x`` (``out``
+        where one was given): a new array of ``x``'s shape (JAX), or ``x`` itself once the work
+        the reduction queued is ordered before the user's (a CUDA tensor, whose stream is not CuPy's)."""
         ...
 
     # -- the compute side: native arrays -------------------------------------------------

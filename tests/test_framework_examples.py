@@ -1,0 +1,72 @@
+"""The PyTorch and JAX examples at 2 ranks, as subprocesses (a serial test launches the jobs), and
+``import hpcring`` never importing either framework.
+
+torch_ddp: the final weights are the same line on every rank; with the hpcring hook they equal
+DDP's own gloo all-reduce to float32 tolerance, and in float64 a one-process run of the same
+global batch to 1e-12."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from helpers import launcher_env, mpiexec
+
+needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
+
+
+def run(example: str, *flags: str, ranks: int = 2) -> list[str]:
+    command = [mpiexec() or "mpiexec", "--oversubscribe", "-n", str(ranks), sys.executable, "-m"]
+    done = subprocess.run(
+        [*command, f"hpcring.examples.{example}", *flags],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=launcher_env(),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.splitlines()
+
+
+def test_import_hpcring_imports_no_framework() -> None:
+    code = (
+        "import sys, hpcring, hpcring.api, hpcring.training, hpcring.nonblocking, hpcring.arrays as a\n"
+        "a.available()\n"
+        "assert not {'torch', 'jax', 'jaxlib'} & set(sys.modules), sorted(sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
+@needs_mpiexec
+@pytest.mark.timeout(900)
+def test_torch_ddp_hook_matches_gloo_and_one_process(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="needs PyTorch: pip install 'hpcring[torch]'")
+    pytest.importorskip("sklearn", reason="needs scikit-learn: pip install 'hpcring[train]'")
+    common = ["--steps", "5", "--dtype", "float64"]
+    weights = {}
+    for name, flags, ranks in [
+        ("hook", ["--algorithm", "ring"], 2),
+        ("gloo", ["--gloo"], 2),
+        ("alone", [], 1),
+    ]:
+        lines = run("torch_ddp", *common, *flags, "--save", str(tmp_path / f"{name}.npy"), ranks=ranks)
+        digests = [line for line in lines if line.startswith("torch_ddp: weights ")]
+        assert len(digests) == ranks and len(set(digests)) == 1, lines  # the same weights on every rank
+        assert any(line.startswith("loss: ") and "ms per step" in line for line in lines), lines
+        weights[name] = np.load(tmp_path / f"{name}.npy")
+    assert np.allclose(weights["hook"], weights["gloo"], rtol=1e-5, atol=1e-6)
+    assert np.max(np.abs(weights["hook"] - weights["alone"])) < 1e-12
+
+
+@needs_mpiexec
+@pytest.mark.timeout(300)
+def test_jax_step_gives_the_same_weights_on_every_rank() -> None:
+    pytest.importorskip("jax", reason="needs JAX: pip install 'hpcring[jax]'")
+    lines = run("jax_step", "--steps", "10")
+    digests = [line for line in lines if line.startswith("jax_step: weights ")]
+    assert len(digests) == 2 and len(set(digests)) == 1, lines
+    assert any(line.startswith("loss: ") for line in lines), lines
