@@ -16,6 +16,7 @@ from .tracing import trace
 
 if TYPE_CHECKING:
     from .api import allreduce
+    from .exact import ExactSum
     from .gpu import select_device
     from .nonblocking import Request, iallreduce
     from .training import GradientSync
@@ -44,6 +45,10 @@ def __getattr__(name: str) -> Any:
         from .training import GradientSync
 
         return GradientSync
+    if name == "ExactSum":  # reproducible sums of any number of local contributions
+        from .exact import ExactSum
+
+        return ExactSum
     if name == "Intracomm":  # the drop-in communicator for existing mpi4py codes
         from .wrap import Intracomm
 
@@ -87,6 +92,7 @@ def info() -> dict[str, Any]:
 
 __all__ = [
     "ALGORITHMS",
+    "ExactSum",
     "GradientSync",
     "Intracomm",
     "Request",

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import algorithms, config
+from . import algorithms, config, exact
 from .agreement import agree
 from .arrays import NAMES, NUMPY, Adapter, adapter_for
 from .channel import Channel
@@ -80,7 +80,7 @@ def _validate(x: Any, out: Any, op: str) -> tuple[Adapter, Op, bool, np.dtype]:
     return adapter, OPS[op], False, dtype
 
 
-_OP_NAMES = list(OPS)
+_OP_NAMES = [*OPS, *map(exact.tagged, OPS)]  # tagged: reproducible=True
 _ALG_NAMES = list(algorithms.MODULES)
 
 
@@ -162,6 +162,8 @@ def allreduce(
     out: Any = None,
     check: bool = True,
     timeout: float | None = None,
+    reproducible: bool = False,
+    _parts: list[Any] | None = None,
 ) -> Any:
     """Reduce ``x`` over all ranks of ``comm`` and return the result on every rank.
 
@@ -173,8 +175,15 @@ def allreduce(
     on every rank before any data moves, and a rank that does not arrive within ``timeout``
     seconds (default `HPCRING_TIMEOUT`, 300; 0 waits forever) makes the others raise
     `hpcring.StallError` naming it.
+
+    ``reproducible=True`` (op sum or mean, float16, bfloat16, float32, float64): the result's
+    bits depend only on the multiset of the ranks' arrays, not on the rank count, their order,
+    the algorithm or its chunking (`hpcring.exact`; docs/reproducibility.md gives the error
+    bound and the cost, about 2.25x the bytes). With integers, max and min it changes nothing:
+    those are reproducible already.
     """
     comm = intracomm(comm, "allreduce")
+    exact_path = False
     problem: Exception | None = None
     in_place: bool | None = None
     try:
@@ -189,6 +198,8 @@ def allreduce(
     if adapter is not None:
         try:
             count, itemsize = adapter.size(x), dtype.itemsize
+            if reproducible:  # ---- reproducible sums: hpcring/exact.py ----
+                exact_path = exact.check(op, dtype, accumulated=_parts is not None)
             prepared = algorithms.prepare(algorithm, channel, count, itemsize, bool(in_place))
             _check_memory(channel, prepared.name, prepared.scratch, count, itemsize)
         except (MemoryError, TypeError, ValueError) as error:
@@ -200,7 +211,7 @@ def allreduce(
             state.calls = call = state.calls + 1
             agree(
                 channel.comm,
-                _signature(call, x, adapter, op, algorithm, in_place),
+                _signature(call, x, adapter, exact.tagged(op) if reproducible else op, algorithm, in_place),
                 problem,
                 timeout=default_timeout() if timeout is None else timeout,
                 describe=_describe,
@@ -211,7 +222,9 @@ def allreduce(
         src = adapter.flat(x)
         dst = src if in_place else adapter.flat(out)
         call_begin(algorithm, channel, src, dst)
-        if channel.size > 1 and src.size > 0:
+        if exact_path:  # ---- reproducible sums: hpcring/exact.py (max agreement, integer sum) ----
+            exact.run(channel, algorithm, [src] if _parts is None else _parts, dst, op)
+        elif channel.size > 1 and src.size > 0:
             prepared.run(channel, src, dst, reduction)
             if reduction.name == "mean":
                 channel.xp.true_divide(dst, channel.size, out=dst)

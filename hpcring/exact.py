@@ -1,0 +1,294 @@
+"""Reproducible float sums: to an exact integer representation and back, and `ExactSum`.
+
+A float sum depends on its order; an integer sum does not (and every algorithm here sums
+integers exactly: two's-complement words wrap, so even the order of overflows does not
+matter, only that the final sum fits). So a reproducible sum is four steps, each the same
+whatever the rank count, algorithm, ring order or chunking:
+
+1. agree, per element, on the largest exponent over every contribution on every rank: a MAX
+   all-reduce of one small integer per element (uint8; uint16 for float64), run by the
+   caller's algorithm like any other all-reduce (so it takes the same topology, channel and
+   byte count; MAX is exact in every algorithm);
+2. convert each contribution to fixed point on that absolute grid, ``P`` bits below the
+   element's largest power of two, truncating toward zero (exact, deterministic);
+3. sum the integer words with the caller's algorithm;
+4. round the integer once, to nearest even, to the output dtype, on every rank identically.
+
+Why one word per element (float16, bfloat16, float32; two for float64) and not ReproBLAS's
+k-word binned accumulation: by measurement the integer all-reduce dominates, and binning on
+fixed boundaries needs one more word per element for the same guaranteed precision (the
+top bin's fill varies by a whole bin width), so 17 bytes per float32 element on the wire
+instead of 9 (docs/reproducibility.md has the figures). Binning's one advantage, streaming
+local adds in fixed memory, `ExactSum` gives up: it keeps its contributions until
+`allreduce`, where they are converted on the agreed grid.
+
+Limits: up to MAX_CONTRIBUTIONS (2^20) contributions in all (ranks x adds), so the summed
+words cannot overflow. Special values follow IEEE addition: any NaN gives NaN, +Inf and -Inf
+together give NaN, otherwise an infinity wins; a finite sum too large for the dtype rounds to
++-Inf; the sum is -0 only when every contribution is -0. docs/reproducibility.md states the
+error bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .ops import BFLOAT16, OPS
+
+HEADROOM = 20  # bits above the grid's top: the words of 2^20 contributions sum without overflow
+MAX_CONTRIBUTIONS = 1 << HEADROOM
+ONE_WORD = 62 - HEADROOM  # 42 bits below the element's top: |sum| < 2^62, so the rounding below is exact
+TWO_WORDS_LOW = 63 - HEADROOM  # float64: the low word holds 43 bits, non-negative
+TWO_WORDS = TWO_WORDS_LOW + ONE_WORD  # 85 bits below the top in all (float64 has 53)
+_NAN, _NEG_INF, _POS_INF = 1 << 42, 1 << 21, 1  # special elements: counts, in disjoint bit fields
+
+OPS_REPRODUCIBLE = ("sum", "mean")  # max and min are exact already; prod is not a sum
+
+
+@dataclass(frozen=True)
+class Format:
+    """How one float dtype lies in its bits, and how many 64-bit words its fixed point takes."""
+
+    dtype: np.dtype
+    uint: np.dtype  # the unsigned integer of the same size, to read the bits
+    mantissa: int  # stored mantissa bits
+    bias: int
+    exponent_mask: int
+    code: np.dtype  # the agreed per-element integer (the biased exponent, see `codes`)
+    words: int
+
+    @property
+    def special(self) -> int:
+        """The code of Inf and NaN: the all-ones exponent."""
+        return self.exponent_mask
+
+
+FORMATS: dict[np.dtype, Format] = {
+    f.dtype: f
+    for f in (
+        Format(np.dtype(np.float16), np.dtype(np.uint16), 10, 15, 0x1F, np.dtype(np.uint8), 1),
+        Format(BFLOAT16, np.dtype(np.uint16), 7, 127, 0xFF, np.dtype(np.uint8), 1),
+        Format(np.dtype(np.float32), np.dtype(np.uint32), 23, 127, 0xFF, np.dtype(np.uint8), 1),
+        Format(np.dtype(np.float64), np.dtype(np.uint64), 52, 1023, 0x7FF, np.dtype(np.uint16), 2),
+    )
+}
+
+
+def format_of(dtype: np.dtype, caller: str = "hpcring.allreduce") -> Format:
+    """The format of ``dtype``; TypeError for a dtype with no reproducible sum here."""
+    try:
+        return FORMATS[np.dtype(dtype)]
+    except KeyError:
+        names = ", ".join(d.name for d in FORMATS)
+        raise TypeError(f"{caller}: reproducible=True needs a float dtype ({names}), got {dtype}") from None
+
+
+def check(op: str, dtype: np.dtype, caller: str = "hpcring.allreduce", accumulated: bool = False) -> bool:
+    """Whether a reproducible call needs the exact path (False: the plain one is reproducible
+    already: integers, max, min); ValueError or TypeError where it cannot be reproducible.
+    ``accumulated``: an `ExactSum`'s call, which always takes the exact path."""
+    plain = op in ("max", "min") or (np.dtype(dtype).kind in "iu" and op == "sum")
+    if plain and not accumulated:
+        return False
+    if op not in OPS_REPRODUCIBLE:
+        raise ValueError(f"{caller}: reproducible=True applies to op 'sum' and 'mean', not {op!r}")
+    format_of(dtype, caller)
+    return True
+
+
+def codes(fmt: Format, x: Any, xp: Any) -> Any:
+    """The per-element integer the ranks agree on with MAX: the biased exponent, except that
+    subnormals and zeros count as exponent 1 (the same grid) and -0 as 0, so a MAX of 0 means
+    every contribution was -0."""
+    bits = x.view(fmt.uint)
+    exponent = ((bits >> fmt.mantissa) & fmt.exponent_mask).astype(fmt.code)
+    exponent += exponent == 0
+    exponent -= bits == (1 << (fmt.uint.itemsize * 8 - 1))
+    return exponent
+
+
+def _top(fmt: Format, code: Any, xp: Any) -> Any:
+    """Per element, the power of two that bounds every contribution: |x| < 2^top."""
+    return xp.maximum(code.astype(np.int64), 1) - (fmt.bias - 1)
+
+
+def _pow2(exponent: Any, xp: Any) -> Any:
+    """2.0**exponent as float64, exactly, for exponents in the normal range (built from bits)."""
+    return ((exponent + 1023) << 52).view(np.float64)
+
+
+def _special_words(x: Any, xp: Any) -> Any:
+    """Counts of NaN, -Inf and +Inf among the contributions, one bit field each."""
+    return (
+        xp.isnan(x).astype(np.int64) * _NAN
+        + (x == -np.inf).astype(np.int64) * _NEG_INF
+        + (x == np.inf).astype(np.int64) * _POS_INF
+    )
+
+
+def encode(fmt: Format, x: Any, code: Any, words: Any, xp: Any) -> None:
+    """words += the fixed point of ``x`` on the grid that the agreed ``code`` sets (``words``:
+    int64, ``fmt.words`` rows of x.size; wrapping adds, which stay exact as long as the final
+    sums fit)."""
+    top = _top(fmt, code, xp)
+    with np.errstate(invalid="ignore", over="ignore"):
+        wide = x.astype(np.float64)
+        if fmt.words == 1:
+            word = (wide * _pow2(ONE_WORD - top, xp)).astype(np.int64)  # truncates toward zero
+            special = code == fmt.special
+            if special.any():
+                word[special] = _special_words(wide[special], xp)
+            words[0] += word
+            return
+        # float64: the grid is 85 bits below the top, beyond float64's range of scales:
+        # ldexp. hi carries the upper 42 bits (signed), lo the lower 43 (non-negative).
+        value = xp.trunc(xp.ldexp(wide, (TWO_WORDS - top).astype(np.int32)))
+        hi = xp.floor(value * 2.0**-TWO_WORDS_LOW)
+        lo = value - hi * 2.0**TWO_WORDS_LOW
+        hi, lo = hi.astype(np.int64), lo.astype(np.int64)
+        special = code == fmt.special
+        if special.any():
+            hi[special] = _special_words(wide[special], xp)
+            lo[special] = 0
+        words[0] += hi
+        words[1] += lo
+
+
+def decode(fmt: Format, words: Any, code: Any, out: Any, divisor: int, xp: Any) -> None:
+    """out <- the summed ``words`` rounded once to out's dtype (divided by ``divisor`` for a
+    mean first, in float64); the same bits wherever the same words arrive."""
+    top = _top(fmt, code, xp)
+    with np.errstate(invalid="ignore", over="ignore"):
+        if fmt.words == 1:
+            total = words[0]
+            # |total| < 2^62 has more bits than float64 holds: round to odd on a grid 2^10 first
+            # (its last bit set where bits were dropped), which then rounds to the dtype's 24 or
+            # fewer bits exactly as the integer itself would (round-to-odd with >= 2 spare bits).
+            big = xp.abs(total) >= (1 << 53)
+            odd = ((total >> 10) | ((total & 1023) != 0)).astype(np.float64) * 1024.0
+            value = xp.where(big, odd, total.astype(np.float64)) * _pow2(top - ONE_WORD, xp)
+        else:
+            carry = words[1] >> TWO_WORDS_LOW
+            hi = words[0] + carry
+            lo = words[1] - (carry << TWO_WORDS_LOW)
+            # hi * 2^43 + lo exactly as a float64 sum of two exact terms: one rounding.
+            head = hi.astype(np.float64)
+            rest = ((hi - head.astype(np.int64)) << TWO_WORDS_LOW) + lo
+            value = xp.ldexp(
+                head * 2.0**TWO_WORDS_LOW + rest.astype(np.float64), (top - TWO_WORDS).astype(np.int32)
+            )
+            total = hi
+        if divisor != 1:
+            value /= divisor
+        out[...] = value.astype(fmt.dtype)
+        special = code == fmt.special
+        if special.any():
+            counts = total[special]
+            pos, neg = counts & (_NEG_INF - 1), (counts >> 21) & (_NEG_INF - 1)
+            nan = ((counts >> 42) > 0) | ((pos > 0) & (neg > 0))
+            inf = xp.where(pos > 0, np.inf, -np.inf)
+            out[special] = xp.where(nan, np.nan, inf).astype(fmt.dtype)
+        negative_zero = code == 0
+        if negative_zero.any():
+            out[negative_zero] = -0.0
+
+
+def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str) -> None:
+    """dst <- the reproducible sum (op "sum") or mean over every rank of the flat arrays ``parts``
+    (this rank's contributions: one for `hpcring.allreduce`, any number for `ExactSum`).
+
+    The MAX and the integer sum run by ``algorithm`` on ``ch`` (`auto` chooses for the sizes
+    that travel); with one rank there is nothing to exchange, and the same conversion runs, so
+    the bits are those of any rank count.
+    """
+    from . import algorithms
+
+    xp, fmt, n = ch.xp, FORMATS[dst.dtype], dst.size
+    code = codes(fmt, parts[0], xp) if parts else xp.zeros(n, dtype=fmt.code)
+    for part in parts[1:]:
+        xp.maximum(code, codes(fmt, part, xp), out=code)
+    if ch.size > 1 and n > 0:
+        algorithms.prepare(algorithm, ch, n, code.itemsize, True).run(ch, code, code, OPS["max"])
+    words = xp.zeros((fmt.words, n), dtype=np.int64)
+    for part in parts:
+        encode(fmt, part, code, words, xp)
+    if ch.size > 1 and n > 0:
+        flat = words.reshape(-1)
+        algorithms.prepare(algorithm, ch, flat.size, 8, True).run(ch, flat, flat, OPS["sum"])
+    decode(fmt, words, code, dst, ch.size if op == "mean" else 1, xp)
+
+
+def tagged(op: str) -> str:
+    """The op as the ranks' agreement sees it on the reproducible path, so that ranks that
+    disagree on ``reproducible=`` disagree on the op, and are told so."""
+    return f"{op} (reproducible=True)"
+
+
+class ExactSum:
+    """An accumulator of local contributions whose all-reduce is reproducible.
+
+    ``acc = ExactSum(like=x)``; ``acc.add(a)`` any number of times (arrays of x's shape and
+    dtype); ``acc.allreduce(comm=..., algorithm=...)`` returns the sum over every contribution
+    on every rank, whose bits depend only on that multiset: not on how the contributions are
+    split over the ranks, the order of the adds, the rank count or the algorithm. So B
+    microbatches over G ranks give the same bits for every G. The contributions are kept (one
+    copy per add) until `allreduce`, where they are converted on the grid all ranks agree on.
+    """
+
+    def __init__(self, like: Any) -> None:
+        from .arrays import adapter_for
+
+        self._adapter = adapter_for(like)
+        self.dtype = self._adapter.dtype(like)
+        self.shape = tuple(self._adapter.shape(like))
+        format_of(self.dtype, "hpcring.ExactSum")
+        self._like = like
+        self._parts: list[Any] = []
+
+    def add(self, a: Any) -> None:
+        """Keep a copy of ``a`` as one contribution."""
+        adapter = self._adapter
+        if not adapter.owns(a) or adapter.dtype(a) != self.dtype or tuple(adapter.shape(a)) != self.shape:
+            raise ValueError(
+                f"hpcring.ExactSum.add: expected an array of shape {self.shape} and dtype {self.dtype}"
+            )
+        if len(self._parts) >= MAX_CONTRIBUTIONS:
+            raise ValueError(f"hpcring.ExactSum.add: at most {MAX_CONTRIBUTIONS} contributions")
+        self._parts.append(adapter.xp.array(a, copy=True).reshape(-1))
+
+    def __len__(self) -> int:
+        return len(self._parts)
+
+    def clear(self) -> None:
+        """Forget every contribution (for the next step)."""
+        self._parts.clear()
+
+    def allreduce(
+        self,
+        *,
+        comm: Any = None,
+        algorithm: str = "ring",
+        op: str = "sum",
+        out: Any = None,
+        check: bool = True,
+        timeout: float | None = None,
+    ) -> Any:
+        """The reproducible sum (or mean over the ranks) of every rank's contributions, on
+        every rank; in ``out`` if given, else a new array. Collective; the ranks agree first, as
+        `hpcring.allreduce` does (same checks, same errors)."""
+        from . import api
+
+        result = self._adapter.xp.zeros(self.shape, dtype=self.dtype) if out is None else out
+        return api.allreduce(
+            result,
+            op=op,
+            algorithm=algorithm,
+            comm=comm,
+            check=check,
+            timeout=timeout,
+            reproducible=True,
+            _parts=self._parts,
+        )
