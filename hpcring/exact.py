@@ -99,25 +99,42 @@ def check(op: str, dtype: np.dtype, caller: str = "hpcring.allreduce", accumulat
     return True
 
 
-def codes(fmt: Format, x: Any, xp: Any) -> Any:
+def codes(fmt: Format, x: Any, xp: Any, out: Any = None, scratch: Any = None) -> Any:
     """The per-element integer the ranks agree on with MAX: the biased exponent, except that
     subnormals and zeros count as exponent 1 (the same grid) and -0 as 0, so a MAX of 0 means
-    every contribution was -0."""
+    every contribution was -0. Into ``out`` if given (``scratch``: as in `encode`)."""
     bits = x.view(fmt.uint)
-    exponent = ((bits >> fmt.mantissa) & fmt.exponent_mask).astype(fmt.code)
-    exponent += exponent == 0
-    exponent -= bits == (1 << (fmt.uint.itemsize * 8 - 1))
-    return exponent
+    shifted = xp.right_shift(
+        bits, fmt.mantissa, out=None if scratch is None else scratch("exact-bits", fmt.uint)
+    )
+    if fmt.exponent_mask != 0xFF:  # float16 and float64: the sign bit is still in the code's range
+        shifted &= fmt.exponent_mask
+    code = xp.empty(x.size, fmt.code) if out is None else out
+    xp.copyto(code, shifted, casting="unsafe")  # uint8 drops float32's and bfloat16's sign bit
+    if code.size and code.min() == 0:  # zeros and subnormals: rare, so fixed up apart
+        zero = code == 0
+        code[zero] = 1 - (bits[zero] == (1 << (fmt.uint.itemsize * 8 - 1)))
+    return code
 
 
-def _top(fmt: Format, code: Any, xp: Any) -> Any:
-    """Per element, the power of two that bounds every contribution: |x| < 2^top."""
-    return xp.maximum(code.astype(np.int64), 1) - (fmt.bias - 1)
+def _tables(fmt: Format) -> tuple[Any, Any, int]:
+    """Per code: the scale to the grid and back (NumPy arrays, looked up by code), and the first
+    code whose scales are ordinary floats (below it, values so small that ldexp does the job)."""
+    cached = _TABLES.get(fmt.dtype)
+    if cached is None:
+        precision = ONE_WORD if fmt.words == 1 else TWO_WORDS
+        top = np.maximum(np.arange(fmt.special + 1), 1) - (fmt.bias - 1)
+        # float32 scales reach 2^127; float64's must stay normal both ways (2^(top - 85) too)
+        largest = 127 if fmt.words == 1 else 1022
+        low = int(np.flatnonzero(precision - top <= largest)[0])
+        to_grid = np.ldexp(1.0, np.minimum(precision - top, largest))
+        to_grid = to_grid.astype(np.float32 if fmt.words == 1 else np.float64)
+        back = np.ldexp(1.0, np.maximum(top - precision, -1022))  # float64: for float32 all exact
+        cached = _TABLES[fmt.dtype] = (to_grid, back, max(low, 1))  # code 0 (-0) too
+    return cached
 
 
-def _pow2(exponent: Any, xp: Any) -> Any:
-    """2.0**exponent as float64, exactly, for exponents in the normal range (built from bits)."""
-    return ((exponent + 1023) << 52).view(np.float64)
+_TABLES: dict[np.dtype, tuple[Any, Any, int]] = {}
 
 
 def _special_words(x: Any, xp: Any) -> Any:
@@ -129,71 +146,130 @@ def _special_words(x: Any, xp: Any) -> Any:
     )
 
 
-def encode(fmt: Format, x: Any, code: Any, words: Any, xp: Any) -> None:
+def _fixups(fmt: Format, code: Any, low: int, xp: Any) -> tuple[Any, Any]:
+    """The elements whose grid is outside the tables' plain scales (tiny), and the special ones
+    (None where there are none: two reductions, no temporaries, in the common case)."""
+    if not code.size:
+        return None, None
+    small = code < low if code.min() < low else None
+    special = code == fmt.special if code.max() == fmt.special else None
+    return small, special
+
+
+def encode(fmt: Format, x: Any, code: Any, words: Any, xp: Any, scratch: Any, first: bool = False) -> None:
     """words += the fixed point of ``x`` on the grid that the agreed ``code`` sets (``words``:
     int64, ``fmt.words`` rows of x.size; wrapping adds, which stay exact as long as the final
-    sums fit)."""
-    top = _top(fmt, code, xp)
+    sums fit); ``first``: words = instead, so nothing needs zeroing. ``scratch(name, dtype)``
+    gives reused temporaries of x.size: fresh pages for every temporary cost more than the
+    arithmetic (at 16 MiB, several times over on a shared machine)."""
+    to_grid, _, low = _tables(fmt)
+    small, special = _fixups(fmt, code, low, xp)
+    precision = ONE_WORD if fmt.words == 1 else TWO_WORDS
     with np.errstate(invalid="ignore", over="ignore"):
-        wide = x.astype(np.float64)
         if fmt.words == 1:
-            word = (wide * _pow2(ONE_WORD - top, xp)).astype(np.int64)  # truncates toward zero
-            special = code == fmt.special
-            if special.any():
-                word[special] = _special_words(wide[special], xp)
-            words[0] += word
+            # In float32 (float16 and bfloat16 widen exactly): x times a power of two is exact
+            # wherever the product reaches 1, and the cast truncates toward zero.
+            value = xp.asarray(to_grid).take(code, out=scratch("exact-f32", np.dtype(np.float32)))
+            xp.multiply(x, value, out=value)
+            if first:
+                word = words[0]
+                xp.copyto(word, value, casting="unsafe")
+            else:
+                word = scratch("exact-i64", np.dtype(np.int64))
+                xp.copyto(word, value, casting="unsafe")
+            if small is not None:
+                top = xp.maximum(code[small].astype(np.int32), 1) - (fmt.bias - 1)
+                word[small] = xp.ldexp(x[small].astype(np.float64), precision - top).astype(np.int64)
+            if special is not None:
+                word[special] = _special_words(x[special].astype(np.float64), xp)
+            if not first:
+                words[0] += word
             return
-        # float64: the grid is 85 bits below the top, beyond float64's range of scales:
-        # ldexp. hi carries the upper 42 bits (signed), lo the lower 43 (non-negative).
-        value = xp.trunc(xp.ldexp(wide, (TWO_WORDS - top).astype(np.int32)))
-        hi = xp.floor(value * 2.0**-TWO_WORDS_LOW)
-        lo = value - hi * 2.0**TWO_WORDS_LOW
-        hi, lo = hi.astype(np.int64), lo.astype(np.int64)
-        special = code == fmt.special
-        if special.any():
-            hi[special] = _special_words(wide[special], xp)
-            lo[special] = 0
-        words[0] += hi
-        words[1] += lo
+        # float64: 85 bits below the top; hi carries the upper 42 bits (signed), lo the lower 43
+        # (non-negative, so the low words' sum needs no sign).
+        value = xp.asarray(to_grid).take(code, out=scratch("exact-f64", np.dtype(np.float64)))
+        xp.multiply(x, value, out=value)
+        if small is not None:
+            top = xp.maximum(code[small].astype(np.int32), 1) - (fmt.bias - 1)
+            value[small] = xp.ldexp(x[small], precision - top)
+        xp.trunc(value, out=value)
+        hi = xp.multiply(value, 2.0**-TWO_WORDS_LOW, out=scratch("exact-f64b", np.dtype(np.float64)))
+        xp.floor(hi, out=hi)
+        if special is not None:
+            hi[special] = _special_words(x[special], xp)
+            value[special] = hi[special] * 2.0**TWO_WORDS_LOW  # lo becomes 0 below
+        word = words[0] if first else scratch("exact-i64", np.dtype(np.int64))
+        xp.copyto(word, hi, casting="unsafe")
+        if not first:
+            words[0] += word
+        xp.multiply(hi, 2.0**TWO_WORDS_LOW, out=hi)
+        xp.subtract(value, hi, out=value)
+        word = words[1] if first else scratch("exact-i64", np.dtype(np.int64))
+        xp.copyto(word, value, casting="unsafe")
+        if not first:
+            words[1] += word
 
 
-def decode(fmt: Format, words: Any, code: Any, out: Any, divisor: int, xp: Any) -> None:
+def decode(fmt: Format, words: Any, code: Any, out: Any, divisor: int, xp: Any, scratch: Any) -> None:
     """out <- the summed ``words`` rounded once to out's dtype (divided by ``divisor`` for a
-    mean first, in float64); the same bits wherever the same words arrive."""
-    top = _top(fmt, code, xp)
+    mean first, in float64); the same bits wherever the same words arrive. ``words`` is
+    overwritten; ``scratch`` as in `encode`."""
+    _, back, low = _tables(fmt)
+    small, special = _fixups(fmt, code, low, xp)
+    value = scratch("exact-f64", np.dtype(np.float64))
+    scale = xp.asarray(back).take(code, out=scratch("exact-f64b", np.dtype(np.float64)))
     with np.errstate(invalid="ignore", over="ignore"):
         if fmt.words == 1:
             total = words[0]
-            # |total| < 2^62 has more bits than float64 holds: round to odd on a grid 2^10 first
-            # (its last bit set where bits were dropped), which then rounds to the dtype's 24 or
-            # fewer bits exactly as the integer itself would (round-to-odd with >= 2 spare bits).
-            big = xp.abs(total) >= (1 << 53)
-            odd = ((total >> 10) | ((total & 1023) != 0)).astype(np.float64) * 1024.0
-            value = xp.where(big, odd, total.astype(np.float64)) * _pow2(top - ONE_WORD, xp)
+            xp.copyto(value, total, casting="unsafe")
+            if total.size and n_big(total, xp):
+                # |total| < 2^62 has more bits than float64 holds: round to odd on a grid 2^10
+                # first (its last bit set where bits were dropped), which then rounds to the
+                # dtype's 24 or fewer bits exactly as the integer itself would (round-to-odd
+                # with >= 2 spare bits); only where |total| >= 2^53, else the cast is exact.
+                big = xp.abs(total) >= (1 << 53)
+                odd = (total[big] >> 10) | ((total[big] & 1023) != 0)
+                value[big] = odd.astype(np.float64) * 1024.0
+            value *= scale
         else:
-            carry = words[1] >> TWO_WORDS_LOW
-            hi = words[0] + carry
-            lo = words[1] - (carry << TWO_WORDS_LOW)
+            hi, lo = words[0], words[1]
+            carry = xp.right_shift(lo, TWO_WORDS_LOW, out=scratch("exact-i64", np.dtype(np.int64)))
+            hi += carry
+            xp.left_shift(carry, TWO_WORDS_LOW, out=carry)
+            lo -= carry
             # hi * 2^43 + lo exactly as a float64 sum of two exact terms: one rounding.
-            head = hi.astype(np.float64)
-            rest = ((hi - head.astype(np.int64)) << TWO_WORDS_LOW) + lo
-            value = xp.ldexp(
-                head * 2.0**TWO_WORDS_LOW + rest.astype(np.float64), (top - TWO_WORDS).astype(np.int32)
-            )
+            xp.copyto(value, hi, casting="unsafe")
+            rest = carry
+            xp.copyto(rest, value, casting="unsafe")
+            xp.subtract(hi, rest, out=rest)
+            xp.left_shift(rest, TWO_WORDS_LOW, out=rest)
+            rest += lo
+            value *= 2.0**TWO_WORDS_LOW
+            xp.add(value, rest, out=value, casting="unsafe")  # rest < 2^53: exact in float64
+            if small is not None:  # the grid back is below float64's normal scales: ldexp
+                top = xp.maximum(code[small].astype(np.int32), 1) - (fmt.bias - 1)
+                tiny = xp.ldexp(value[small], top - TWO_WORDS)
+                value *= scale
+                value[small] = tiny
+            else:
+                value *= scale
             total = hi
         if divisor != 1:
             value /= divisor
-        out[...] = value.astype(fmt.dtype)
-        special = code == fmt.special
-        if special.any():
+        xp.copyto(out, value, casting="unsafe")
+        if special is not None:
             counts = total[special]
             pos, neg = counts & (_NEG_INF - 1), (counts >> 21) & (_NEG_INF - 1)
             nan = ((counts >> 42) > 0) | ((pos > 0) & (neg > 0))
             inf = xp.where(pos > 0, np.inf, -np.inf)
             out[special] = xp.where(nan, np.nan, inf).astype(fmt.dtype)
-        negative_zero = code == 0
-        if negative_zero.any():
-            out[negative_zero] = -0.0
+        if small is not None and code.min() == 0:
+            out[code == 0] = -0.0
+
+
+def n_big(total: Any, xp: Any) -> bool:
+    """Whether some |total| needs more than float64's 53 bits (two reductions, no temporaries)."""
+    return bool(total.max() >= (1 << 53)) or bool(total.min() <= -(1 << 53))
 
 
 def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str) -> None:
@@ -207,18 +283,29 @@ def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str) -> None:
     from . import algorithms
 
     xp, fmt, n = ch.xp, FORMATS[dst.dtype], dst.size
-    code = codes(fmt, parts[0], xp) if parts else xp.zeros(n, dtype=fmt.code)
+    # Reused across calls, like an algorithm's scratch: fresh pages cost more than the sum.
+    code = ch.scratch("exact-code", n, fmt.code)
+    words = ch.scratch("exact-words", fmt.words * n, np.dtype(np.int64)).reshape(fmt.words, n)
+
+    def scratch(name: str, dtype: np.dtype) -> Any:
+        return ch.scratch(name, n, dtype)
+
+    if parts:
+        codes(fmt, parts[0], xp, out=code, scratch=scratch)
+    else:
+        code.fill(0)  # no contribution here: the MAX's identity
     for part in parts[1:]:
-        xp.maximum(code, codes(fmt, part, xp), out=code)
+        xp.maximum(code, codes(fmt, part, xp, scratch=scratch), out=code)
     if ch.size > 1 and n > 0:
         algorithms.prepare(algorithm, ch, n, code.itemsize, True).run(ch, code, code, OPS["max"])
-    words = xp.zeros((fmt.words, n), dtype=np.int64)
-    for part in parts:
-        encode(fmt, part, code, words, xp)
+    if not parts:
+        words.fill(0)
+    for index, part in enumerate(parts):
+        encode(fmt, part, code, words, xp, scratch, first=index == 0)
     if ch.size > 1 and n > 0:
         flat = words.reshape(-1)
         algorithms.prepare(algorithm, ch, flat.size, 8, True).run(ch, flat, flat, OPS["sum"])
-    decode(fmt, words, code, dst, ch.size if op == "mean" else 1, xp)
+    decode(fmt, words, code, dst, ch.size if op == "mean" else 1, xp, scratch)
 
 
 def tagged(op: str) -> str:
