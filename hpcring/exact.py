@@ -294,6 +294,19 @@ def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str) -> None:
     decode(fmt, words, code, dst, ch.size if op == "mean" else 1, xp, scratch, terms)
 
 
+def bytes_sent(
+    algorithm: str, count: int, dtype: np.dtype, size: int, rank: int, per_node: int = 1
+) -> int | None:
+    """Bytes this rank hands to MPI for one reproducible call: the algorithm's formula for the
+    agreed integers plus the one for the words (None where the algorithm's is not visible)."""
+    from . import algorithms
+
+    fmt = FORMATS[np.dtype(dtype)]
+    codes = algorithms.bytes_sent(algorithm, count, fmt.code.itemsize, size, rank, per_node)
+    words = algorithms.bytes_sent(algorithm, fmt.words * count, 8, size, rank, per_node)
+    return None if codes is None or words is None else codes + words
+
+
 def tagged(op: str) -> str:
     """The op as the ranks' agreement sees it on the reproducible path, so that ranks that
     disagree on ``reproducible=`` disagree on the op, and are told so."""

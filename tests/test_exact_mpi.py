@@ -8,6 +8,8 @@ draws and builds the same examples; each verdict is agreed across ranks before i
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 from exact_cases import DTYPES, KINDS, values
@@ -116,3 +118,30 @@ def test_every_algorithm_in_and_out_of_place_and_iallreduce(algorithm: str, dtyp
     out = hpcring.allreduce(mine, algorithm=algorithm, reproducible=True, out=np.empty_like(mine))
     request = hpcring.iallreduce(mine.copy(), algorithm=algorithm, reproducible=True)
     assert everywhere(WORLD, digest(inplace) == digest(out) == digest(request.wait()) == want)
+
+
+def test_bench_puts_a_reproducible_row_beside_each_plain_one_and_counts_its_bytes(tmp_path_factory) -> None:
+    from hpcring.bench.cli import main
+
+    path = WORLD.bcast(str(tmp_path_factory.mktemp("bench") / "rows.json") if WORLD.rank == 0 else None)
+    argv = ["-b", "64", "-e", "4K", "-f", "8", "-n", "2", "-w", "1", "-a", "ring,naive,auto"]
+    argv.append("--reproducible")
+    status = main([*argv, "--json", path])
+    rows = []
+    if WORLD.rank == 0:
+        with open(path) as stream:
+            rows = json.load(stream)["rows"]
+    names = [row["algorithm"] for row in rows]
+    counted = [row for row in rows if row["algorithm"] in ("ring+rep", "naive+rep")]
+    ok = status == 0 and (WORLD.rank != 0 or ("ring+rep" in names and "auto+rep" in names))
+    ok = ok and all(row["wrong"] == 0 and row["bytes_match"] for row in rows)
+    ok = ok and all(row["bytes_sent"] is not None or WORLD.size == 1 for row in counted)
+    assert everywhere(WORLD, ok), rows[:4]
+
+
+def test_bench_refuses_reproducible_for_integers(capsys: pytest.CaptureFixture[str]) -> None:
+    from hpcring.bench.cli import main
+
+    assert main(["--reproducible", "-d", "int32"]) == 2
+    err = capsys.readouterr().err
+    assert WORLD.rank != 0 or "--reproducible: reproducible=True needs a float dtype" in err, err
