@@ -61,6 +61,11 @@ class Format:
     words: int
 
     @property
+    def precision(self) -> int:
+        """P: the grid's bits below the element's top."""
+        return ONE_WORD if self.words == 1 else TWO_WORDS
+
+    @property
     def special(self) -> int:
         """The code of Inf and NaN: the all-ones exponent."""
         return self.exponent_mask
@@ -141,7 +146,9 @@ def _special(fmt: Format, code: Any) -> Any:
     return code == fmt.special if code.size and code.max() == fmt.special else None
 
 
-def encode(fmt: Format, x: Any, code: Any, words: Any, xp: Any, scratch: Any, first: bool = False) -> None:
+def encode(
+    fmt: Format, x: Any, code: Any, words: Any, xp: Any, scratch: Any, first: bool = False, shift: Any = None
+) -> None:
     """words += the fixed point of ``x`` on the grid that the agreed ``code`` sets (``words``:
     int64, ``fmt.words`` rows of x.size; wrapping adds, which stay exact as long as the final
     sums fit); ``first``: words = instead, so nothing needs zeroing. ``scratch(name, dtype)``
@@ -156,7 +163,7 @@ def encode(fmt: Format, x: Any, code: Any, words: Any, xp: Any, scratch: Any, fi
     special = _special(fmt, code)
     with np.errstate(invalid="ignore", over="ignore"):
         if fmt.words == 1:  # float32 (float16 and bfloat16 widen to it exactly): 42 bits below the top
-            shift = _shifts(fmt, code, ONE_WORD, xp, scratch)
+            shift = _shifts(fmt, code, ONE_WORD, xp, scratch) if shift is None else shift
             wide = x if fmt.dtype == np.float32 else x.astype(np.float32)
             value = xp.ldexp(wide, shift, out=scratch("exact-f32", np.dtype(np.float32)))
             word = words[0] if first else scratch("exact-i64", np.dtype(np.int64))
@@ -168,7 +175,7 @@ def encode(fmt: Format, x: Any, code: Any, words: Any, xp: Any, scratch: Any, fi
             return
         # float64: 85 bits below the top; hi carries the upper 42 bits (signed), lo the lower 43
         # (non-negative, so the low words' sum needs no sign).
-        shift = _shifts(fmt, code, TWO_WORDS, xp, scratch)
+        shift = _shifts(fmt, code, TWO_WORDS, xp, scratch) if shift is None else shift
         value = xp.ldexp(x, shift, out=scratch("exact-f64", np.dtype(np.float64)))
         xp.trunc(value, out=value)
         hi = xp.multiply(value, 2.0**-TWO_WORDS_LOW, out=scratch("exact-f64b", np.dtype(np.float64)))
@@ -197,11 +204,12 @@ def decode(
     xp: Any,
     scratch: Any,
     terms: int | None = None,
+    shift: Any = None,
 ) -> None:
     """out <- the summed ``words`` rounded once to out's dtype (divided by ``divisor`` for a
     mean first, in float64); the same bits wherever the same words arrive. ``words`` is
     overwritten; ``scratch`` as in `encode`; ``terms``: how many contributions were summed,
-    where known (None: up to MAX_CONTRIBUTIONS)."""
+    where known (None: up to MAX_CONTRIBUTIONS); ``shift``: `encode`'s, if at hand (negated here)."""
     special = _special(fmt, code)
     value = scratch("exact-f64", np.dtype(np.float64))
     with np.errstate(invalid="ignore", over="ignore"):
@@ -217,7 +225,6 @@ def decode(
                 big = xp.abs(total) >= (1 << 53)
                 odd = (total[big] >> 10) | ((total[big] & 1023) != 0)
                 value[big] = odd.astype(np.float64) * 1024.0
-            shift = _shifts(fmt, code, ONE_WORD, xp, scratch)
         else:
             hi, lo = words[0], words[1]
             carry = xp.right_shift(lo, TWO_WORDS_LOW, out=scratch("exact-i64", np.dtype(np.int64)))
@@ -226,15 +233,17 @@ def decode(
             lo -= carry
             # hi * 2^43 + lo exactly as a float64 sum of two exact terms: one rounding.
             xp.copyto(value, hi, casting="unsafe")
-            rest = carry
-            xp.copyto(rest, value, casting="unsafe")
-            xp.subtract(hi, rest, out=rest)
-            xp.left_shift(rest, TWO_WORDS_LOW, out=rest)
-            rest += lo
+            rest = lo
+            if terms is None or terms << ONE_WORD >= 1 << 52:  # |hi| may pass 2^53: keep what the cast lost
+                rest = carry
+                xp.copyto(rest, value, casting="unsafe")
+                xp.subtract(hi, rest, out=rest)
+                xp.left_shift(rest, TWO_WORDS_LOW, out=rest)
+                rest += lo
             value *= 2.0**TWO_WORDS_LOW
             xp.add(value, rest, out=value, casting="unsafe")  # rest < 2^53: exact in float64
-            shift = _shifts(fmt, code, TWO_WORDS, xp, scratch)
             total = hi
+        shift = _shifts(fmt, code, fmt.precision, xp, scratch) if shift is None else shift
         xp.negative(shift, out=shift)
         # Back to the element's scale: exact (a result below float64's normal range is a
         # multiple of the smallest subnormal, so it fits), then one rounding to the dtype.
@@ -285,13 +294,14 @@ def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str) -> None:
         algorithms.prepare(algorithm, ch, n, code.itemsize, True).run(ch, code, code, OPS["max"])
     if not parts:
         words.fill(0)
+    shift = _shifts(fmt, code, fmt.precision, xp, scratch)  # once for every part, and back
     for index, part in enumerate(parts):
-        encode(fmt, part, code, words, xp, scratch, first=index == 0)
+        encode(fmt, part, code, words, xp, scratch, first=index == 0, shift=shift)
     if ch.size > 1 and n > 0:
         flat = words.reshape(-1)
         algorithms.prepare(algorithm, ch, flat.size, 8, True).run(ch, flat, flat, OPS["sum"])
     terms = ch.size if len(parts) == 1 else None  # an ExactSum's other ranks may hold more
-    decode(fmt, words, code, dst, ch.size if op == "mean" else 1, xp, scratch, terms)
+    decode(fmt, words, code, dst, ch.size if op == "mean" else 1, xp, scratch, terms, shift)
 
 
 def bytes_sent(
