@@ -15,10 +15,11 @@ whatever the rank count, algorithm, ring order or chunking:
 4. round the integer once, to nearest even, to the output dtype, on every rank identically.
 
 Why one word per element (float16, bfloat16, float32; two for float64) and not ReproBLAS's
-k-word binned accumulation: by measurement the integer all-reduce dominates, and binning on
-fixed boundaries needs one more word per element for the same guaranteed precision (the
-top bin's fill varies by a whole bin width), so 17 bytes per float32 element on the wire
-instead of 9 (docs/reproducibility.md has the figures). Binning's one advantage, streaming
+k-word binned accumulation: binning on fixed boundaries needs one more word per element for
+the same guaranteed precision (the top bin's fill varies by a whole bin width), so 17 bytes
+per float32 element on the wire instead of 9, and the ring on one more word measured 1.0-2.2x
+the ring on ours, on top of a conversion into bins (docs/reproducibility.md has the figures;
+there the conversion, a dozen NumPy passes, is what costs most). Binning's one advantage, streaming
 local adds in fixed memory, `ExactSum` gives up: it keeps its contributions until
 `allreduce`, where they are converted on the agreed grid.
 
@@ -40,7 +41,7 @@ from .ops import BFLOAT16, OPS
 
 HEADROOM = 20  # bits above the grid's top: the words of 2^20 contributions sum without overflow
 MAX_CONTRIBUTIONS = 1 << HEADROOM
-ONE_WORD = 62 - HEADROOM  # 42 bits below the element's top: |sum| < 2^62, so the rounding below is exact
+ONE_WORD = 62 - HEADROOM  # 42 bits below the element's top: |sum| < 2^62 (float64's hi word too)
 TWO_WORDS_LOW = 63 - HEADROOM  # float64: the low word holds 43 bits, non-negative
 TWO_WORDS = TWO_WORDS_LOW + ONE_WORD  # 85 bits below the top in all (float64 has 53)
 _NAN, _NEG_INF, _POS_INF = 1 << 42, 1 << 21, 1  # special elements: counts, in disjoint bit fields
