@@ -145,3 +145,16 @@ def test_bench_refuses_reproducible_for_integers(capsys: pytest.CaptureFixture[s
     assert main(["--reproducible", "-d", "int32"]) == 2
     err = capsys.readouterr().err
     assert WORLD.rank != 0 or "--reproducible: reproducible=True needs a float dtype" in err, err
+
+
+def test_gradient_sync_passes_reproducible_to_every_bucket() -> None:
+    rows = values(5, WORLD.size, 300, "float32", "cancel")
+    templates = [np.zeros(100, np.float32), np.zeros(200, np.float32)]
+    sizes = {"bucket_bytes": 512, "first_bucket_bytes": 256}  # two buckets
+    sync = hpcring.GradientSync(templates, op="sum", reproducible=True, **sizes)
+    sync.grads[0][...] = rows[WORLD.rank, :100]
+    sync.grads[1][...] = rows[WORLD.rank, 100:]
+    sync.ready_all()
+    grads = sync.wait()
+    got = digest(np.concatenate([g.reshape(-1) for g in grads]))
+    assert everywhere(WORLD, got == serial(rows) and len(sync.buckets) > 1)
