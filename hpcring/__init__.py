@@ -16,6 +16,7 @@ from .tracing import trace
 
 if TYPE_CHECKING:
     from .api import allreduce
+    from .exact import ExactSum
     from .gpu import select_device
     from .nonblocking import Request, iallreduce
     from .persistent import Plan, plan
@@ -50,6 +51,10 @@ def __getattr__(name: str) -> Any:
 
         globals()[name] = made = getattr(persistent, name)
         return made
+    if name == "ExactSum":  # reproducible sums of any number of local contributions
+        from .exact import ExactSum
+
+        return ExactSum
     if name == "Intracomm":  # the drop-in communicator for existing mpi4py codes
         from .wrap import Intracomm
 
@@ -93,6 +98,7 @@ def info() -> dict[str, Any]:
 
 __all__ = [
     "ALGORITHMS",
+    "ExactSum",
     "GradientSync",
     "Intracomm",
     "Plan",

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import algorithms, config
+from . import algorithms, config, exact
 from .arrays import NAMES, NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
 from .comm import CommState, Exclusive, intracomm, known_state, state_of
@@ -81,7 +81,7 @@ def _validate(x: Any, out: Any, op: str) -> tuple[Adapter, Op, bool, np.dtype]:
     return adapter, OPS[op], False, dtype
 
 
-_OP_NAMES = list(OPS)
+_OP_NAMES = [*OPS, *map(exact.tagged, OPS)]  # tagged: reproducible=True
 _ALG_NAMES = list(algorithms.MODULES)
 
 
@@ -168,6 +168,8 @@ def allreduce(
     out: Any = None,
     check: bool = True,
     timeout: float | None = None,
+    reproducible: bool = False,
+    _parts: list[Any] | None = None,
 ) -> Any:
     """Reduce ``x`` over all ranks of ``comm`` and return the result on every rank.
 
@@ -179,12 +181,18 @@ def allreduce(
     on every rank before any data moves, and a rank that does not arrive within ``timeout``
     seconds (default `HPCRING_TIMEOUT`, 300; 0 waits forever) makes the others raise
     `hpcring.StallError` naming it.
+
+    ``reproducible=True`` (op sum or mean, float16, bfloat16, float32, float64): the result's
+    bits depend only on the multiset of the ranks' arrays, not on the rank count, their order,
+    the algorithm or its chunking (`hpcring.exact`; docs/reproducibility.md gives the error
+    bound and the cost, about 2.25x the bytes). With integers, max and min it changes nothing:
+    those are reproducible already.
     """
     # A warm call (an array kind, shape, dtype, op, algorithm and placement this communicator
     # has run, on the same device) reuses what cannot have changed and asks the adapter one question of
     # what can; anything else, an error included, takes the full path.
     state = known_state(MPI.COMM_WORLD if comm is None else comm)
-    if state is not None and op.__class__ is str:
+    if state is not None and op.__class__ is str and not reproducible:
         adapter = known_adapter(x)
         if adapter is not None:
             device = adapter.current_device() if adapter.device else None
@@ -192,7 +200,7 @@ def allreduce(
             call = state.warm.get(key)
             if call is not None and adapter.ready(x, out):
                 return call.execute(x, out, check, timeout, None)
-    return _first(x, op, algorithm, intracomm(comm, "allreduce"), out, check, timeout)
+    return _first(x, op, algorithm, intracomm(comm, "allreduce"), out, check, timeout, reproducible, _parts)
 
 
 class _Call:
@@ -204,9 +212,12 @@ class _Call:
         "adapter",
         "algorithm",
         "channel",
+        "exact",
         "in_place",
         "mean",
         "name",
+        "op",
+        "parts",
         "reduction",
         "row",
         "run",
@@ -230,6 +241,9 @@ class _Call:
         self.reduction, self.in_place, self.row, self.run = reduction, in_place, row, run
         self.mean = reduction is not None and reduction.name == "mean"
         self.name: str | None = None  # what runs (`auto`: its choice once made), where known
+        self.op = op
+        self.exact = False  # reproducible=True: the sum runs through hpcring/exact.py
+        self.parts: list[Any] | None = None  # ExactSum's local contributions, where it calls
         self.what = f"allreduce(op={op!r}, algorithm={algorithm!r})"
 
     def execute(self, x: Any, out: Any, check: bool, timeout: float | None, problem: Exception | None) -> Any:
@@ -240,9 +254,7 @@ class _Call:
             if problem is not None:  # a single rank: nothing to agree on
                 raise problem
             dst = self.move(x, out)
-        if (
-            self.adapter.immutable
-        ):  # JAX: a new array from the copy reduced; a CUDA tensor: after its stream waits
+        if self.adapter.immutable:  # JAX: a new array of the result; CUDA torch: after its stream waits
             return self.adapter.result(dst, x if self.in_place else out)
         return x if self.in_place else out
 
@@ -265,7 +277,9 @@ class _Call:
         src = adapter.flat(x)
         dst = src if self.in_place else adapter.flat(out)
         call_begin(self.algorithm, channel, src, dst)
-        if channel.size > 1 and src.size > 0:
+        if self.exact:  # ---- reproducible sums: hpcring/exact.py (max agreement, integer sum) ----
+            exact.run(channel, self.algorithm, [src] if self.parts is None else self.parts, dst, self.op)
+        elif channel.size > 1 and src.size > 0:
             self.run(channel, src, dst, self.reduction)
             if self.mean:
                 channel.xp.true_divide(dst, channel.size, out=dst)
@@ -277,10 +291,18 @@ class _Call:
 
 
 def _first(
-    x: Any, op: Any, algorithm: str, comm: MPI.Intracomm, out: Any, check: bool, timeout: float | None
+    x: Any,
+    op: Any,
+    algorithm: str,
+    comm: MPI.Intracomm,
+    out: Any,
+    check: bool,
+    timeout: float | None,
+    reproducible: bool = False,
+    parts: list[Any] | None = None,
 ) -> Any:
     """The full path: `examine` the call, run it, and keep what a warm call of its kind reuses."""
-    call, problem, key = examine(x, op, algorithm, comm, out, check)
+    call, problem, key = examine(x, op, algorithm, comm, out, check, reproducible, parts)
     result = call.execute(x, out, check, timeout, problem)
     if key is not None:
         warm = call.state.warm
@@ -291,11 +313,19 @@ def _first(
 
 
 def examine(
-    x: Any, op: Any, algorithm: str, comm: MPI.Intracomm, out: Any, check: bool
+    x: Any,
+    op: Any,
+    algorithm: str,
+    comm: MPI.Intracomm,
+    out: Any,
+    check: bool,
+    reproducible: bool = False,
+    parts: list[Any] | None = None,
 ) -> tuple[_Call, Exception | None, Any]:
     """Validation through the adapter, the communicator's state (its first call duplicates it),
     the one question to the algorithms, the memory guard: the call to run, this rank's problem
     with it (raised at once without ``check``), and its warm key (None: not reusable)."""
+    exact_path = False
     problem: Exception | None = None
     in_place: bool | None = None
     reduction: Op | None = None
@@ -313,6 +343,8 @@ def examine(
     if adapter is not None:
         try:
             count, itemsize = adapter.size(x), dtype.itemsize
+            if reproducible:  # ---- reproducible sums: hpcring/exact.py ----
+                exact_path = exact.check(op, dtype, accumulated=parts is not None)
             prepared = algorithms.prepare(algorithm, channel, count, itemsize, bool(in_place))
             _check_memory(channel, prepared.name, prepared.scratch, count, itemsize)
             run, ran = prepared.run, prepared.name
@@ -320,14 +352,15 @@ def examine(
             # not on one rank, nor for no data). A view of x's bytes passed as out= is in place,
             # but is not what a warm call's key says.
             chosen = prepared.name != "auto" or channel.size == 1 or count == 0
-            cacheable = chosen and in_place == (out is None)
+            cacheable = chosen and in_place == (out is None) and not reproducible
         except (MemoryError, TypeError, ValueError) as error:
             if not check:
                 raise
             problem = error
-    row = _signature(0, x, adapter, op, algorithm, in_place, channel.config.digest())[1:]
+    tagged = exact.tagged(op) if reproducible else op  # ranks that differ on reproducible= disagree on op
+    row = _signature(0, x, adapter, tagged, algorithm, in_place, channel.config.digest())[1:]
     call = _Call(state, channel, adapter, algorithm, op, reduction, in_place, row, run)
-    call.name = ran
+    call.name, call.exact, call.parts = ran, exact_path, parts
     key = None
     if cacheable:
         device = adapter.current_device() if adapter.device else None

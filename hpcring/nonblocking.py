@@ -150,6 +150,7 @@ def iallreduce(
     out: Any = None,
     check: bool = True,
     timeout: float | None = None,
+    reproducible: bool = False,
 ) -> Request:
     """Start `hpcring.allreduce(x, ...)` and return at once with a `Request`.
 
@@ -163,7 +164,14 @@ def iallreduce(
     def call() -> Any:
         with entered():
             return api.allreduce(
-                x, op=op, algorithm=algorithm, comm=engine.comm, out=out, check=check, timeout=timeout
+                x,
+                op=op,
+                algorithm=algorithm,
+                comm=engine.comm,
+                out=out,
+                check=check,
+                timeout=timeout,
+                reproducible=reproducible,
             )
 
     return engine.submit(call)

@@ -116,11 +116,13 @@ class GradientSync:
         algorithm: str = "auto",
         op: str | MPI.Op = "mean",
         check: bool = True,
+        reproducible: bool = False,
     ) -> None:
         comm = MPI.COMM_WORLD if comm is None else comm
         self.engine: Engine = engine_for(comm)  # collective: every rank reaches it
         self.comm = comm
         self.op, self.algorithm, self.check = op, algorithm, check
+        self.reproducible = reproducible  # hpcring.allreduce(reproducible=...) for every bucket
         try:  # any mistake here is still a verdict for the allgather: no rank may skip it
             self.op = op = op_name(op, "hpcring.GradientSync")  # MPI.SUM -> "sum": ranks compare names
             problem = self._local_problem(grads, bucket_bytes, first_bucket_bytes)
@@ -131,7 +133,14 @@ class GradientSync:
             mine = (
                 problem,
                 layout,
-                (op, algorithm, int(bucket_bytes), int(first_bucket_bytes)),
+                # "reproducible" only where set: the settings of a plain sync read as before
+                (
+                    op,
+                    algorithm,
+                    int(bucket_bytes),
+                    int(first_bucket_bytes),
+                    *(["reproducible"] if reproducible else []),
+                ),
             )
         except (TypeError, ValueError) as error:  # bucket_bytes=None, grads not a list, ...
             mine = (f"bad argument ({type(error).__name__}: {error})", None, None)
@@ -232,7 +241,12 @@ class GradientSync:
     def _launch(self, b: int) -> None:
         bucket = self.buckets[b]
         bucket.request = iallreduce(
-            bucket.buffer, op=self.op, algorithm=self.algorithm, comm=self.comm, check=self.check
+            bucket.buffer,
+            op=self.op,
+            algorithm=self.algorithm,
+            comm=self.comm,
+            check=self.check,
+            reproducible=self.reproducible,
         )
         self._next = b + 1
 

@@ -15,13 +15,14 @@ from typing import Any, NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from .. import ALGORITHMS, algorithms, config
+from .. import ALGORITHMS, algorithms, config, exact
 from ..algorithms.tuning import write_tuning
 from ..ops import BFLOAT16, DTYPES, OPS, check_op
 from ..units import format_size, parse_size
 from .data import sweep
 from .measure import (
     BARE,
+    REPRODUCIBLE,
     Device,
     Row,
     copyto_GBps,
@@ -152,6 +153,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="write the fastest algorithm per size to the tuning file that algorithm 'auto' reads",
     )
+    add(
+        "--reproducible",
+        action="store_true",
+        help="beside each algorithm's row, one of allreduce(reproducible=True), "
+        f"named ALGORITHM{REPRODUCIBLE} (float dtypes, op sum or mean)",
+    )
     add("--json", metavar="FILE", help="write header and every row to FILE")
     add("--plot", metavar="FILE.png", help="plot busbw vs size to FILE.png (needs matplotlib)")
     return parser
@@ -174,6 +181,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         check_op(OPS[args.op], args.dtype)
     except TypeError as error:
         parser.error(str(error).removeprefix("hpcring.allreduce: "))
+    if args.reproducible:
+        try:
+            exact.check(args.op, args.dtype, accumulated=True)
+        except (TypeError, ValueError) as error:
+            parser.error(f"--reproducible: {str(error).removeprefix('hpcring.allreduce: ')}")
+        if args.tune:
+            parser.error("--reproducible and --tune: the tuning file is for the plain algorithms")
     args.default_algorithms = args.algorithms is None
     known = (*ALGORITHMS, *algorithms.BASELINES)
     names = [a.strip() for a in (args.algorithms or ",".join(ALGORITHMS)).split(",") if a.strip()]
@@ -256,6 +270,8 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         print(format_header(header), flush=True)
     # The bare library call is measured at every size whatever -a says: it is the footer's yardstick.
     names = [BARE, *args.algorithms]
+    if args.reproducible:  # each algorithm's reproducible row right after its plain one
+        names = [BARE, *(f"{a}{tag}" for a in args.algorithms for tag in ("", REPRODUCIBLE))]
     progress = Progress(len(sizes) * len(names) * args.passes, enabled=rank == 0)
     passes: list[list[Row]] = []
     for done in range(args.passes):

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .. import __version__, algorithms, info, topology
+from .. import __version__, algorithms, exact, info, topology
 from ..algorithms import auto, ring_staged
 from ..algorithms.mpi import user_op
 from ..api import allreduce
@@ -188,6 +188,20 @@ class Row:
         return f"auto:{self.chosen}" if self.chosen else self.algorithm
 
 
+REPRODUCIBLE = "+rep"  # the suffix of a reproducible row's algorithm (fits the table's column)
+
+
+def exact_bytes_sent(dtype: np.dtype) -> Any:
+    """The formula of a reproducible row (`hpcring.exact.bytes_sent`), shaped as expected_bytes_sent."""
+
+    def formula(
+        algorithm: str, nbytes: int, size: int, rank: int, itemsize: int = 1, per_node: int = 1
+    ) -> Any:
+        return exact.bytes_sent(algorithm, nbytes // itemsize, dtype, size, rank, per_node)
+
+    return formula
+
+
 def measure_row(
     args: argparse.Namespace,
     comm: MPI.Intracomm,
@@ -200,6 +214,8 @@ def measure_row(
     `BARE` times the bare library call the same way."""
     rank, size, dtype = comm.Get_rank(), comm.Get_size(), args.dtype
     count = nbytes // dtype.itemsize
+    reproducible = algorithm.endswith(REPRODUCIBLE)  # allreduce(reproducible=True): "ring+rep"
+    label, algorithm = algorithm, algorithm.removesuffix(REPRODUCIBLE)
     x = verifiable_input(dev.xp, count, dtype, args.op, rank)
     # In place, the result lands in x: each call starts from the input rewritten (untimed),
     # as a training step's fresh gradients; out of place, x stays as it is.
@@ -208,14 +224,17 @@ def measure_row(
     agree = not args.no_agree
     bare = algorithm == BARE
     channel = None if bare else channel_for(comm, adapter_for(x))
-    chosen = auto.chosen(channel, nbytes, args.in_place) if algorithm == "auto" else None  # collective
+    # A reproducible auto row chooses for the sizes that travel there: named auto+rep, no choice
+    chosen = auto.chosen(channel, nbytes, args.in_place) if algorithm == label == "auto" else None
 
     if bare:
         call = bare_call(comm, dev, x, out, args.op)
     else:
 
         def call() -> None:
-            allreduce(x, op=args.op, algorithm=algorithm, comm=comm, out=out, check=agree)
+            allreduce(
+                x, op=args.op, algorithm=algorithm, comm=comm, out=out, check=agree, reproducible=reproducible
+            )
 
     def refill() -> None:
         if pristine is not None:
@@ -259,7 +278,14 @@ def measure_row(
     median = statistics.median(times.tolist())
     algbw = nbytes / median / 1e9 if median > 0 else 0.0
     ran = chosen or algorithm
-    if bare or expected_bytes_sent(ran, nbytes, size, rank, dtype.itemsize) is None:  # MPI's: not visible
+    # The reproducible rows' formula is exact.bytes_sent's; auto's may choose again for the sizes
+    # that travel there (codes and words), so that row is not counted against one.
+    formula_of = exact_bytes_sent(dtype) if reproducible else expected_bytes_sent
+    if (
+        bare
+        or (reproducible and algorithm == "auto")
+        or formula_of(ran, nbytes, size, rank, dtype.itemsize) is None
+    ):  # MPI's: not visible
         measured: list[int] | None = None
         formula: list[int] | None = None
     else:
@@ -271,15 +297,14 @@ def measure_row(
         # at that position of the order sends.
         place = nodes.order.index if algorithms.entry(ran).ring_order else int
         formula = [
-            expected_bytes_sent(ran, nbytes, size, place(r), dtype.itemsize, per_node) or 0
-            for r in range(size)
+            formula_of(ran, nbytes, size, place(r), dtype.itemsize, per_node) or 0 for r in range(size)
         ]
     return Row(
         size=nbytes,
         count=count,
         dtype=dtype.name,
         op=args.op,
-        algorithm=algorithm,
+        algorithm=label,
         iters=iters,
         time_us=median * 1e6,
         time_us_min=float(times.min()) * 1e6,

@@ -12,6 +12,16 @@ gradient, even when the ranks do not divide the global batch evenly.
 Backward runs last layer first and hands each gradient to `GradientSync.ready`, so the
 last layers' buckets are reduced while the first layers' gradients are still computed;
 ``--no-overlap`` marks them all ready only after the whole backward pass.
+
+``--reproducible`` makes the weights independent of the rank count: every global batch is cut
+into the same ``--microbatches`` pieces (12: 1, 2, 3, 4 and 6 ranks divide them) whatever G is,
+each rank computes the gradients of its pieces one by one, adds each to an `hpcring.ExactSum`,
+and all-reduces that: the sum depends only on the multiset of microbatch gradients, so
+``mpiexec -n G`` prints the same weights digest for every G. That also needs the same BLAS, one
+BLAS thread per rank (``--threads 1``, the default) and the same CPU kind on every run: a
+microbatch's gradient must itself come out with the same bits wherever it is computed.
+Without the flag each rank's gradient is one matmul over its share of the batch, so the digest
+changes with G (``--digest`` prints it).
 """
 
 from __future__ import annotations
@@ -180,6 +190,8 @@ def train(
     max_steps: int | None = None,
     record_losses: bool = False,
     report: Callable[[dict[str, float]], None] | None = None,
+    reproducible: bool = False,
+    microbatches: int = 12,
 ) -> Result:
     """Train on ``comm``; every rank returns the same weights (bitwise) and the same losses."""
     xp = array_module(device, comm)
@@ -196,6 +208,11 @@ def train(
         op="sum",  # each rank's gradient is already its share of the global mean
     )
     grads = sync.grads
+    if reproducible:  # the microbatch gradients go to an ExactSum, not to the buckets
+        flat = xp.zeros(sum(int(p.size) for p in params), dtype=np_dtype)
+        bounds = list(itertools.accumulate((int(p.size) for p in params), initial=0))
+        grads = [flat[a:b].reshape(p.shape) for a, b, p in zip(bounds[:-1], bounds[1:], params, strict=True)]
+        acc = hpcring.ExactSum(like=flat)
     opt = Optimizer(optimizer, params, lr, xp)
     x_test_dev, y_test_dev = xp.asarray(x_test.astype(np_dtype)), xp.asarray(y_test)
     result = Result(buckets=[(b.dtype.name, b.nbytes) for b in sync.buckets])
@@ -208,25 +225,37 @@ def train(
         for start in range(0, len(order) - batch + 1, batch):  # fixed global batch: drop the tail
             if max_steps is not None and step >= max_steps:
                 break
-            mine = np.array_split(order[start : start + batch], size)[rank]
-            xb = xp.asarray(x_train[mine].astype(np_dtype))
-            yb = xp.asarray(y_train[mine])
-            began = time.perf_counter()
-            loss = loss_and_backward(params, grads, xb, yb, 1.0 / batch, xp, ready)
-            if not overlap:
-                sync.ready_all()
-            sync.wait()
-            opt.step(grads)
+            if reproducible:
+                began = time.perf_counter()
+                loss, waited = _exact_step(
+                    params, grads, flat, acc, order[start : start + batch], microbatches, size, rank,
+                    (x_train, y_train, np_dtype, batch, xp, comm, algorithm),
+                )  # fmt: skip
+                opt.step(grads)
+                stats = {"communication": waited, "exposed": waited, "hidden": 0.0}
+            else:
+                mine = np.array_split(order[start : start + batch], size)[rank]
+                xb = xp.asarray(x_train[mine].astype(np_dtype))
+                yb = xp.asarray(y_train[mine])
+                began = time.perf_counter()
+                loss = loss_and_backward(params, grads, xb, yb, 1.0 / batch, xp, ready)
+                if not overlap:
+                    sync.ready_all()
+                sync.wait()
+                opt.step(grads)
+                stats = {
+                    "communication": sync.stats.communication,
+                    "exposed": sync.stats.exposed,
+                    "hidden": sync.stats.hidden,
+                }
             if xp is not np:
                 xp.cuda.get_current_stream().synchronize()
             elapsed = time.perf_counter() - began
             result.steps.append(
                 {
                     "step": elapsed,
-                    "compute": elapsed - sync.stats.exposed,
-                    "communication": sync.stats.communication,
-                    "exposed": sync.stats.exposed,
-                    "hidden": sync.stats.hidden,
+                    "compute": elapsed - stats["exposed"],
+                    **stats,
                 }
             )
             if record_losses:
@@ -253,12 +282,46 @@ def train(
     return result
 
 
+def _exact_step(
+    params: list[Any],
+    grads: list[Any],
+    flat: Any,
+    acc: Any,
+    samples: np.ndarray,
+    microbatches: int,
+    size: int,
+    rank: int,
+    data: tuple[Any, ...],
+) -> tuple[float, float]:
+    """One step's gradient as the reproducible sum of every microbatch's: (local loss, seconds
+    in the all-reduce). The microbatches are the same for every rank count; this rank takes its
+    share of them, in order."""
+    x_train, y_train, np_dtype, batch, xp, comm, algorithm = data
+    pieces = np.array_split(samples, microbatches)
+    loss = 0.0
+    acc.clear()
+    for piece in np.array_split(np.arange(microbatches), size)[rank]:
+        xb = xp.asarray(x_train[pieces[piece]].astype(np_dtype))
+        yb = xp.asarray(y_train[pieces[piece]])
+        loss += loss_and_backward(params, grads, xb, yb, 1.0 / batch, xp, lambda i: None)
+        acc.add(flat)
+    began = time.perf_counter()
+    acc.allreduce(comm=comm, algorithm=algorithm, out=flat)
+    return loss, time.perf_counter() - began
+
+
 def _digest(params: list[Any], xp: Any) -> str:
     """A hash of every weight's bytes: equal hashes on all ranks mean bitwise-identical models."""
     sha = hashlib.sha256()
     for p in params:
         sha.update((p if xp is np else xp.asnumpy(p)).tobytes())
     return sha.hexdigest()
+
+
+def _cupy() -> Any:
+    import cupy
+
+    return cupy
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -279,6 +342,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--lr", type=float, default=None, help="learning rate (adam 1e-3, sgd 0.05)")
     parser.add_argument("--max-steps", type=int, default=None, help="stop after this many steps in all")
     parser.add_argument("--threads", type=int, default=1, help="BLAS threads per rank (default 1)")
+    parser.add_argument(
+        "--reproducible",
+        action="store_true",
+        help="the same weights for any rank count: microbatch gradients summed by hpcring.ExactSum",
+    )
+    parser.add_argument("--microbatches", type=int, default=12, help="per global batch, with --reproducible")
+    parser.add_argument("--digest", action="store_true", help="print the final weights' SHA-256")
     return parser.parse_args(argv)
 
 
@@ -336,6 +406,8 @@ def main(argv: list[str] | None = None) -> int:
         seed=args.seed,
         max_steps=args.max_steps,
         report=report,
+        reproducible=args.reproducible,
+        microbatches=args.microbatches,
     )
     buckets = ", ".join(f"{nbytes / 1024:.0f} KiB {name}" for name, nbytes in result.buckets)
     say(f"# {len(result.buckets)} buckets in launch order: {buckets}")
@@ -349,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     if result.epochs:
         say(f"# final test accuracy {100 * result.epochs[-1]['accuracy']:.1f}%")
+    if args.reproducible or args.digest:
+        say(f"# weights digest {_digest(result.params, np if args.device != 'gpu' else _cupy())}")
     return 0
 
 
