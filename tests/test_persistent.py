@@ -85,3 +85,16 @@ def test_a_rank_that_never_starts_is_named(fresh_world: MPI.Intracomm) -> None:
         except hpcring.StallError as error:
             ok = error.missing == [missing] and timeout - 0.1 <= time.monotonic() - start <= timeout + 2.0
     assert everywhere(WORLD, ok)
+
+
+def test_a_plan_on_changed_buffers_is_refused(fresh_world: MPI.Intracomm) -> None:
+    """A torch tensor's storage can move under a plan (set_, resize_): the plan refuses to run
+    on memory it was not made for, on every rank, instead of reducing stale memory."""
+    torch = pytest.importorskip("torch")
+    t = torch.ones(16, dtype=torch.float64)
+    p = hpcring.plan(t, algorithm="ring", comm=fresh_world)
+    p()
+    ok = bool((t == G).all())
+    t.set_(torch.ones(16, dtype=torch.float64))  # the same shape, other memory
+    raises_everywhere(ValueError, "buffers changed", p)
+    assert everywhere(fresh_world, ok and bool((t == 1).all()))

@@ -85,9 +85,9 @@ class Adapter(Protocol):
     types: tuple[type, ...]  # exact types it owns, for the registry's by-type lookup
     by_type: bool  # `owns` depends on the type alone, so a subclass found once is cached
     index: int  # this kind's number in the agreement row, set by `register`
-    immutable: (
-        bool  # `allreduce` returns `result(dst, x)`: its arrays cannot be written (or need a hand-back)
-    )
+    # `allreduce` returns `result(dst, x)`: its arrays cannot be written (or need a hand-back)
+    immutable: bool
+    fixed_memory: bool  # an array's memory never moves while it lives: a plan need not look again
 
     def problem(self) -> str:
         """Why this kind can't compute here ('' when it can): `available` lists those that can."""

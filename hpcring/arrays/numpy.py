@@ -26,6 +26,7 @@ class NumpyAdapter:
     by_type = True
     index = -1  # set by `register`
     immutable = False
+    fixed_memory = True  # an ndarray's data pointer is its own for life (resize refuses: a plan holds it)
     xp: Any = np
     device = False
     direct = True  # MPI reads and writes these arrays in place: no staging copy

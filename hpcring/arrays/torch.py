@@ -76,6 +76,7 @@ class TorchAdapter(NumpyAdapter):
     kind = "torch"
     name = "numpy"  # the compute side: CPU tensors share NumPy's channel (scratch, plans)
     type_name = "torch.Tensor (CPU)"
+    fixed_memory = False  # set_() and resize_() move a tensor's storage: a plan checks each start
     types: tuple[type, ...] = ()
     by_type = False
 
