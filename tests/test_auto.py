@@ -194,3 +194,19 @@ def test_a_size_auto_has_chosen_runs_and_is_priced_as_its_choice(tmp_path_factor
         hpcring.allreduce(x[:-1], algorithm="auto", comm=private, out=np.empty_like(x[:-1]))
     assert everywhere(comm, ok)
     private.Free()
+
+
+def test_untuned_defaults_follow_the_rank_count() -> None:
+    """Rabenseifner where G is a power of two, the ring otherwise (its fold sends the whole
+    buffer twice more), the library's own below 64 KiB, hierarchical across nodes."""
+    for key in (1, 2, 4, "8", "16-in-place", 1024):
+        assert tuning.default_table(key) == tuning.DEFAULT
+    for key in (3, "6", "12-in-place", 1000):
+        assert tuning.default_table(key) == tuning.DEFAULT_NOT_POWER_OF_TWO
+    assert tuning.default_table("2x4") == tuning.DEFAULT_TWO_LEVEL
+    assert [tuning.choose(n, tuning.DEFAULT) for n in (8, 64 << 10, (64 << 10) + 1)] == [
+        "mpi",
+        "mpi",
+        "rabenseifner",
+    ]
+    assert tuning.choose(1 << 30, tuning.DEFAULT_NOT_POWER_OF_TWO) == "ring"

@@ -4,10 +4,11 @@ Cost: that of the algorithm it picks. The choice comes from a tuning file writte
 `python -m hpcring.bench --tune` (path: HPCRING_TUNING, else ~/.cache/hpcring/tuning.json;
 its format, reader and writer are `hpcring.algorithms.tuning`): for each rank count, a
 list of (up to this many bytes, algorithm) thresholds. Without a file, or without an
-entry for this rank count, built-in defaults apply: the library's own Allreduce for tiny
-messages (latency), Rabenseifner for medium ones (log2 G steps), the ring for large ones
-(bandwidth). Rank 0 reads the file once per communicator and broadcasts the table, so
-every rank makes the same choice even if their files differ.
+entry for this rank count, built-in defaults apply (measured: `tuning.DEFAULT`): the
+library's own Allreduce up to 64 KiB (latency), then Rabenseifner where G is a power of two
+(log2 G steps, the ring's bytes) and the ring otherwise. Rank 0 reads the file once per
+communicator and broadcasts the table, so every rank makes the same choice even if their
+files differ.
 
 The topology counts too: on several nodes of L > 1 ranks each (`hpcring.topology`) the
 table is the one tuned for that shape, keyed "HxL" (e.g. "2x2"; `bench --tune` run on
@@ -24,7 +25,7 @@ from typing import Any
 from .. import topology
 from ..channel import Channel
 from ..ops import Op
-from .tuning import choose, key_for, load
+from .tuning import choose, default_table, key_for, load
 
 
 def _table(ch: Channel, in_place: bool = False) -> tuple[tuple[int | None, str], ...]:
@@ -79,12 +80,14 @@ def resolve(ch: Channel, nbytes: int, in_place: bool) -> str | None:
 
 def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> int | None:
     """Those of the default choice (the bench asks the channel which one really ran)."""
-    return _package().bytes_sent(choose(count * itemsize), count, itemsize, size, rank)
+    return _package().bytes_sent(choose(count * itemsize, default_table(size)), count, itemsize, size, rank)
 
 
 def scratch_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
     """Those of the default choice: the guard runs before the ranks agree, so it cannot read the table."""
-    return _package().scratch_bytes(choose(count * itemsize), count, itemsize, size, rank)
+    return _package().scratch_bytes(
+        choose(count * itemsize, default_table(size)), count, itemsize, size, rank
+    )
 
 
 def _package() -> Any:

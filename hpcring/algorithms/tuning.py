@@ -18,9 +18,16 @@ from typing import Any, Protocol
 
 from .. import config
 
-# (largest message in bytes, algorithm); None: no upper bound. Chosen so that an untuned
-# machine gets the textbook shape; `bench --tune` replaces them with measured crossovers.
-DEFAULT: tuple[tuple[int | None, str], ...] = ((4 << 10, "mpi"), (256 << 10, "rabenseifner"), (None, "ring"))
+# (largest message in bytes, algorithm); None: no upper bound. `bench --tune` replaces them
+# with this machine's crossovers. Untuned, by measurement (one node, `python -m hpcring.bench
+# -b 8 -e 64M -f 4 -a ring,rabenseifner,mpi,auto --passes 3`, 2 and 4 ranks, in place and
+# out of place, 2026-12-01): the library's own up to 64 KiB, where latency decides (it won
+# every size to 32 KiB, by 1.2-1.8x), then Rabenseifner for a power-of-two rank count
+# (log2 G steps, the ring's bytes: within 0.75x of the best algorithm at every size of the
+# four sweeps, where the former table, ring from 256 KiB on, fell to 0.63x), and the ring
+# for any other count, where Rabenseifner's fold sends the whole buffer twice more.
+DEFAULT: tuple[tuple[int | None, str], ...] = ((64 << 10, "mpi"), (None, "rabenseifner"))
+DEFAULT_NOT_POWER_OF_TWO: tuple[tuple[int | None, str], ...] = ((64 << 10, "mpi"), (None, "ring"))
 # Across nodes, measured on the emulated cluster (2 hosts x 2 ranks, 1 Gbit/s TCP, `bench
 # --tune`, busbw relative to MPI_Allreduce): MPI's own up to 32 KiB, then hierarchical
 # (1.07-1.49x at 64-512 KiB and 8-16 MiB, 0.90x at 1-4 MiB); Rabenseifner's large early
@@ -70,7 +77,7 @@ def load(
     from . import BASELINES, MODULES  # late: hpcring.algorithms imports auto, which imports this
 
     path = tuning_path() if path is None else path
-    default = DEFAULT_TWO_LEVEL if "x" in str(size) else DEFAULT
+    default = default_table(size)
     try:
         if not path.exists():  # may raise too: a name too long, a folder not searchable
             return default
@@ -96,6 +103,16 @@ def load(
     except (OSError, ValueError, TypeError, AttributeError) as error:
         warnings.warn(f"hpcring: ignoring tuning file {path} ({error}); using the defaults", stacklevel=2)
     return default
+
+
+def default_table(key: int | str) -> tuple[tuple[int | None, str], ...]:
+    """The built-in table for a `table_key` (a rank count, or "HxL" for nodes): what an untuned
+    machine runs."""
+    text = str(key).removesuffix(IN_PLACE)
+    if "x" in text:
+        return DEFAULT_TWO_LEVEL
+    ranks = int(text) if text.isdigit() else 0
+    return DEFAULT if ranks & (ranks - 1) == 0 else DEFAULT_NOT_POWER_OF_TWO
 
 
 def choose(nbytes: int, table: tuple[tuple[int | None, str], ...] = DEFAULT) -> str:
