@@ -189,10 +189,11 @@ def allreduce(
     those are reproducible already.
     """
     # A warm call (an array kind, shape, dtype, op, algorithm and placement this communicator
-    # has run, on the same device) reuses what cannot have changed and asks the adapter one question of
-    # what can; anything else, an error included, takes the full path.
+    # has run, on the same device) reuses what cannot have changed and asks the adapter one
+    # question of what can; anything else, an error included, takes the full path (names
+    # that are not strings too: unhashable, they must reach the agreement as a verdict).
     state = known_state(MPI.COMM_WORLD if comm is None else comm)
-    if state is not None and op.__class__ is str and not reproducible:
+    if state is not None and op.__class__ is str and algorithm.__class__ is str and not reproducible:
         adapter = known_adapter(x)
         if adapter is not None:
             device = adapter.current_device() if adapter.device else None

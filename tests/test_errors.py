@@ -211,3 +211,15 @@ def test_settings_that_must_agree_are_compared(fresh_world: MPI.Intracomm, monke
         lambda: hpcring.allreduce(x, algorithm="ring", comm=fresh_world),
     )
     assert everywhere(WORLD, (x == 1).all())
+
+
+def test_an_unhashable_name_on_a_warm_communicator_raises_everywhere(fresh_world: MPI.Intracomm) -> None:
+    """A warm call looks its kind of call up by op and algorithm name: a name that is not a
+    string (unhashable) on one rank must still become that rank's verdict, not its lone error."""
+    x = np.ones(16)
+    hpcring.allreduce(x, algorithm="ring", comm=fresh_world)  # warm on every rank
+    algorithm: object = ["ring"] if WORLD.rank == 0 else "ring"
+    raises_everywhere(
+        ValueError, "unknown algorithm", lambda: hpcring.allreduce(x, algorithm=algorithm, comm=fresh_world)
+    )
+    assert everywhere(WORLD, (x == WORLD.size).all())
