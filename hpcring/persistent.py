@@ -47,6 +47,12 @@ class Plan:
             where += (adapter.data_pointer(adapter.flat(out)), adapter.nbytes(out))
         return where
 
+    @property
+    def persistent(self) -> bool:
+        """Whether a started run proceeds while the caller computes (MPI's persistent request),
+        rather than running to the end inside `start`."""
+        return self._request is not None
+
     def __call__(self) -> Any:
         """Run the all-reduce once and return its result (``x`` in place, else ``out``)."""
         self.start()

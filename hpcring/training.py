@@ -31,8 +31,9 @@ import numpy as np
 from mpi4py import MPI
 
 from .arrays import NUMPY, Adapter, adapter_for
-from .nonblocking import Engine, Request, engine_for, iallreduce
+from .nonblocking import Engine, engine_for, iallreduce
 from .ops import DTYPES, op_name
+from .persistent import plan
 
 MiB = 1 << 20
 
@@ -47,7 +48,9 @@ class Bucket:
     count: int = 0
     buffer: Any = None
     pending: int = 0  # members not yet marked ready this step
-    request: Request | None = None
+    request: Any = None  # this step's: a `Request`, or a started plan (`_Started`)
+    plan: Any = None  # an `hpcring.plan` whose runs proceed while backprop goes on, where one exists
+    planned: bool | None = None  # whether this bucket runs its plan (None: not decided yet)
 
     @property
     def nbytes(self) -> int:
@@ -240,6 +243,12 @@ class GradientSync:
 
     def _launch(self, b: int) -> None:
         bucket = self.buckets[b]
+        if bucket.planned is None:  # its first launch: collective, and buckets launch in order
+            bucket.planned = self._plan(bucket)
+        if bucket.planned:
+            bucket.request = _Started(bucket.plan)
+            self._next = b + 1
+            return
         bucket.request = iallreduce(
             bucket.buffer,
             op=self.op,
@@ -249,6 +258,19 @@ class GradientSync:
             reproducible=self.reproducible,
         )
         self._next = b + 1
+
+    def _plan(self, bucket: Bucket) -> bool:
+        """Give ``bucket`` a plan where its runs proceed on their own (MPI-4's persistent
+        all-reduce: `mpi`, or `auto` where it chooses `mpi`), agreed once; elsewhere the bucket
+        goes through `iallreduce`, whose worker thread gives the overlap."""
+        if self.reproducible:
+            return False
+        made = plan(bucket.buffer, op=self.op, algorithm=self.algorithm, comm=self.comm)
+        if made.persistent:
+            bucket.plan = made
+            return True
+        made.free()
+        return False
 
     def ready_all(self) -> None:
         """Mark every gradient not yet marked ready (no overlap: the whole model is computed)."""
@@ -295,6 +317,26 @@ class GradientSync:
 
     def __len__(self) -> int:
         return len(self.grads)
+
+
+class _Started:
+    """A bucket's started plan, waited for as a `Request` is."""
+
+    def __init__(self, plan: Any) -> None:
+        self.plan = plan
+        self.started = time.perf_counter()
+        self.finished: float | None = None
+        plan.start()
+
+    def wait(self) -> Any:
+        try:
+            return self.plan.wait()
+        finally:
+            self.finished = time.perf_counter()
+
+    @property
+    def seconds(self) -> float:
+        return 0.0 if self.finished is None else self.finished - self.started
 
 
 def _agree(rows: list[Any]) -> None:

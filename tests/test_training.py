@@ -217,9 +217,12 @@ def test_gradient_lists_differing_between_ranks_raise_at_construction(difference
 
 
 @mpi
-def test_gradient_sync_mean_over_ranks_with_overlap() -> None:
+@pytest.mark.parametrize("algorithm", ["auto", "mpi", "ring"])
+def test_gradient_sync_mean_over_ranks_with_overlap(algorithm: str) -> None:
+    """Buckets whose algorithm has MPI's persistent all-reduce (mpi; auto, which picks it for
+    these small buckets) run a plan made at their first launch; the others go through iallreduce."""
     grads = [np.zeros((50, 20)), np.zeros(20), np.zeros((20, 5), dtype=np.float32), np.zeros(5)]
-    sync = GradientSync(grads, bucket_bytes=4096, first_bucket_bytes=256)
+    sync = GradientSync(grads, bucket_bytes=4096, first_bucket_bytes=256, algorithm=algorithm)
     for step in range(3):
         for index in reversed(range(len(sync))):
             sync.grads[index][...] = WORLD.rank + step + index
@@ -229,6 +232,8 @@ def test_gradient_sync_mean_over_ranks_with_overlap() -> None:
         ok = all(np.allclose(g, e) for g, e in zip(sync.grads, expected, strict=True))
         assert everywhere(WORLD, ok)
         assert everywhere(WORLD, all(identical_everywhere(WORLD, g) for g in sync.grads))
+    planned = [bucket.planned for bucket in sync.buckets]
+    assert everywhere(WORLD, planned == [WORLD.size > 1 and algorithm != "ring"] * len(planned))
 
 
 @mpi
