@@ -21,9 +21,11 @@ request is already complete (`progress_mode()` says which; so does `hpcring.info
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -100,6 +102,7 @@ class Engine:
         if self.threaded:
             self._thread = threading.Thread(target=self._work, name="hpcring-progress", daemon=True)
             self._thread.start()
+            _engines.add(self)
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -114,14 +117,31 @@ class Engine:
             self._jobs.put((request, call))
         return request
 
-    def close(self) -> None:
-        """Stop the worker after the requests already submitted, and free the communicator."""
+    def stop(self) -> None:
+        """Stop the worker after the requests already submitted (it may still be inside one,
+        finishing a framework's future, when the caller has moved on)."""
         if self._thread is not None:
             self._jobs.put(None)
             self._thread.join(timeout=30)
             self._thread = None
+
+    def close(self) -> None:
+        """Stop the worker, and free the communicator."""
+        self.stop()
         if not MPI.Is_finalized() and self.comm != MPI.COMM_NULL:
             self.comm.Free()
+
+
+_engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # those whose worker runs
+
+
+@atexit.register  # registered after mpi4py's MPI_Finalize, so it runs before it
+def _stop_workers() -> None:
+    """Join every worker before the interpreter shuts down: a daemon thread still inside a
+    framework's C++ (torch completing a DDP hook's future) when Python finalizes is killed
+    there, and the process aborts ("terminate called without an active exception")."""
+    for engine in list(_engines):
+        engine.stop()
 
 
 def engine_for(comm: MPI.Intracomm | None) -> Engine:
