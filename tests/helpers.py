@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -74,3 +75,18 @@ def launcher_env() -> dict[str, str]:
         PYTHONUNBUFFERED="1",
     )
     return env
+
+
+def run_example(example: str, *flags: str, ranks: int = 2, timeout: float = 300) -> list[str]:
+    """``python -m hpcring.examples.<example> <flags>`` under mpiexec, as a user launches it; its
+    stdout lines (the assertion shows stdout and stderr where it did not exit 0)."""
+    command = [mpiexec() or "mpiexec", "--oversubscribe", "-n", str(ranks), sys.executable, "-m"]
+    done = subprocess.run(
+        [*command, f"hpcring.examples.{example}", *flags],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=launcher_env(),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout.splitlines()

@@ -5,12 +5,9 @@ each."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
-from helpers import launcher_env, mpiexec
+from helpers import mpiexec, run_example
 from mpi4py import MPI
 
 from hpcring.examples import train
@@ -23,17 +20,9 @@ def digest(ranks: int, *flags: str) -> str:
         exact = "--reproducible" in flags
         result = train.train(MPI.COMM_SELF, epochs=1, max_steps=4, width=32, reproducible=exact)
         return train._digest(result.params, np)
-    command = [mpiexec() or "mpiexec", "--oversubscribe", "-n", str(ranks), sys.executable, "-m"]
-    done = subprocess.run(
-        [*command, "hpcring.examples.train", *STEPS, *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=launcher_env(),
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    lines = [line for line in done.stdout.splitlines() if line.startswith("# weights digest ")]
-    assert len(lines) == 1, done.stdout
+    output = run_example("train", *STEPS, *flags, ranks=ranks, timeout=120)
+    lines = [line for line in output if line.startswith("# weights digest ")]
+    assert len(lines) == 1, output
     return lines[0].split()[-1]
 
 

@@ -13,22 +13,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import launcher_env, mpiexec
+from helpers import mpiexec, run_example
 
 needs_mpiexec = pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
-
-
-def run(example: str, *flags: str, ranks: int = 2) -> list[str]:
-    command = [mpiexec() or "mpiexec", "--oversubscribe", "-n", str(ranks), sys.executable, "-m"]
-    done = subprocess.run(
-        [*command, f"hpcring.examples.{example}", *flags],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=launcher_env(),
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout.splitlines()
 
 
 def test_import_hpcring_imports_no_framework() -> None:
@@ -53,7 +40,9 @@ def test_torch_ddp_hook_matches_gloo_and_one_process(tmp_path: Path) -> None:
         ("gloo", ["--gloo"], 2),
         ("alone", [], 1),
     ]:
-        lines = run("torch_ddp", *common, *flags, "--save", str(tmp_path / f"{name}.npy"), ranks=ranks)
+        lines = run_example(
+            "torch_ddp", *common, *flags, "--save", str(tmp_path / f"{name}.npy"), ranks=ranks
+        )
         digests = [line for line in lines if line.startswith("torch_ddp: weights ")]
         assert len(digests) == ranks and len(set(digests)) == 1, lines  # the same weights on every rank
         assert any(line.startswith("loss: ") and "ms per step" in line for line in lines), lines
@@ -66,7 +55,7 @@ def test_torch_ddp_hook_matches_gloo_and_one_process(tmp_path: Path) -> None:
 @pytest.mark.timeout(300)
 def test_jax_step_gives_the_same_weights_on_every_rank() -> None:
     pytest.importorskip("jax", reason="needs JAX: pip install 'hpcring[jax]'")
-    lines = run("jax_step", "--steps", "10")
+    lines = run_example("jax_step", "--steps", "10")
     digests = [line for line in lines if line.startswith("jax_step: weights ")]
     assert len(digests) == 2 and len(set(digests)) == 1, lines
     assert any(line.startswith("loss: ") for line in lines), lines

@@ -4,11 +4,8 @@ itself (as the bench's command-line tests do)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
-from helpers import launcher_env, mpiexec
+from helpers import mpiexec, run_example
 
 EXAMPLES = {
     "cg": ["--rows", "50", "--repeat", "1"],
@@ -17,16 +14,7 @@ EXAMPLES = {
 
 
 def run(example: str, *flags: str) -> list[str]:
-    command = [mpiexec() or "mpiexec", "--oversubscribe", "-n", "2", sys.executable, "-m"]
-    done = subprocess.run(
-        [*command, f"hpcring.examples.{example}", *EXAMPLES[example], *flags],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=launcher_env(),
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    return done.stdout.splitlines()
+    return run_example(example, *EXAMPLES[example], *flags, timeout=120)
 
 
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
