@@ -86,9 +86,10 @@ _ALG_NAMES = list(algorithms.MODULES)
 
 
 def _signature(
-    call: int, x: Any, adapter: Adapter | None, op: str, algorithm: str, in_place: bool | None, settings: int
+    x: Any, adapter: Adapter | None, op: str, algorithm: str, in_place: bool | None, settings: int
 ) -> list[int]:
-    """What must agree across ranks, as integers (-1 where a value is not one we know).
+    """What must agree across ranks, as integers (-1 where a value is not one we know); the
+    agreement puts the call's number in front.
 
     The array kind is part of it: NumPy on some ranks and CuPy on others would stage
     and sum fine, but almost always means a rank that skipped moving its data to the GPU.
@@ -104,7 +105,6 @@ def _signature(
     else:
         count, dtype, kind = adapter.size(x), adapter.dtype(x), adapter.index
     return [
-        call,
         count,
         DTYPES.index(dtype) if dtype in DTYPES else -1,
         _OP_NAMES.index(op) if op in _OP_NAMES else -1,
@@ -359,7 +359,7 @@ def examine(
                 raise
             problem = error
     tagged = exact.tagged(op) if reproducible else op  # ranks that differ on reproducible= disagree on op
-    row = _signature(0, x, adapter, tagged, algorithm, in_place, channel.config.digest())[1:]
+    row = _signature(x, adapter, tagged, algorithm, in_place, channel.config.digest())
     call = _Call(state, channel, adapter, algorithm, op, reduction, in_place, row, run)
     call.name, call.exact, call.parts = ran, exact_path, parts
     key = None
