@@ -63,6 +63,8 @@ class CommState:
             close()
         self.closers.clear()
         self.channels.clear()
+        if self._agreement is not None:
+            self._agreement.waiter.close()
         if not MPI.Is_finalized():
             self.comm.Free()
 

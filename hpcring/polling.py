@@ -75,6 +75,14 @@ class Waiter:
             if now - start > SPIN_FOR:
                 time.sleep(NAP)
 
+    def close(self) -> None:
+        """Cancel the receive posted for notices, so that freeing the communicator leaves no
+        operation pending on it."""
+        notice, self._notice = self._notice, None
+        if notice is not None and not MPI.Is_finalized():
+            notice.Cancel()
+            notice.Wait()
+
     def notify_all(self) -> None:
         """Tell every other rank that this one stopped waiting (tiny messages, sent eagerly)."""
         for r in range(self.size):
