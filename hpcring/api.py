@@ -196,10 +196,14 @@ def allreduce(
     if state is not None and op.__class__ is str and algorithm.__class__ is str and not reproducible:
         adapter = known_adapter(x)
         if adapter is not None:
-            device = adapter.current_device() if adapter.device else None
-            key = (adapter, adapter.shape(x), adapter.dtype(x), op, algorithm, out is None, device)
-            call = state.warm.get(key)
-            if call is not None and adapter.ready(x, out):
+            try:  # an adapter's question that raises (a dtype it has no name for) is the full path's
+                device = adapter.current_device() if adapter.device else None
+                key = (adapter, adapter.shape(x), adapter.dtype(x), op, algorithm, out is None, device)
+                call = state.warm.get(key)
+                ready = call is not None and adapter.ready(x, out)
+            except Exception:
+                ready = False
+            if ready:
                 return call.execute(x, out, check, timeout, None)
     return _first(x, op, algorithm, intracomm(comm, "allreduce"), out, check, timeout, reproducible, _parts)
 

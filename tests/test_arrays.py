@@ -112,6 +112,7 @@ def frozen() -> Iterator[FrozenAdapter]:
     yield adapter
     arrays._registered.pop("frozen")
     arrays._by_type.pop(Frozen)
+    arrays._warm.pop(Frozen)
     arrays.NAMES.remove("tests.Frozen")
 
 

@@ -158,6 +158,41 @@ def test_bad_out_tensors_fail_everywhere() -> None:
     assert everywhere(WORLD, torch.equal(x, torch.ones(8)))
 
 
+@pytest.mark.mpi
+def test_warm_tensor_calls_skip_the_full_path_yet_refuse_a_bad_tensor(monkeypatch) -> None:
+    """A CPU tensor's repeated call is a warm one (the full path runs once per kind of call), and
+    a tensor of the same shape and dtype that the full path would refuse is still refused."""
+    import hpcring.api
+
+    full: list[int] = []
+    examine = hpcring.api.examine
+    monkeypatch.setattr(hpcring.api, "examine", lambda *a, **k: full.append(1) or examine(*a, **k))
+    comm = WORLD.Dup()
+    x, out = tensor(WORLD.rank, torch.float64, (4, 4)), torch.empty(4, 4, dtype=torch.float64)
+    expected = np.max([values(r, 16) for r in range(WORLD.size)], axis=0).reshape(4, 4)
+    for _ in range(3):
+        hpcring.allreduce(x, op="max", comm=comm, out=out)
+        hpcring.allreduce(x, op="max", comm=comm)
+    assert everywhere(WORLD, full == [1, 1] and np.array_equal(x.numpy(), expected))
+    assert everywhere(WORLD, np.array_equal(out.numpy(), expected))
+    last = WORLD.rank == WORLD.size - 1
+    bad = {
+        "requires grad": torch.ones(4, 4, dtype=torch.float64, requires_grad=True),
+        "C-contiguous": torch.ones(4, 4, dtype=torch.float64).t(),
+        "is on meta": torch.ones(4, 4, dtype=torch.float64, device="meta"),
+    }
+    for match, t in bad.items():
+        y = t if last else x
+        raises_everywhere(ValueError, match, lambda y=y: hpcring.allreduce(y, op="max", comm=comm))
+    buf = torch.zeros(32, dtype=torch.float64)
+    y, overlapping = buf[:16].view(4, 4), buf[4:20].view(4, 4)
+    raises_everywhere(
+        ValueError, "overlaps", lambda: hpcring.allreduce(y, op="max", comm=comm, out=overlapping)
+    )
+    assert everywhere(WORLD, not buf.any())
+    comm.Free()
+
+
 @pytest.mark.gpu
 @pytest.mark.mpi
 @pytest.mark.skipif("torch_cuda" not in available(), reason="needs CuPy, a GPU and a CUDA build of PyTorch")

@@ -21,7 +21,10 @@ from typing import Any
 from .base import Adapter
 from .numpy import NumpyAdapter
 
-_by_type: dict[type, Adapter] = {}  # exact type -> its adapter: the warm path's one lookup
+_by_type: dict[type, Adapter] = {}  # exact type -> its adapter
+# exact type -> the adapter a warm call asks: _by_type, plus each adapter's ``warm_types``, types
+# it may not own by type alone (a torch.Tensor may be on a GPU) but whose `ready` tells
+_warm: dict[type, Adapter] = {}
 _registered: dict[str, Adapter] = {}  # kind -> adapter, in registration order
 
 # Every kind hpcring ships: what messages call its arrays, the top-level modules of their
@@ -56,7 +59,9 @@ def register(kind: str, adapter: Adapter) -> None:
     adapter.index = NAMES.index(adapter.type_name)
     _registered[kind] = adapter
     for cls in adapter.types:
-        _by_type[cls] = adapter
+        _by_type[cls] = _warm[cls] = adapter
+    for cls in getattr(adapter, "warm_types", ()):
+        _warm[cls] = adapter
 
 
 def adapter_for(obj: Any) -> Adapter:
@@ -68,8 +73,9 @@ def adapter_for(obj: Any) -> Adapter:
 
 
 def known_adapter(obj: Any) -> Adapter | None:
-    """The adapter of ``obj``'s exact type, where one is registered (a warm call's lookup)."""
-    return _by_type.get(obj.__class__)
+    """The adapter a warm call asks about ``obj``'s exact type, where there is one (its `ready`,
+    not this lookup, says whether ``obj`` is one it owns)."""
+    return _warm.get(obj.__class__)
 
 
 def _search(obj: Any) -> Adapter:
@@ -78,7 +84,7 @@ def _search(obj: Any) -> Adapter:
         for adapter in list(_registered.values()):
             if adapter.owns(obj):
                 if adapter.by_type:
-                    _by_type[type(obj)] = adapter  # a subclass: found by type from now on
+                    _by_type[type(obj)] = _warm[type(obj)] = adapter  # a subclass: by type from now on
                 return adapter
         module = _ON_FIRST_SIGHT.get(type(obj).__module__.partition(".")[0])
         if module is None or not _load(module):
