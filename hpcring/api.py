@@ -39,7 +39,8 @@ def _validate(x: Any, out: Any, op: str) -> tuple[Adapter, Op, bool, np.dtype]:
     check_op(OPS[op], dtype)
     flags = adapter.flags(x)
     if not flags.c_contiguous:
-        raise ValueError("hpcring.allreduce: x must be C-contiguous (use xp.ascontiguousarray)")
+        fix = getattr(adapter, "contiguous_fix", "xp.ascontiguousarray(x)")
+        raise ValueError(f"hpcring.allreduce: x must be C-contiguous (reduce {fix}, then copy it back)")
     adapter.check_device(x, "x")
     if out is None or out is x:
         in_place = True

@@ -112,7 +112,7 @@ def test_iallreduce_and_a_parameters_grad() -> None:
 
 CPU_MISTAKES = {
     "requires grad": (lambda: torch.ones(8, requires_grad=True), "x requires grad"),
-    "non-contiguous": (lambda: torch.ones(4, 4).t(), "C-contiguous"),
+    "non-contiguous": (lambda: torch.ones(4, 4).t(), "C-contiguous (reduce x.contiguous()"),
     "conjugate view": (lambda: torch.ones(8, dtype=torch.complex64).conj(), "lazy conjugate view"),
     "negative view": (lambda: torch._neg_view(torch.ones(8)), "lazy negative view"),
     "sparse": (lambda: torch.ones(8).to_sparse(), "sparse_coo tensor cannot be reduced"),

@@ -84,6 +84,9 @@ class Adapter(Protocol):
     type_name: str  # what messages call its arrays: "numpy.ndarray"
     types: tuple[type, ...]  # exact types it owns, for the registry's by-type lookup
     by_type: bool  # `owns` depends on the type alone, so a subclass found once is cached
+    # Optional: ``warm_types``, types a warm call asks this adapter about though it does not own
+    # them by type alone (its `ready` says no to the others); ``contiguous_fix``, the expression
+    # the message for a non-contiguous x suggests ("x.contiguous()").
     index: int  # this kind's number in the agreement row, set by `register`
     # `allreduce` returns `result(dst, x)`: its arrays cannot be written (or need a hand-back)
     immutable: bool

@@ -37,6 +37,7 @@ class CupyAdapter(NumpyAdapter):
     kind = name = "cupy"
     type_name = "cupy.ndarray"
     types = (cupy.ndarray,)
+    contiguous_fix = "cupy.ascontiguousarray(x)"  # what the API's message for a non-contiguous x suggests
     xp = cupy
     device = True
 

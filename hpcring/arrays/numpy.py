@@ -24,6 +24,7 @@ class NumpyAdapter:
     type_name = "numpy.ndarray"
     types: tuple[type, ...] = (np.ndarray,)
     by_type = True
+    contiguous_fix = "np.ascontiguousarray(x)"  # what the API's message for a non-contiguous x suggests
     index = -1  # set by `register`
     immutable = False
     fixed_memory = True  # an ndarray's data pointer is its own for life (resize refuses: a plan holds it)

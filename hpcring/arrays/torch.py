@@ -94,6 +94,7 @@ class TorchAdapter(NumpyAdapter):
     fixed_memory = False  # set_() and resize_() move a tensor's storage: a plan checks each start
     types: tuple[type, ...] = ()
     warm_types: tuple[type, ...] = (torch.Tensor,)
+    contiguous_fix = "x.contiguous()"  # what the API's message for a non-contiguous x suggests
     by_type = False
 
     def problem(self) -> str:
