@@ -77,7 +77,8 @@ def table(points: list[Point]) -> str:
     by_key = {(p.size, p.algorithm, p.ranks): p for p in points}
     keys = sorted({(p.size, p.algorithm) for p in points})
     hosts = {p.ranks: p.hosts for p in points}
-    head = f"{'size (B)':>12} {'algorithm':>9} |" + "".join(f"{r:>10}" for r in ranks) + " |"
+    width = max([9, *(len(p.algorithm) for p in points)])  # "MPI_Allreduce", the bare row, is 13
+    head = f"{'size (B)':>12} {'algorithm':>{width}} |" + "".join(f"{r:>10}" for r in ranks) + " |"
     head += "".join(f"{r:>9}" for r in ranks)
     lines = [
         "# time per all-reduce (us, left) and busbw (GB/s, right) by number of ranks",
@@ -89,7 +90,7 @@ def table(points: list[Point]) -> str:
         times = "".join(f"{c.time_us:>10.1f}" if c else f"{'-':>10}" for c in cells)
         busbw = "".join(f"{c.busbw:>9.3f}" if c else f"{'-':>9}" for c in cells)
         flag = "  WRONG" if any(c and c.wrong for c in cells) else ""
-        lines.append(f"{size:>12} {algorithm:>9} |{times} |{busbw}{flag}")
+        lines.append(f"{size:>12} {algorithm:>{width}} |{times} |{busbw}{flag}")
     return "\n".join(lines)
 
 

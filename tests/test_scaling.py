@@ -65,3 +65,16 @@ def test_wrong_elements_fail_the_report(sweep: Path, capsys: pytest.CaptureFixtu
 def test_empty_folder_fails(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert scaling.main([str(tmp_path)]) == 1
     assert "no bench.json" in capsys.readouterr().err
+
+
+def test_columns_line_up_with_the_bare_mpi_row() -> None:
+    """The bare row's name (MPI_Allreduce, 13 characters) is wider than the default column."""
+    from hpcring.scaling import Point, table
+
+    points = [
+        Point(ranks, 1, name, 1024, 10.0 * ranks, 0.5, 0, "x.json")
+        for ranks in (2, 4)
+        for name in ("ring", "MPI_Allreduce")
+    ]
+    lines = table(points).splitlines()[2:]
+    assert len(lines) == 3 and len({line.index("|") for line in lines}) == 1
