@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Regenerate the step-by-step pictures of docs/algorithms.md from real traced runs:
+# Regenerate the step-by-step pictures of docs/algorithms.md from real traced runs,
+# then the sample bench run of docs/benchmarking.md and the model tables (end of file):
 # 4 ranks, 8 float32 (4 segments a-d of 2 elements), one in-place call per algorithm.
 #   bash docs/make_figures.sh        (needs the mpi and docs extras: mpiexec, matplotlib)
 set -euo pipefail
@@ -18,3 +19,15 @@ assert (x == 10).all(), x
   python -m hpcring.viz "$work/$algorithm.json" --out docs/img --algorithms "$algorithm"
 done
 cp "$work/ring.json" docs/img/trace-ring-4ranks.json  # a sample to open in Perfetto
+
+# The sample run of docs/benchmarking.md (its table, plot and JSON): 2 ranks, small sizes.
+mpiexec --oversubscribe -n 2 python -m hpcring.bench -b 8 -e 1M -f 8 \
+  --json docs/img/bench-cpu-2ranks.json --plot docs/img/bench-cpu-2ranks.png >docs/img/bench-cpu-2ranks.txt
+
+# The cost model's 1000-GPU figures quoted in docs/choosing.md, docs/scaling.md and docs/slurm.md.
+{
+  python -m hpcring.model --ranks 1000 --bytes 1K,1M,1G --gpus-per-node 8 --intra nvlink4 --link ndr400
+  python -m hpcring.model --ranks 1000 --bytes 1G --gpus-per-node 8 --intra nvlink4 --link ndr400 --nic shared
+  python -m hpcring.model --ranks 1000 --bytes 1G --link ndr400
+  python -m hpcring.model --ranks 8,64,512,1000 --bytes 1M,64M,1G --gpus-per-node 8 --intra nvlink4 --link ndr400
+} >docs/img/model-1000-gpus.txt

@@ -78,7 +78,8 @@ def test_sweep_rounds_to_whole_elements_without_repeats() -> None:
     assert sweep(1, 8, 2, 4) == [4, 8]  # 1 and 2 bytes hold no float32; 4 appears once
     assert sweep(8, 16 << 20, 2, 4)[-1] == 16 << 20
     assert len(sweep(8, 16 << 20, 2, 4)) == 22
-    assert sweep(10, 40, 1.5, 2) == [10, 14, 22, 32]
+    assert sweep(10, 40, 1.5, 2) == [10, 14, 22, 32, 40]  # -e is inclusive
+    assert sweep(1 << 10, 1 << 20, 8, 4) == [1 << 10, 8 << 10, 64 << 10, 512 << 10, 1 << 20]
     assert sweep(3, 3, 2, 8) == []
     assert sweep(0, 8, 2, 4) == [4, 8]  # 0 B is skipped, and the sweep still grows
 

@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add = parser.add_argument
     add("-b", "--minbytes", type=_size_arg, default=8, metavar="SIZE", help="smallest message (default 8)")
-    add("-e", "--maxbytes", type=_size_arg, default=16 << 20, metavar="SIZE", help="largest (default 16M)")
+    add("-e", "--maxbytes", type=_size_arg, default=16 << 20, metavar="SIZE", help="largest, measured (16M)")
     add("-f", "--stepfactor", type=_positive(float, 1.0001), default=2.0, help="size multiplier (default 2)")
     add("-n", "--iters", type=_positive(int, 1), default=20, help="timed iterations per row (default 20)")
     add("-w", "--warmup", type=_positive(int, 0), default=5, help="untimed iterations first (default 5)")

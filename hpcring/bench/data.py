@@ -32,7 +32,11 @@ def expected_bytes_sent(
 
 
 def sweep(minbytes: int, maxbytes: int, stepfactor: float, itemsize: int) -> list[int]:
-    """Message sizes in bytes, minbytes * stepfactor**k up to maxbytes, whole elements, no repeats."""
+    """Message sizes in bytes, minbytes * stepfactor**k up to maxbytes, whole elements, no repeats.
+
+    maxbytes itself is always the last size (``-b 1K -e 1M -f 8`` ends at 1M, not at 512K):
+    what a user names as the largest message is measured.
+    """
     sizes: list[int] = []
     nbytes = float(minbytes)
     while nbytes <= maxbytes * (1 + 1e-12):
@@ -40,6 +44,9 @@ def sweep(minbytes: int, maxbytes: int, stepfactor: float, itemsize: int) -> lis
         if rounded > 0 and (not sizes or rounded > sizes[-1]):
             sizes.append(rounded)
         nbytes = nbytes * stepfactor if nbytes > 0 else 1.0
+    last = maxbytes // itemsize * itemsize
+    if sizes and last > sizes[-1]:
+        sizes.append(last)
     return sizes
 
 
