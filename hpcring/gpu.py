@@ -39,7 +39,7 @@ def cupy_problem() -> str:
     if cupy is None:
         if _CUPY_IMPORT_ERROR:
             return f"CuPy fails to import ({_CUPY_IMPORT_ERROR})"
-        return "needs CuPy: pip install 'hpcring[gpu]'"
+        return "needs CuPy: pip install -e '.[gpu]' in hpcring's clone"
     try:
         count = cupy.cuda.runtime.getDeviceCount()
     except Exception as error:  # no driver, or one too old for CuPy's CUDA runtime

@@ -156,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
             plot(points, args.directory / "scaling.png")
         except ImportError:
             print(
-                "hpcring.scaling: no matplotlib, no scaling.png (pip install 'hpcring[bench]')",
+                "hpcring.scaling: no matplotlib, no scaling.png "
+                "(pip install -e '.[bench]' in hpcring's clone)",
                 file=sys.stderr,
             )
     return 1 if any(p.wrong for p in points) else 0

@@ -31,8 +31,8 @@ def test_import_hpcring_imports_no_framework() -> None:
 @needs_mpiexec
 @pytest.mark.timeout(900)
 def test_torch_ddp_hook_matches_gloo_and_one_process(tmp_path: Path) -> None:
-    pytest.importorskip("torch", reason="needs PyTorch: pip install 'hpcring[torch]'")
-    pytest.importorskip("sklearn", reason="needs scikit-learn: pip install 'hpcring[train]'")
+    pytest.importorskip("torch", reason="needs PyTorch: pip install -e '.[torch]' in hpcring's clone")
+    pytest.importorskip("sklearn", reason="needs scikit-learn: pip install -e '.[train]' in hpcring's clone")
     common = ["--steps", "5", "--dtype", "float64"]
     weights = {}
     for name, flags, ranks in [
@@ -54,7 +54,7 @@ def test_torch_ddp_hook_matches_gloo_and_one_process(tmp_path: Path) -> None:
 @needs_mpiexec
 @pytest.mark.timeout(300)
 def test_jax_step_gives_the_same_weights_on_every_rank() -> None:
-    pytest.importorskip("jax", reason="needs JAX: pip install 'hpcring[jax]'")
+    pytest.importorskip("jax", reason="needs JAX: pip install -e '.[jax]' in hpcring's clone")
     lines = run_example("jax_step", "--steps", "10")
     digests = [line for line in lines if line.startswith("jax_step: weights ")]
     assert len(digests) == 2 and len(set(digests)) == 1, lines

@@ -1,5 +1,5 @@
 """JAX arrays through hpcring.allreduce, outside jit: a new array back, bitwise the NumPy result.
-Skipped where JAX is not installed (pip install 'hpcring[jax]')."""
+Skipped where JAX is not installed (pip install -e '.[jax]' in hpcring's clone)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from mpi4py import MPI
 import hpcring
 from hpcring.algorithms import MODULES
 
-jax = pytest.importorskip("jax", reason="needs JAX: pip install 'hpcring[jax]'")
+jax = pytest.importorskip("jax", reason="needs JAX: pip install -e '.[jax]' in hpcring's clone")
 jnp = pytest.importorskip("jax.numpy")
 
 WORLD = MPI.COMM_WORLD

@@ -1,5 +1,5 @@
 """PyTorch tensors through hpcring.allreduce, the DDP communication hook, and GradientSync over
-``p.grad``. Skipped where PyTorch is not installed (pip install 'hpcring[torch]').
+``p.grad``. Skipped where PyTorch is not installed (pip install -e '.[torch]' in hpcring's clone).
 
 The matrix is reduced (every algorithm, every op, float32/float64/bfloat16, in and out of
 place, one odd size): each result is bitwise the same on every rank and bitwise the NumPy
@@ -20,7 +20,7 @@ import hpcring
 from hpcring.algorithms import MODULES
 from hpcring.arrays import adapter_for, available
 
-torch = pytest.importorskip("torch", reason="needs PyTorch: pip install 'hpcring[torch]'")
+torch = pytest.importorskip("torch", reason="needs PyTorch: pip install -e '.[torch]' in hpcring's clone")
 import hpcring.torch  # noqa: E402  (after the skip: it imports torch)
 
 WORLD = MPI.COMM_WORLD

@@ -123,7 +123,7 @@ def test_example_without_sklearn_says_how_to_install(monkeypatch: pytest.MonkeyP
 
     monkeypatch.setitem(sys.modules, "sklearn", None)  # makes `import sklearn...` raise ImportError
     monkeypatch.setitem(sys.modules, "sklearn.datasets", None)
-    with pytest.raises(SystemExit, match=r"pip install 'hpcring\[train\]'"):
+    with pytest.raises(SystemExit, match=r"pip install -e '.\[train\]' in hpcring's clone"):
         train.load_digits_split()
 
 

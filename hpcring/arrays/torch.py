@@ -43,7 +43,7 @@ try:  # CUDA tensors compute as CuPy arrays; without CuPy they are refused, in w
     _CUPY_PROBLEM = ""
 except ImportError as error:
     _CudaSide = NumpyAdapter  # type: ignore[assignment,misc]
-    _CUPY_PROBLEM = str(error) or "needs CuPy: pip install 'hpcring[gpu]'"
+    _CUPY_PROBLEM = str(error) or "needs CuPy: pip install -e '.[gpu]' in hpcring's clone"
 
 # torch dtype -> NumPy dtype. Those hpcring cannot reduce (int8, bool, ...) map too, so the API's
 # own message names them; a dtype with no NumPy twin is refused by `TorchAdapter.dtype`.

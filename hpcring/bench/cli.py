@@ -200,7 +200,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if not sweep(args.minbytes, args.maxbytes, args.stepfactor, args.dtype.itemsize):
         parser.error(f"no size between minbytes and maxbytes holds a whole {args.dtype.name} element")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
-        parser.error("--plot needs matplotlib (pip install 'hpcring[bench]')")
+        parser.error("--plot needs matplotlib (pip install -e '.[bench]' in hpcring's clone)")
     return args
 
 

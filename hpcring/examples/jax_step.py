@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         import jax.numpy as jnp
     except ImportError as error:
         raise SystemExit(
-            f"hpcring.examples.jax_step needs JAX ({error}): pip install 'hpcring[jax]'"
+            f"hpcring.examples.jax_step needs JAX ({error}): pip install -e '.[jax]' in hpcring's clone"
         ) from None
     from mpi4py import MPI
 

@@ -51,7 +51,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError as error:
         raise SystemExit(
             f"hpcring.examples.torch_ddp needs PyTorch and scikit-learn ({error}): "
-            "pip install 'hpcring[torch,train]'"
+            "pip install -e '.[torch,train]' in hpcring's clone"
         ) from None
     from mpi4py import MPI
     from torch.nn.parallel import DistributedDataParallel

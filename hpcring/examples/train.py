@@ -70,7 +70,7 @@ def load_digits_split() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]
     except ImportError:
         raise SystemExit(
             "hpcring.examples.train needs scikit-learn for the digits data set (bundled with it, no "
-            "download): pip install 'hpcring[train]'"
+            "download): pip install -e '.[train]' in hpcring's clone"
         ) from None
     data = load_digits()
     x = data.data.astype(np.float64) / 16.0
