@@ -28,7 +28,7 @@ from hpcring.algorithms.tuning import tuning_table
 from hpcring.bench import main, measure
 from hpcring.bench.data import expected_bytes_sent, expected_result, sweep, verifiable_input
 from hpcring.bench.measure import BARE, Device, Row, bare_call, median_rows
-from hpcring.bench.report import format_footer, summarize
+from hpcring.bench.report import format_footer, format_header, line_styles, size_ticks, summarize
 from hpcring.gpu import gpu_problem
 from hpcring.ops import DTYPES, OPS, check_op
 from hpcring.units import busbw_factor, parse_size
@@ -170,6 +170,85 @@ BAD_INPUTS = {
     "op-dtype": ["-o", "mean", "-d", "int32"],
     **({"gpu-without-one": ["--device", "gpu"]} if gpu_problem() else {}),
 }
+
+
+def _header_facts(**changes: object) -> dict:
+    """A header as `measure.header_facts` and `guidance_facts` make it, for 2 ranks on one CPU node."""
+    facts = {
+        "hpcring": "0",
+        "mpi_library": "Open MPI",
+        "mpi4py": "4",
+        "ranks": 2,
+        "hosts": 1,
+        "ranks_per_host": 2,
+        "device": "cpu",
+        "cuda_aware": False,
+        "cuda_aware_reason": "-",
+        "topology": {"describe": "1 node x 2 ranks", "two_level": False, "ring_order": "rank order"},
+        "baseline_call": "host buffers",
+        "dtype": "float32",
+        "op": "sum",
+        "iters": 20,
+        "max_time_s": 1.0,
+        "warmup": 5,
+        "passes": 1,
+        "check": True,
+        "agree": True,
+        "placement": "out-of-place",
+        "time": "median",
+        "busbw_factor": 1.0,
+        "algorithms": ["ring", "auto"],
+        "model": None,
+        "model_path": "/home/u/.cache/hpcring/model.json",
+        "auto": {
+            "tuned": False,
+            "why": "no tuning file at /home/u/.cache/hpcring/tuning.json",
+            "path": "/home/u/.cache/hpcring/tuning.json",
+            "key": None,
+            "table": [[65536, "mpi"], [None, "rabenseifner"]],
+        },
+    }
+    facts.update(changes)
+    return facts
+
+
+def test_header_says_auto_is_untuned_and_how_to_fill_predicted() -> None:
+    text = format_header(_header_facts())
+    assert "# auto: untuned built-in defaults (no tuning file at /home/u/.cache/hpcring/tuning.json)" in text
+    assert "mpi up to 64K, rabenseifner above" in text and "--tune" in text
+    assert "# predicted: empty (-), no calibrated cost model at /home/u/.cache/hpcring/model.json" in text
+    assert "python -m hpcring.model --calibrate" in text and "--ranks 2 --bytes 1M --link ndr400" in text
+
+
+def test_header_says_where_a_tuned_table_and_the_model_come_from() -> None:
+    tuned = {
+        "tuned": True,
+        "why": None,
+        "path": "/t.json",
+        "key": "2",
+        "table": [[4096, "mpi"], [None, "ring"]],
+    }
+    text = format_header(_header_facts(auto=tuned, model="/m.json"))
+    assert "# auto: tuned here, table 2 of /t.json: mpi up to 4K, ring above" in text
+    assert "# predicted: the cost model calibrated in /m.json" in text
+    assert "untuned" not in text and "empty" not in text
+    plain = format_header(_header_facts(algorithms=["ring"]))  # no auto row: nothing to say of it
+    assert "# auto:" not in plain and "# predicted: empty" in plain
+
+
+def test_plot_lines_differ_in_marker_and_style_and_ticks_read_as_sizes() -> None:
+    names = [BARE, *ALGORITHMS, "ring+repro", "mpi+repro", "nccl"]
+    styles = line_styles(names)
+    shapes = [(s["marker"], s["linestyle"], s.get("color")) for s in styles.values()]
+    assert len(names) >= 9 and len(set(shapes)) == len(names)
+    assert len({s["marker"] for s in styles.values()}) == len(names)  # each marker once up to 12 lines
+    assert styles[BARE]["color"] == "black"
+    assert size_ticks([8, 64, 512, 4096, 32768, 1 << 18, 1 << 20]) == (
+        [8, 64, 512, 4096, 32768, 1 << 18, 1 << 20],
+        ["8", "64", "512", "4K", "32K", "256K", "1M"],
+    )
+    _, labels = size_ticks(sweep(8, 16 << 20, 2, 4))  # 22 sizes: every second one, 1K's among them
+    assert labels == ["16", "64", "256", "1K", "4K", "16K", "64K", "256K", "1M", "4M", "16M"]
 
 
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
@@ -456,8 +535,15 @@ def test_tune_writes_a_table_auto_reads(monkeypatch) -> None:
     COMM.Barrier()
     monkeypatch.setenv("HPCRING_TUNING", str(path))
     config.reload()
+    before, untuned = _run([*TINY, "-a", "auto"])
     status, _ = _run([*TINY, "-a", "ring,mpi", "--passes", "2", "--tune"])
-    ok = status == 0
+    after, tuned = _run([*TINY, "-a", "auto"])
+    ok = status == before == after == 0 and untuned is not None and tuned is not None
+    if ok:  # the header says which table auto ran: the defaults while none for this count, then the tuned
+        size = str(COMM.Get_size())
+        was, now = untuned["header"]["auto"], tuned["header"]["auto"]
+        ok = not was["tuned"] and f"no entry for {size} ranks" in was["why"]
+        ok = ok and now["tuned"] and now["key"] == size and now["path"] == str(path) and now["why"] is None
     if COMM.Get_rank() == 0:
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a table for this rank count is there: no fallback

@@ -27,6 +27,7 @@ from .measure import (
     Row,
     copyto_GBps,
     device_for,
+    guidance_facts,
     header_facts,
     load_model,
     measure_row,
@@ -265,6 +266,7 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
     header["not_run"] = not_run
     params = load_model(comm)
     header["model"] = model_source(params)
+    header.update(guidance_facts(comm, header["topology"], args.in_place))  # auto's table, the model's file
     sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor, args.dtype.itemsize)
     if rank == 0:
         print(format_header(header), flush=True)

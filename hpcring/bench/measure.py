@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import argparse
 import functools
+import json
 import socket
 import statistics
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,14 +28,14 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import __version__, algorithms, exact, info, topology
-from ..algorithms import auto, ring_staged
+from ..algorithms import auto, ring_staged, tuning
 from ..algorithms.mpi import user_op
 from ..api import allreduce
 from ..arrays import adapter_for
 from ..comm import channel_for
 from ..gpu import copyto_bandwidth, gpu_identity, gpu_problem_anywhere, pinned_d2h_bandwidth, select_device
 from ..model.costs import ModelError, Params, predict
-from ..model.params import load_params
+from ..model.params import default_path, load_params
 from ..ops import OPS
 from ..polling import idle_barrier
 from ..units import busbw_factor
@@ -441,3 +443,41 @@ def predicted_us(algorithm: str, nbytes: int, comm: MPI.Intracomm, params: Param
         return predict(algorithm, nbytes, comm.Get_size(), params, per_node=per_node) * 1e6
     except ModelError:
         return None  # hierarchical on nodes, but the calibration saw one node only
+
+
+# ---------------------------------------------------------------------------------------
+# What the header tells a newcomer: where `auto`'s table and the model's column come from.
+
+
+def guidance_facts(comm: MPI.Intracomm, shape: dict[str, Any], in_place: bool) -> dict[str, Any]:
+    """Whether `auto` runs a tuned table or the built-in defaults, and where the cost model was
+    looked for, so the header can say why a row chose what it did and why `predicted` is empty
+    (rank 0 reads, as `auto` and `load_model` do; broadcast: collective)."""
+    facts = None
+    if comm.Get_rank() == 0:
+        facts = {"auto": _auto_facts(comm.Get_size(), shape, in_place), "model_path": str(default_path())}
+    return comm.bcast(facts)
+
+
+def _auto_facts(size: int, shape: dict[str, Any], in_place: bool) -> dict[str, Any]:
+    """The table `auto` reads for this run (tuning.load's own answer) and whether it was tuned."""
+    path = tuning.tuning_path()
+    plain = tuning.key_for(size, shape)
+    keys = [tuning.key_for(size, shape, in_place=True), plain] if in_place else [plain]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        table = tuning.load(keys[0], path, fallback=keys[1] if in_place else None)
+    why, key = None, None
+    try:
+        present = path.exists()
+    except OSError:
+        present = False
+    if caught:
+        why = str(caught[0].message).removeprefix("hpcring: ")
+    elif not present:
+        why = f"no tuning file at {path}"
+    else:
+        tables = json.loads(path.read_text())["tables"]  # load() just read it without a complaint
+        key = next(k for k in keys if k in tables)
+    table = [list(t) for t in table]
+    return {"tuned": why is None, "why": why, "path": str(path), "key": key, "table": table}

@@ -45,6 +45,7 @@ def format_header(h: dict[str, Any]) -> str:
         f", ring in {h['topology']['ring_order']}",
         *_gpu_header(h),
         *(f"# {name}: not run: {why}" for name, why in h.get("not_run", {}).items()),
+        *_guidance(h),
         f"# {BARE}: the bare library call, mpi4py's comm.Allreduce on the same buffers "
         f"({h['baseline_call']}), nothing of hpcring between: the footer's yardstick "
         "(mpi: the same call through hpcring.allreduce)",
@@ -58,6 +59,35 @@ def format_header(h: dict[str, Any]) -> str:
         "# " + " ".join(f"{unit:{spec}}" for _, spec, unit in _COLUMNS)[2:],
     ]
     return "\n".join(lines)
+
+
+def _guidance(h: dict[str, Any]) -> list[str]:
+    """Where `auto`'s choices and the `predicted` column come from, and how to change that: the
+    two things a first run leaves unexplained (a dict without these facts says nothing)."""
+    lines = []
+    tuning = h.get("auto")
+    if tuning and "auto" in h["algorithms"]:
+        table = ", ".join(
+            f"{name} above" if limit is None else f"{name} up to {format_size(limit)}"
+            for limit, name in tuning["table"]
+        )
+        if tuning["tuned"]:
+            lines.append(f"# auto: tuned here, table {tuning['key']} of {tuning['path']}: {table}")
+        else:
+            lines += [
+                f"# auto: untuned built-in defaults ({tuning['why']}): {table}",
+                "#   --tune measures this machine's crossovers and writes them for auto",
+            ]
+    if "model_path" in h:
+        if h.get("model"):
+            lines.append(f"# predicted: the cost model calibrated in {h['model']} (python -m hpcring.model)")
+        else:
+            lines += [
+                f"# predicted: empty (-), no calibrated cost model at {h['model_path']}",
+                "#   calibrate: mpiexec --oversubscribe -n 2 python -m hpcring.model --calibrate;  a preset "
+                f"link instead: python -m hpcring.model --ranks {h['ranks']} --bytes 1M --link ndr400",
+            ]
+    return lines
 
 
 def _gpu_header(h: dict[str, Any]) -> list[str]:
@@ -193,32 +223,71 @@ class Progress:
             sys.stderr.flush()
 
 
+# One (marker, line style) per algorithm: seven or more lines share ten colours and cross each
+# other, so each also differs in shape; the bare library call is the black dashed yardstick.
+_MARKERS = "osD^vP*Xh<>p"
+_STYLES = ("-", "--", "-.", ":")
+
+
+def line_styles(names: list[str]) -> dict[str, dict[str, Any]]:
+    """matplotlib keywords per algorithm: no two lines alike in marker and style (12 x 4 apart)."""
+    styles, others = {}, [n for n in names if n != BARE]
+    for i, name in enumerate(others):
+        styles[name] = {"marker": _MARKERS[i % len(_MARKERS)], "linestyle": _STYLES[i % len(_STYLES)]}
+    if BARE in names:
+        styles[BARE] = {"marker": "x", "linestyle": "--", "color": "black", "linewidth": 2}
+    return styles
+
+
+def size_ticks(sizes: list[int], most: int = 12) -> tuple[list[int], list[str]]:
+    """x ticks at the measured sizes, labelled 8, 1K, 64K, 1M (`format_size`), every k-th one
+    where there are more than ``most``, so that the labels do not overlap; the ones kept are
+    in step with 1K, 1M, 1G where the sweep measured those, the sizes a reader looks for."""
+    sizes = sorted(set(sizes))
+    step = max(1, -(-len(sizes) // most))
+    round_sizes = [
+        i for i, n in enumerate(sizes) if n >= 1024 and n & (n - 1) == 0 and n.bit_length() % 10 == 1
+    ]
+    chosen = sizes[(round_sizes[0] if round_sizes else 0) % step :: step]
+    return chosen, [format_size(n) for n in chosen]
+
+
 def plot(path: str, header: dict[str, Any], rows: list[Row]) -> None:
     """busbw against size, one line per algorithm (matplotlib imported here only)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullLocator
 
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    for name in dict.fromkeys(r.algorithm for r in rows):
+    names = list(dict.fromkeys(r.algorithm for r in rows))
+    styles = line_styles(names)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in names:
         mine = [r for r in rows if r.algorithm == name]
-        style = {"color": "black", "linestyle": "--"} if name == BARE else {}  # the yardstick
         ax.plot(
-            [r.size for r in mine], [r.busbw for r in mine], marker="o", markersize=3, label=name, **style
+            [r.size for r in mine],
+            [r.busbw for r in mine],
+            markersize=5,
+            fillstyle="none",
+            label=name,
+            **styles[name],
         )
     ax.set_xscale("log", base=2)
+    ticks, labels = size_ticks([r.size for r in rows])
+    ax.set_xticks(ticks, labels)
+    ax.xaxis.set_minor_locator(NullLocator())
     if all(r.busbw > 0 for r in rows):  # one rank has busbw 0 (factor 0): keep that linear
         ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes)")
+    ax.set_xlabel("message size (bytes; K, M, G = 1024^1, 1024^2, 1024^3)")
     ax.set_ylabel("busbw (GB/s)")
     ax.set_title(
         f"hpcring all-reduce, {header['ranks']} ranks on {header['hosts']} "
         f"host{'s' if header['hosts'] > 1 else ''}, {header['device']}, "
         f"{header['dtype']} {header['op']}"
     )
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend()
+    ax.grid(True, which="major", alpha=0.3)
+    ax.legend(fontsize="small", ncols=2 if len(names) > 6 else 1)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
