@@ -9,6 +9,7 @@ bare library call (the `BARE` row, ``MPI_Allreduce`` straight through mpi4py).
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import sys
 import time
@@ -61,6 +62,13 @@ def format_header(h: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _home(text: str) -> str:
+    """``text`` with paths under the user's home written from ``~``, as the defaults are documented
+    (the JSON keeps them whole)."""
+    home = os.path.expanduser("~")
+    return text if home in ("~", os.sep) else text.replace(home + os.sep, "~" + os.sep)
+
+
 def _guidance(h: dict[str, Any]) -> list[str]:
     """Where `auto`'s choices and the `predicted` column come from, and how to change that: the
     two things a first run leaves unexplained (a dict without these facts says nothing)."""
@@ -72,18 +80,20 @@ def _guidance(h: dict[str, Any]) -> list[str]:
             for limit, name in tuning["table"]
         )
         if tuning["tuned"]:
-            lines.append(f"# auto: tuned here, table {tuning['key']} of {tuning['path']}: {table}")
+            lines.append(f"# auto: tuned here, table {tuning['key']} of {_home(tuning['path'])}: {table}")
         else:
             lines += [
-                f"# auto: untuned built-in defaults ({tuning['why']}): {table}",
+                f"# auto: untuned built-in defaults ({_home(tuning['why'])}): {table}",
                 "#   --tune measures this machine's crossovers and writes them for auto",
             ]
     if "model_path" in h:
         if h.get("model"):
-            lines.append(f"# predicted: the cost model calibrated in {h['model']} (python -m hpcring.model)")
+            lines.append(
+                f"# predicted: the cost model calibrated in {_home(h['model'])} (python -m hpcring.model)"
+            )
         else:
             lines += [
-                f"# predicted: empty (-), no calibrated cost model at {h['model_path']}",
+                f"# predicted: empty (-), no calibrated cost model at {_home(h['model_path'])}",
                 "#   calibrate: mpiexec --oversubscribe -n 2 python -m hpcring.model --calibrate;  a preset "
                 f"link instead: python -m hpcring.model --ranks {h['ranks']} --bytes 1M --link ndr400",
             ]
