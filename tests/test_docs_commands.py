@@ -16,8 +16,8 @@ by line (continuation lines joined, ``&&`` chains split into their commands). Tw
   from the page's python block that opens with the comment ``# first.py``.
 
 Sizes are cut to fit CI (2 shared cores, about two minutes for all pages), each cut said in
-`small`: ``mpiexec`` at 2 ranks with ``--oversubscribe``; the bench up to 64 KiB with 3
-iterations (its flags kept, so each one is still exercised); the model's ``--calibrate`` and
+`small`: ``mpiexec`` at 2 ranks with ``--oversubscribe``; the bench at 8 B to 4 KiB in steps of
+8, 3 iterations (its flags kept, so each one is still exercised); the model's ``--calibrate`` and
 ``--validate`` with ``--quick``; the examples with few steps. A command shown on two pages runs
 once.
 """
@@ -189,7 +189,8 @@ def small(code: str) -> str:
     if "hpcring.bench" in code:
         sizes = {flag: parse_size(value) for flag, value in re.findall(r"(-[be]) (\w+)", code)}
         top = min(sizes.get("-e", 16 << 20), BENCH_TOP)
-        code += f" -b {format_size(min(sizes.get('-b', 8), top))} -e {format_size(top)} -n 3 -w 1"
+        low = format_size(min(sizes.get("-b", 8), top))
+        code += f" -b {low} -e {format_size(top)} -f 8 -n 3 -w 1"  # 8, 64, 512, 4K: 4 sizes
     if re.search(r"hpcring\.model --(calibrate|validate)", code):
         code += " --quick"
     for module, flags in STEPS.items():
@@ -268,7 +269,7 @@ def test_every_command_is_run_or_said_why_not() -> None:
             assert command.code or not_run(command), command.where()
     cut = small("mpiexec -n 8 python -m hpcring.bench -b 1M -e 1G -a ring,mpi --json out.json")
     assert cut.startswith("mpiexec --oversubscribe -n 2 ") and "-a ring,mpi --json out.json" in cut
-    assert cut.endswith("-b 4K -e 4K -n 3 -w 1")
+    assert cut.endswith("-b 4K -e 4K -f 8 -n 3 -w 1")
     assert (
         small("python -m hpcring.model --ranks 8 --bytes 1G")
         == "python -m hpcring.model --ranks 8 --bytes 1G"
