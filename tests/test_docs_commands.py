@@ -181,7 +181,7 @@ def run_by_example_test(code: str) -> str | None:
 
 
 def small(code: str) -> str:
-    """``code`` cut to CI's size: 2 ranks, the bench to 64 KiB, the model's quick calibration,
+    """``code`` cut to CI's size: 2 ranks, the bench to 4 KiB, the model's quick calibration,
     the examples' few steps (flags appended: the last one given wins in argparse)."""
     code = re.sub(r"\bmpiexec(?! --oversubscribe)", "mpiexec --oversubscribe", code)
     code = re.sub(r"(mpiexec --oversubscribe -n) \d+", r"\1 2", code)
