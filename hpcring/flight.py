@@ -203,18 +203,21 @@ def stall_detail(
     moving = here is not None and abs(here.phase) == MOVING and here.number == call
     reached = call if moving else call - 1
     lines = []
+    ranks = ", ".join(map(str, missing))
+    plural = "s" if len(missing) != 1 else ""
     if reached < 1:
-        known = "nothing: this is the first checked call on this communicator"
+        lines.append(
+            f"rank{plural} {ranks}: no earlier call on this communicator (this is its first checked call)"
+        )
     else:
         slot = recorder.find(reached)
-        if slot is None:
-            known = f"call {reached} (no longer in this rank's record)"
-        else:
-            known = f"call {reached}: {summary(facts(slot.call))}"
-            known += ", its agreement" if moving else ""
-    ranks = ", ".join(map(str, missing))
-    lines.append(f"last call rank{'s' if len(missing) != 1 else ''} {ranks} reached here: {known}")
-    mine = recorder.find(call) if here is None or here.number != call else here
+        known = "no longer in this rank's record" if slot is None else summary(facts(slot.call))
+        how = (
+            "its agreement completed, the data exchange did not here" if moving else "every rank agreed on it"
+        )
+        lines.append(f"rank{plural} {ranks}: last known at call {reached} ({known}; {how})")
+    in_flight = here is not None and abs(here.phase) in (AGREEMENT, MOVING)
+    mine = here if in_flight else recorder.find(call)
     what = f"call {call}" + (f" ({summary(facts(mine.call))})" if mine is not None else "")
     if waiting:
         for rank in sorted(waiting):
@@ -222,12 +225,17 @@ def stall_detail(
             at = f"call {notice[1]}" if len(notice) > 1 else what
             peer = f"rank {notice[2]}" if len(notice) > 2 and notice[2] >= 0 else "every rank"
             where = WHERE.get(notice[3], f"where-code {notice[3]}") if len(notice) > 3 else "?"
-            lines.append(f"rank {rank} waits in {at}, in {where}, for {peer}")
+            lines.append(f"rank {rank}: waits in {at}, in {where}, for {peer}")
     if not waiting or recorder.rank not in waiting:
         phase = "the data exchange" if moving else "the agreement"
         step = getattr(here.call.channel, "step", 0) if moving and here is not None else 0
         at = f" at step {step}" if step else ""
-        lines.append(f"rank {recorder.rank} (this one) waits in {what}, in {phase}{at}")
+        lines.append(f"rank {recorder.rank} (this one): waits in {what}, in {phase}{at}")
+        others = sorted(set(range(recorder.size)) - set(missing) - {recorder.rank} - set(waiting or ()))
+        if others and not waiting:
+            lines.append(
+                f"rank{'s' if len(others) > 1 else ''} {', '.join(map(str, others))}: stopped waiting too"
+            )
     return "\n  " + "\n  ".join(lines)
 
 
@@ -331,7 +339,8 @@ def table(dumps: list[dict[str, Any]], rows: int = 8) -> str:
     ranks = [d["rank"] for d in dumps]
     out = []
     for d in dumps:
-        out.append(f"rank {d['rank']}: {d['host']} pid {d['pid']}, written for {d['reason'].splitlines()[0]}")
+        reason = d["reason"].split(":")[0]  # the exception's name (its message follows the table)
+        out.append(f"rank {d['rank']}: {d['host']} pid {d['pid']}, written for {reason}")
     idents = sorted({c["id"] for d in dumps for c in d["communicators"]})
     for ident in idents:
         per_rank = {d["rank"]: next((c for c in d["communicators"] if c["id"] == ident), None) for d in dumps}
