@@ -18,7 +18,7 @@ from . import algorithms, config, exact
 from .arrays import NAMES, NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
 from .comm import CommState, Exclusive, intracomm, known_state, state_of
-from .flight import AGREEMENT, DONE, MASK, MOVING, clock, dump_on_error
+from .flight import AGREEMENT, MASK, MOVING, clock, dump_on_error
 from .ops import DTYPES, OPS, Op, check_op, op_name
 from .tracing import call_begin, call_end, local_copy
 from .units import format_bytes
@@ -252,7 +252,7 @@ class _Call:
         """Agree (with ``check``), then move the data, or raise ``problem`` on every rank.
 
         Each call is recorded in the communicator's flight recorder (`hpcring.flight`): a slot
-        reused every 64 calls, a few attribute stores and two clock reads (0.1-0.2 us)."""
+        reused every 64 calls, seven attribute stores and two clock reads (measured: +0.2 us)."""
         state = self.state
         with Exclusive(state):
             flight = state.flight
@@ -268,14 +268,12 @@ class _Call:
                 if problem is not None:  # a single rank: nothing to agree on
                     raise problem
                 slot.phase = MOVING
-                self.channel.step = 0
                 dst = self.move(x, out)
             except BaseException as error:
                 slot.number = state.calls
                 flight.failed(slot, error)
                 raise
-            slot.end = clock()
-            slot.phase = DONE
+            slot.end = clock()  # done: an end after the start (a failed call negates its phase)
         if self.adapter.immutable:  # JAX: a new array of the result; CUDA torch: after its stream waits
             return self.adapter.result(dst, x if self.in_place else out)
         return x if self.in_place else out

@@ -40,6 +40,7 @@ from .units import format_bytes
 SLOTS = 64  # calls kept per communicator (a power of two: the slot is seq & MASK)
 MASK = SLOTS - 1
 AGREEMENT, MOVING, DONE = 1, 2, 3  # a slot's phase; negated where the call raised in it
+STEPPED = {"ring", "rabenseifner"}  # algorithms that count their exchanges on Channel.step
 PHASES = {AGREEMENT: "agreement", MOVING: "moving", DONE: "done"}
 # What a stall notice's where-code names (the notice payload [rank, call, peer, where]):
 # the phases above, where the waiting rank was.
@@ -92,7 +93,7 @@ class Recorder:
         if slot.phase > 0:
             slot.phase = -slot.phase
         call = slot.call
-        slot.step = getattr(getattr(call, "channel", None), "step", 0)
+        slot.step = getattr(getattr(call, "channel", None), "step", 0) if slot.phase == -MOVING else 0
         slot.error = f"{type(error).__name__}: {error}"
         if isinstance(error, Exception):
             dump_on_error(error)
@@ -128,10 +129,12 @@ class Recorder:
 
     def entry(self, seq: int, slot: Slot) -> dict[str, Any]:
         """One slot as plain data: what was called, when, and how far it got."""
-        phase = slot.phase
+        phase = _phase(slot)
         step = slot.step
         if phase == MOVING:  # still running (a dump from SIGUSR1): the step it is in now
             step = getattr(slot.call.channel, "step", 0)
+        if abs(phase) != MOVING or slot.call.name not in STEPPED:  # else the channel's step is stale
+            step = 0
         entry = {
             "seq": seq,
             "call": slot.number if slot.checked else None,
@@ -140,11 +143,19 @@ class Recorder:
             "failed": phase < 0,
             "step": step,
             "start": self.wall_time(slot.start),
-            "end": self.wall_time(slot.end) if abs(phase) == DONE or phase < 0 else None,
+            "end": self.wall_time(slot.end) if phase == DONE or phase < 0 else None,
         }
         if phase < 0:
             entry["error"] = slot.error
         return entry
+
+
+def _phase(slot: Slot) -> int:
+    """A slot's phase, DONE included: api stores no phase at the end, only the end time."""
+    phase = slot.phase
+    if phase == MOVING and slot.end >= slot.start:
+        return DONE
+    return phase
 
 
 def facts(call: Any) -> dict[str, Any]:
@@ -200,7 +211,7 @@ def stall_detail(
     if recorder is None:
         return ""
     here = recorder.current()
-    moving = here is not None and abs(here.phase) == MOVING and here.number == call
+    moving = here is not None and abs(_phase(here)) == MOVING and here.number == call
     reached = call if moving else call - 1
     lines = []
     ranks = ", ".join(map(str, missing))
@@ -212,11 +223,9 @@ def stall_detail(
     else:
         slot = recorder.find(reached)
         known = "no longer in this rank's record" if slot is None else summary(facts(slot.call))
-        how = (
-            "its agreement completed, the data exchange did not here" if moving else "every rank agreed on it"
-        )
+        how = "its agreement completed, its data exchange did not" if moving else "every rank agreed on it"
         lines.append(f"rank{plural} {ranks}: last known at call {reached} ({known}; {how})")
-    in_flight = here is not None and abs(here.phase) in (AGREEMENT, MOVING)
+    in_flight = here is not None and abs(_phase(here)) in (AGREEMENT, MOVING)
     mine = here if in_flight else recorder.find(call)
     what = f"call {call}" + (f" ({summary(facts(mine.call))})" if mine is not None else "")
     if waiting:
@@ -364,7 +373,7 @@ def table(dumps: list[dict[str, Any]], rows: int = 8) -> str:
                     continue
                 text = entry["phase"] + (f" step {entry['step']}" if entry["step"] else "")
                 text += " FAILED" if entry["failed"] else ""
-                cells.append(text.ljust(width))
+                cells.append(text[: width - 1].ljust(width))
                 what.add(summary(entry))
             call = " | ".join(sorted(what)) + ("   <- ranks differ" if len(what) > 1 else "")
             out.append(f"{seq:>6}  " + "".join(cells) + call)

@@ -79,6 +79,7 @@ def _build(size: int, rank: int, count: int) -> Plan:
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     """dst <- op over all ranks of src (dst may be src)."""
     size, n = ch.size, src.size
+    ch.step = 0  # exchanges begun in this call: the flight record's step (`hpcring.flight`)
     plan = ch.plan(("rabenseifner", src.dtype, n, dst is src), lambda: _build(size, ch.rank, n))
     # ch.step counts the exchanges begun (the flight record's step, `hpcring.flight`).
     if plan.folded_into is not None:

@@ -272,6 +272,7 @@ def allreduce(
     while the all-gather still runs; not on the staged (host-copy) path.
     """
     size, n, settings = ch.size, src.size, ch.config
+    ch.step = 0  # exchanges begun in this call: the flight record's step (`hpcring.flight`)
     nap = wait_nap(settings)  # read (and refused if bad) before anything moves, on every path
     topo = topology.of(ch.comm)
     order = topo.ring  # neighbours share a node wherever placement allows
