@@ -51,12 +51,11 @@ clock = time.perf_counter
 class Slot:
     """One recorded call; reused every SLOTS calls."""
 
-    __slots__ = ("call", "checked", "end", "error", "number", "phase", "start", "step")
+    __slots__ = ("call", "end", "error", "number", "phase", "start", "step")
 
     def __init__(self) -> None:
         self.call: Any = None  # hpcring.api._Call: what was called (None: an empty slot)
-        self.number = 0  # the agreement's call number (checked calls on this communicator)
-        self.checked = False
+        self.number = 0  # the agreement's call number (checked calls on this communicator); 0: unchecked
         self.start = 0.0  # clock() seconds
         self.end = 0.0  # valid once the phase is DONE or negative
         self.phase = 0
@@ -106,7 +105,7 @@ class Recorder:
     def find(self, number: int) -> Slot | None:
         """The latest checked call with agreement number ``number``, if still recorded."""
         for _, slot in reversed(self.recorded()):
-            if slot.checked and slot.number == number and slot.call is not None:
+            if slot.number == number and slot.call is not None:
                 return slot
         return None
 
@@ -137,7 +136,7 @@ class Recorder:
             step = 0
         entry = {
             "seq": seq,
-            "call": slot.number if slot.checked else None,
+            "call": slot.number or None,
             **facts(slot.call),
             "phase": PHASES.get(abs(phase), "?"),
             "failed": phase < 0,
