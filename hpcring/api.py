@@ -254,7 +254,8 @@ class _Call:
         """Agree (with ``check``), then move the data, or raise ``problem`` on every rank.
 
         Each call is recorded in the communicator's flight recorder (`hpcring.flight`): a slot
-        reused every 64 calls, six attribute stores and two clock reads (measured: +0.2 us)."""
+        reused every 64 calls, six attribute stores and two clock reads (+0.2-0.3 us, measured
+        on a loaded machine: docs/reliability.md)."""
         state = self.state
         with Exclusive(state):
             flight = self.flight
