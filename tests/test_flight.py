@@ -167,6 +167,7 @@ def test_handler_chains_the_previous_one(monkeypatch: pytest.MonkeyPatch, tmp_pa
     heard = []
     before = signal.signal(signal.SIGUSR1, lambda signum, frame: heard.append(signum))
     monkeypatch.setattr(flight, "_installed", False)
+    monkeypatch.setattr(flight, "_previous", flight._previous)  # put back after the test
     monkeypatch.setenv("HPCRING_FLIGHT_RECORDER", str(tmp_path))
     config.reload()
     try:
