@@ -27,6 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .errors import StallError
+from .flight import Recorder, stall_detail
 from .polling import Waiter
 
 FIELDS = ("call", "count", "dtype", "op", "algorithm", "array", "placement", "settings")
@@ -43,10 +44,11 @@ GRACE = 1.0  # seconds a rank that stopped waiting listens for the others' notic
 class Agreement:
     """One communicator's agreement: the row and its negation in one tiny collective."""
 
-    __slots__ = ("comm", "rank", "size", "waiter")
+    __slots__ = ("comm", "flight", "rank", "size", "waiter")
 
-    def __init__(self, comm: MPI.Intracomm) -> None:
+    def __init__(self, comm: MPI.Intracomm, flight: Recorder | None = None) -> None:
         self.comm = comm
+        self.flight = flight  # the communicator's record: a StallError names where the ranks were
         self.waiter = Waiter(comm)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
 
@@ -74,7 +76,9 @@ class Agreement:
             deadline = time.monotonic() + timeout if timeout > 0 else None
             woke = self.waiter.wait(request, deadline)
             if woke is not None:
-                raise StallError(self.missing(woke), f"{what} call {row[0]} on this communicator", timeout)
+                missing = self.missing(woke)
+                detail = stall_detail(self.flight, missing, row[0], {})
+                raise StallError(missing, f"{what} call {row[0]} on this communicator", timeout, detail)
         got, width = buf.tolist(), len(row) + 1
         if got[width - 1] or any(
             high + low for high, low in zip(got[: width - 1], got[width:], strict=False)

@@ -41,6 +41,7 @@ class Channel:
         self._host = backend.direct and not backend.device  # host arrays: MPI takes them as they are
         self.bytes_sent = 0  # cumulative; the bench reads differences
         self.bytes_unknown = False  # set once an opaque MPI collective ran
+        self.step = 0  # exchanges begun in the current call (ring, rabenseifner): the flight record's step
         self._scratch: dict[str, Any] = {}
         self._plans: OrderedDict[tuple[Any, ...], Any] = OrderedDict()
         self._resources: dict[str, Any] = {}

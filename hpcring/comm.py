@@ -18,6 +18,7 @@ from mpi4py import MPI
 
 from .agreement import Agreement
 from .channel import Channel
+from .flight import Recorder
 
 _lock = threading.Lock()  # guards the keyval, the table of communicators being set up, channel creation
 _keyval: int | None = None  # created on first use: importing hpcring must not need MPI initialized
@@ -36,14 +37,18 @@ class CommState:
     closers: list[Callable[[], None]] = field(default_factory=list)
     calls: int = 0  # checked calls so far: the agreement names the call a rank stopped at
     warm: dict[Any, Any] = field(default_factory=dict)  # `hpcring.api`'s warm calls, by what cannot change
+    flight: Recorder = field(init=False)  # the last calls on this rank (`hpcring.flight`), made once
     _agreement: Agreement | None = None
+
+    def __post_init__(self) -> None:
+        self.flight = Recorder(self.comm.Get_rank(), self.comm.Get_size())
 
     @property
     def agreement(self) -> Agreement:
         """The agreement on this communicator's duplicate (its buffer made once)."""
         made = self._agreement
         if made is None:
-            made = self._agreement = Agreement(self.comm)
+            made = self._agreement = Agreement(self.comm, self.flight)
         return made
 
     def channel(self, backend: Any) -> Channel:

@@ -257,6 +257,14 @@ class Config:
         must_agree=True,
         canonical=_set_or_not,  # rank 0 gathers every rank's events at exit: all trace or none
     )
+    flight_recorder = Variable(
+        "HPCRING_FLIGHT_RECORDER",
+        path,
+        kind="path",
+        default="unset",
+        meaning="each rank writes its flight record (last calls) to DIR/rank-<r>.json on an error or SIGUSR1",
+        must_agree=False,
+    )
     tuning = Variable(
         "HPCRING_TUNING",
         path,

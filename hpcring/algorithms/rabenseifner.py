@@ -79,9 +79,13 @@ def _build(size: int, rank: int, count: int) -> Plan:
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     """dst <- op over all ranks of src (dst may be src)."""
     size, n = ch.size, src.size
+    ch.step = 0  # exchanges begun in this call: the flight record's step (`hpcring.flight`)
     plan = ch.plan(("rabenseifner", src.dtype, n, dst is src), lambda: _build(size, ch.rank, n))
+    # ch.step counts the exchanges begun (the flight record's step, `hpcring.flight`).
     if plan.folded_into is not None:
+        ch.step += 1
         ch.send(src, plan.folded_into)
+        ch.step += 1
         ch.recv(dst, plan.folded_into)
         return
     xp, incoming = ch.xp, ch.scratch("rabenseifner", plan.scratch, src.dtype)
@@ -93,12 +97,14 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     current = src
     if plan.folded_from is not None:
         theirs = dst if dst is not src else incoming
+        ch.step += 1
         ch.recv(theirs, plan.folded_from)
         op.combine(xp, theirs, src, dst)
         current = dst
     for step in plan.steps:  # reduce-scatter by recursive halving
         direct = current is src and dst is not src
         theirs = dst[step.keep] if direct else incoming[: step.keep.stop - step.keep.start]
+        ch.step += 1
         ch.sendrecv(current[step.give], step.partner, theirs, step.partner)
         mine = current[step.keep]
         if step.lower:
@@ -107,8 +113,10 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
             op.combine(xp, theirs, mine, dst[step.keep])
         current = dst
     for step in reversed(plan.steps):  # all-gather by recursive doubling: copies only
+        ch.step += 1
         ch.sendrecv(dst[step.keep], step.partner, dst[step.give], step.partner)
     if plan.folded_from is not None:
+        ch.step += 1
         ch.send(dst, plan.folded_from)
 
 

@@ -165,6 +165,7 @@ def _stream(
             on_final(piece)
     outgoing = len(first) + phase.forward
     for k in range(len(incoming)):
+        ch.step += 1  # the flight record's step: chunks received, both phases
         if k < outgoing:
             send(k)
         ch.wait(receives.popleft(), nap)
@@ -201,6 +202,7 @@ def _blocking(
     if on_final is not None:
         on_final(seg[(rank + 1) % size])
     for step in range(size - 1):
+        ch.step += 1  # the flight record's step: G-1 of the reduce-scatter, then these
         out_seg, in_seg = seg[(rank + 1 - step) % size], seg[(rank - step) % size]
         ch.sendrecv(dst[out_seg], plan.right, dst[in_seg], plan.left)
         if on_final is not None:
@@ -227,6 +229,7 @@ def reduce_scatter(
     """
     size = len(segments)
     for step in range(size - 1):
+        ch.step += 1  # the flight record's step (`hpcring.flight`): exchanges begun this call
         out_seg, in_seg = segments[(position - step) % size], segments[(position - step - 1) % size]
         buf = dst[in_seg] if incoming is None else incoming[: in_seg.stop - in_seg.start]
         ch.sendrecv((src if step == 0 else dst)[out_seg], right, buf, left)
@@ -269,6 +272,7 @@ def allreduce(
     while the all-gather still runs; not on the staged (host-copy) path.
     """
     size, n, settings = ch.size, src.size, ch.config
+    ch.step = 0  # exchanges begun in this call: the flight record's step (`hpcring.flight`)
     nap = wait_nap(settings)  # read (and refused if bad) before anything moves, on every path
     topo = topology.of(ch.comm)
     order = topo.ring  # neighbours share a node wherever placement allows
