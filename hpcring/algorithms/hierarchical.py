@@ -42,6 +42,8 @@ from ..channel import Channel
 from ..config import Config
 from ..ops import Op
 from ..partition import chunk_bounds, segment_bounds
+from ..wire import WireChannel
+from ..wire import channel as wire_channel
 from . import rabenseifner, ring
 
 # The all-gather inside the node travels in batches of 1 MiB or more (at most about
@@ -105,6 +107,8 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
         ring.allreduce(ch, src, dst, op)
         return
     local, cross = topo.channels(ch)
+    if isinstance(ch, WireChannel):  # wire=: both levels send narrowed; the cross ring rounds the shard
+        local, cross = wire_channel(local, ch.wire), wire_channel(cross, ch.wire)
     inter = inter_module(ch.config)
     sent_before = local.bytes_sent + cross.bytes_sent
     size, me, itemsize = local.size, local.rank, dst.dtype.itemsize
