@@ -37,6 +37,7 @@ from ..model.params import load_params
 from ..ops import OPS
 from ..polling import idle_barrier
 from ..units import busbw_factor
+from ..wire import WIRES
 from .data import expected_bytes_sent, expected_result, verifiable_input
 
 # ---------------------------------------------------------------------------------------
@@ -185,10 +186,17 @@ class Row:
 
     @property
     def label(self) -> str:
-        return f"auto:{self.chosen}" if self.chosen else self.algorithm
+        return f"{self.algorithm}:{self.chosen}" if self.chosen else self.algorithm  # auto+bf16:ring
 
 
 REPRODUCIBLE = "+rep"  # the suffix of a reproducible row's algorithm (fits the table's column)
+WIRE_TAGS = {"bfloat16": "+bf16", "float16": "+f16"}  # suffix of a wire= row: "ring+bf16"
+NO_WIRE = ("mpi", "nccl")  # algorithms that refuse wire=: no wire row for them
+
+
+def wire_of(label: str) -> str | None:
+    """The wire dtype a row's label names ("ring+bf16" -> "bfloat16"), or None."""
+    return next((wire for wire, tag in WIRE_TAGS.items() if label.endswith(tag)), None)
 
 
 def exact_bytes_sent(dtype: np.dtype) -> Any:
@@ -215,7 +223,10 @@ def measure_row(
     rank, size, dtype = comm.Get_rank(), comm.Get_size(), args.dtype
     count = nbytes // dtype.itemsize
     reproducible = algorithm.endswith(REPRODUCIBLE)  # allreduce(reproducible=True): "ring+rep"
+    wire = wire_of(algorithm)  # allreduce(wire=...): "ring+bf16"
     label, algorithm = algorithm, algorithm.removesuffix(REPRODUCIBLE)
+    if wire is not None:
+        algorithm = algorithm.removesuffix(WIRE_TAGS[wire])
     x = verifiable_input(dev.xp, count, dtype, args.op, rank)
     # In place, the result lands in x: each call starts from the input rewritten (untimed),
     # as a training step's fresh gradients; out of place, x stays as it is.
@@ -225,7 +236,8 @@ def measure_row(
     bare = algorithm == BARE
     channel = None if bare else channel_for(comm, adapter_for(x))
     # A reproducible auto row chooses for the sizes that travel there: named auto+rep, no choice
-    chosen = auto.chosen(channel, nbytes, args.in_place) if algorithm == label == "auto" else None
+    plain_auto = algorithm == "auto" and not reproducible
+    chosen = auto.chosen(channel, nbytes, args.in_place) if plain_auto else None
 
     if bare:
         call = bare_call(comm, dev, x, out, args.op)
@@ -233,7 +245,14 @@ def measure_row(
 
         def call() -> None:
             allreduce(
-                x, op=args.op, algorithm=algorithm, comm=comm, out=out, check=agree, reproducible=reproducible
+                x,
+                op=args.op,
+                algorithm=algorithm,
+                comm=comm,
+                out=out,
+                check=agree,
+                reproducible=reproducible,
+                wire=wire,
             )
 
     def refill() -> None:
@@ -281,10 +300,13 @@ def measure_row(
     # The reproducible rows' formula is exact.bytes_sent's; auto's may choose again for the sizes
     # that travel there (codes and words), so that row is not counted against one.
     formula_of = exact_bytes_sent(dtype) if reproducible else expected_bytes_sent
+    itemsize = dtype.itemsize
+    if wire is not None and (chosen is None or auto.wire_pays(channel, chosen)):
+        itemsize = WIRES[wire].itemsize  # what travels: the halved formula (auto: where it narrows)
     if (
         bare
         or (reproducible and algorithm == "auto")
-        or formula_of(ran, nbytes, size, rank, dtype.itemsize) is None
+        or formula_of(ran, nbytes // dtype.itemsize * itemsize, size, rank, itemsize) is None
     ):  # MPI's: not visible
         measured: list[int] | None = None
         formula: list[int] | None = None
@@ -297,7 +319,8 @@ def measure_row(
         # at that position of the order sends.
         place = nodes.order.index if algorithms.entry(ran).ring_order else int
         formula = [
-            formula_of(ran, nbytes, size, place(r), dtype.itemsize, per_node) or 0 for r in range(size)
+            formula_of(ran, nbytes // dtype.itemsize * itemsize, size, place(r), itemsize, per_node) or 0
+            for r in range(size)
         ]
     return Row(
         size=nbytes,
