@@ -167,3 +167,47 @@ def test_single_rank_copies_out_of_place() -> None:
     x = inputs(33)
     out = hpcring.allreduce(x, wire="bfloat16", comm=MPI.COMM_SELF, out=np.empty_like(x))
     np.testing.assert_array_equal(out, x)  # nothing travels: nothing is narrowed
+
+
+# ---- GradientSync: wire= and error feedback ----------------------------------------------------
+
+
+def run_steps(error_feedback: bool, steps: int = 64) -> tuple[float, hpcring.GradientSync]:
+    """Rank 0's gradient is 1 + 2^-10 every step (bfloat16 rounds it to 1), the others' 0, so every
+    sum is exact and only rank 0's own narrowing loses anything: the total over the steps."""
+    g = np.zeros(16, np.float32)
+    sync = hpcring.GradientSync(
+        [g], op="sum", algorithm="ring", wire="bfloat16", error_feedback=error_feedback, comm=WORLD
+    )
+    total = 0.0
+    for _ in range(steps):
+        sync.grads[0][...] = (1 + 2**-10) if WORLD.rank == 0 else 0.0
+        sync.ready_all()
+        total += float(sync.wait()[0][0])
+    return total, sync
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_error_feedback_keeps_and_applies_the_residual() -> None:
+    steps, g = 64, 1 + 2**-10
+    plain, _ = run_steps(False, steps)
+    fed, sync = run_steps(True, steps)
+    # Without it every step loses 2^-10 for good; with it the loss is at most what is held back now.
+    # (one rank: nothing travels, nothing is narrowed)
+    assert everywhere(WORLD, WORLD.size == 1 or abs(plain - steps * g) >= steps * 2**-10 * 0.99)
+    assert everywhere(WORLD, abs(fed - steps * g) <= 2**-8)
+    held = sync.residuals[0][0] if WORLD.rank == 0 else 0.0
+    assert everywhere(WORLD, abs(fed + held - steps * g) <= 2**-16)  # nothing is lost: sent or held
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_gradient_sync_refuses_bad_wire_on_every_rank() -> None:
+    ints = [np.zeros(4, np.int32)]
+    raises_everywhere(ValueError, "applies to float32", lambda: hpcring.GradientSync(ints, wire="bfloat16"))
+    floats = [np.zeros(4, np.float32)]
+    raises_everywhere(ValueError, "needs a wire", lambda: hpcring.GradientSync(floats, error_feedback=True))
+    if WORLD.size > 1:
+        mine = "bfloat16" if WORLD.rank == 0 else None
+        raises_everywhere(ValueError, "disagree", lambda: hpcring.GradientSync(floats, wire=mine))
