@@ -211,3 +211,12 @@ def test_gradient_sync_refuses_bad_wire_on_every_rank() -> None:
     if WORLD.size > 1:
         mine = "bfloat16" if WORLD.rank == 0 else None
         raises_everywhere(ValueError, "disagree", lambda: hpcring.GradientSync(floats, wire=mine))
+
+
+def test_cost_model_halves_the_bytes() -> None:
+    from hpcring.model.costs import Link, predict
+
+    link = Link(0.0, 1e-9)  # bandwidth only, no reductions: the time is the bytes
+    for algorithm in ("naive", "ps", "ring", "rabenseifner"):
+        plain = predict(algorithm, 1 << 20, 4, link, gamma=0.0)
+        assert predict(algorithm, 1 << 20, 4, link, gamma=0.0, wire="bfloat16") == pytest.approx(plain / 2)

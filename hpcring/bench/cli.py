@@ -36,6 +36,7 @@ from .measure import (
     median_rows,
     model_source,
     predicted_us,
+    wire_of,
 )
 from .report import (
     Progress,
@@ -301,7 +302,10 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
                 row = measure_row(args, comm, dev, nbytes, algorithm, corrupt_rank)
                 if params is not None:  # the model's `mpi` is the library's own algorithm
                     modelled = "mpi" if algorithm == BARE else row.chosen or algorithm
-                    row.predicted_us = predicted_us(modelled, nbytes, comm, params)
+                    wire = wire_of(algorithm)
+                    if wire is not None:
+                        modelled = modelled.removesuffix(WIRE_TAGS[wire])
+                    row.predicted_us = predicted_us(modelled, nbytes, comm, params, wire, args.dtype.itemsize)
                 passes[-1].append(row)
                 if rank == 0:
                     progress.clear()

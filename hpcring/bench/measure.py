@@ -454,13 +454,25 @@ def model_source(params: Params | None) -> str | None:
     return None if params is None else params.meta.get("path", "calibrated")
 
 
-def predicted_us(algorithm: str, nbytes: int, comm: MPI.Intracomm, params: Params) -> float | None:
+def predicted_us(
+    algorithm: str,
+    nbytes: int,
+    comm: MPI.Intracomm,
+    params: Params,
+    wire: str | None = None,
+    itemsize: int = 4,
+) -> float | None:
     """The cost model's time in us, on the nodes hpcring found (None where it cannot say)."""
     nodes = topology.of(channel_for(comm, adapter_for(np.empty(0))).comm)
     per_node = nodes.per_node[0] if nodes.two_level else None
     if algorithm == "hierarchical" and per_node is None:
         algorithm = "ring"  # what it runs without a second level
     try:
-        return predict(algorithm, nbytes, comm.Get_size(), params, per_node=per_node) * 1e6
+        return (
+            predict(
+                algorithm, nbytes, comm.Get_size(), params, per_node=per_node, wire=wire, itemsize=itemsize
+            )
+            * 1e6
+        )
     except ModelError:
         return None  # hierarchical on nodes, but the calibration saw one node only
