@@ -190,6 +190,18 @@ def channel(ch: Channel, wire: np.dtype) -> WireChannel:
     return ch.resource(f"wire-{wire.name}", lambda: WireChannel(ch, wire))
 
 
+def bytes_sent(
+    algorithm: str, count: int, itemsize: int, wire: np.dtype, size: int, rank: int, per_node: int = 1
+) -> int | None:
+    """Bytes rank ``rank`` hands to MPI for one call with ``wire``: the algorithm's formula in the
+    wire's itemsize, except inside the node for `hierarchical`, which narrows only across nodes."""
+    from . import algorithms  # the algorithms import this module
+
+    if algorithm == "hierarchical":
+        return algorithms.hierarchical.bytes_sent(count, itemsize, size, rank, per_node, wire.itemsize)
+    return algorithms.bytes_sent(algorithm, count, wire.itemsize, size, rank, per_node)
+
+
 def narrowings(algorithm: str, size: int, per_node: int = 1) -> int:
     """How many times the value of one element is rounded to the wire dtype on its way to the
     result (its longest path), for ``size`` ranks: the k in the error bound."""
@@ -203,7 +215,7 @@ def narrowings(algorithm: str, size: int, per_node: int = 1) -> int:
         core = 1 << (size.bit_length() - 1)
         return int(math.log2(core)) + 1 + (size != core)  # halving steps, the owner, a fold
     if algorithm == "hierarchical" and per_node > 1 and size % per_node == 0 and size > per_node:
-        return (per_node - 1) + size // per_node  # in-node hops, then the ring across (owner included)
+        return size // per_node  # the ring across nodes, owner included (the node's sum stays wide)
     return size  # ring: G-1 hops of partial sums, then the owner's rounding
 
 

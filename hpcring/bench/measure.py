@@ -38,6 +38,7 @@ from ..ops import OPS
 from ..polling import idle_barrier
 from ..units import busbw_factor
 from ..wire import WIRES
+from ..wire import bytes_sent as wire_bytes_sent
 from .data import expected_bytes_sent, expected_result, verifiable_input
 
 # ---------------------------------------------------------------------------------------
@@ -300,13 +301,16 @@ def measure_row(
     # The reproducible rows' formula is exact.bytes_sent's; auto's may choose again for the sizes
     # that travel there (codes and words), so that row is not counted against one.
     formula_of = exact_bytes_sent(dtype) if reproducible else expected_bytes_sent
-    itemsize = dtype.itemsize
     if wire is not None and (chosen is None or auto.wire_pays(channel, chosen)):
-        itemsize = WIRES[wire].itemsize  # what travels: the halved formula (auto: where it narrows)
+        narrowed = WIRES[wire]  # what travels: the formula in the wire's itemsize (auto: where it narrows)
+
+        def formula_of(ran: str, nbytes: int, size: int, rank: int, itemsize: int, per_node: int = 1) -> Any:
+            return wire_bytes_sent(ran, nbytes // itemsize, itemsize, narrowed, size, rank, per_node)
+
     if (
         bare
         or (reproducible and algorithm == "auto")
-        or formula_of(ran, nbytes // dtype.itemsize * itemsize, size, rank, itemsize) is None
+        or formula_of(ran, nbytes, size, rank, dtype.itemsize) is None
     ):  # MPI's: not visible
         measured: list[int] | None = None
         formula: list[int] | None = None
@@ -319,8 +323,7 @@ def measure_row(
         # at that position of the order sends.
         place = nodes.order.index if algorithms.entry(ran).ring_order else int
         formula = [
-            formula_of(ran, nbytes // dtype.itemsize * itemsize, size, place(r), itemsize, per_node) or 0
-            for r in range(size)
+            formula_of(ran, nbytes, size, place(r), dtype.itemsize, per_node) or 0 for r in range(size)
         ]
     return Row(
         size=nbytes,
