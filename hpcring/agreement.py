@@ -30,7 +30,7 @@ from .errors import StallError
 from .flight import Recorder, stall_detail
 from .polling import Waiter
 
-FIELDS = ("call", "count", "dtype", "op", "algorithm", "array", "placement", "settings")
+FIELDS = ("call", "count", "dtype", "op", "algorithm", "array", "placement", "settings", "wire")
 HINTS = {
     "call": " (a rank skipped or repeated a call on this communicator)",
     "settings": (
@@ -63,7 +63,7 @@ class Agreement:
     ) -> None:
         """Raise on every rank if any rank failed, disagrees on ``row``, or does not arrive in time.
 
-        ``row`` is (call, count, dtype, op, algorithm, array, placement, settings) as integers;
+        ``row`` is (call, count, dtype, op, algorithm, array, placement, settings, wire) as integers;
         ``describe(field, value)`` names a value for messages; ``what`` names the operation for
         StallError (which adds the call number).
         """

@@ -15,6 +15,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms, config, exact
+from . import wire as wires
 from .arrays import NAMES, NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
 from .comm import CommState, Exclusive, intracomm, known_state, state_of
@@ -85,10 +86,17 @@ def _validate(x: Any, out: Any, op: str) -> tuple[Adapter, Op, bool, np.dtype]:
 
 _OP_NAMES = [*OPS, *map(exact.tagged, OPS)]  # tagged: reproducible=True
 _ALG_NAMES = list(algorithms.MODULES)
+_WIRE_NAMES = [None, *wires.WIRES]  # wire=None is 0: a row without wire= reads as before
 
 
 def _signature(
-    x: Any, adapter: Adapter | None, op: str, algorithm: str, in_place: bool | None, settings: int
+    x: Any,
+    adapter: Adapter | None,
+    op: str,
+    algorithm: str,
+    in_place: bool | None,
+    settings: int,
+    wire: Any = None,
 ) -> list[int]:
     """What must agree across ranks, as integers (-1 where a value is not one we know); the
     agreement puts the call's number in front.
@@ -100,7 +108,8 @@ def _signature(
     ``adapter`` is None where this rank refused ``x``: its verdict, not this row, is then
     what the others hear. ``settings`` is the digest of the communicator's must-agree
     HPCRING_* values (`hpcring.config.Config.digest`): ranks with other chunk sizes or node
-    shapes would run other schedules, and hang.
+    shapes would run other schedules, and hang. ``wire`` too: ranks that narrow what they send
+    and ranks that do not would read each other's bytes as another dtype.
     """
     if adapter is None:
         count, dtype, kind = -1, None, -1
@@ -114,6 +123,7 @@ def _signature(
         kind,
         -1 if in_place is None else int(in_place),
         settings,
+        _WIRE_NAMES.index(wire) if wire in _WIRE_NAMES else -1,
     ]
 
 
@@ -125,6 +135,7 @@ def _describe(field: str, value: int) -> str:
         "algorithm": _ALG_NAMES,
         "array": NAMES,
         "placement": ["out of place (out=)", "in place"],
+        "wire": [f"wire={w!r}" for w in _WIRE_NAMES],
     }
     if field in names:
         return names[field][value] if 0 <= value < len(names[field]) else "?"
@@ -171,6 +182,7 @@ def allreduce(
     check: bool = True,
     timeout: float | None = None,
     reproducible: bool = False,
+    wire: str | None = None,
     _parts: list[Any] | None = None,
 ) -> Any:
     """Reduce ``x`` over all ranks of ``comm`` and return the result on every rank.
@@ -189,25 +201,37 @@ def allreduce(
     the algorithm or its chunking (`hpcring.exact`; docs/reproducibility.md gives the error
     bound and the cost, about 2.25x the bytes). With integers, max and min it changes nothing:
     those are reproducible already.
+
+    ``wire="bfloat16"`` or ``"float16"`` (float32 and float64 ``x``; algorithms naive, ps, ring,
+    rabenseifner, hierarchical, auto): what travels is narrowed to that dtype, half the bytes of
+    float32, while every reduction stays in ``x``'s dtype; every rank still ends with the same
+    bits (`hpcring.wire`; docs/compression.md gives the error bound and when it pays).
     """
     # A warm call (an array kind, shape, dtype, op, algorithm and placement this communicator
     # has run, on the same device) reuses what cannot have changed and asks the adapter one
     # question of what can; anything else, an error included, takes the full path (names
     # that are not strings too: unhashable, they must reach the agreement as a verdict).
     state = known_state(MPI.COMM_WORLD if comm is None else comm)
-    if state is not None and op.__class__ is str and algorithm.__class__ is str and not reproducible:
+    if (
+        state is not None
+        and op.__class__ is str
+        and algorithm.__class__ is str
+        and not reproducible
+        and (wire is None or wire.__class__ is str)
+    ):
         adapter = known_adapter(x)
         if adapter is not None:
             try:  # an adapter's question that raises (a dtype it has no name for) is the full path's
                 device = adapter.current_device() if adapter.device else None
-                key = (adapter, adapter.shape(x), adapter.dtype(x), op, algorithm, out is None, device)
+                key = (adapter, adapter.shape(x), adapter.dtype(x), op, algorithm, out is None, device, wire)
                 call = state.warm.get(key)
                 ready = call is not None and adapter.ready(x, out)
             except Exception:
                 ready = False
             if ready:
                 return call.execute(x, out, check, timeout, None)
-    return _first(x, op, algorithm, intracomm(comm, "allreduce"), out, check, timeout, reproducible, _parts)
+    comm = intracomm(comm, "allreduce")
+    return _first(x, op, algorithm, comm, out, check, timeout, reproducible, _parts, wire)
 
 
 class _Call:
@@ -328,10 +352,11 @@ def _first(
     timeout: float | None,
     reproducible: bool = False,
     parts: list[Any] | None = None,
+    wire: str | None = None,
 ) -> Any:
     """The full path: `examine` the call, run it, and keep what a warm call of its kind reuses."""
     try:
-        call, problem, key = examine(x, op, algorithm, comm, out, check, reproducible, parts)
+        call, problem, key = examine(x, op, algorithm, comm, out, check, reproducible, parts, wire)
     except Exception as error:  # check=False: this rank's own input error (check=True agrees on it)
         dump_on_error(error)
         raise
@@ -353,6 +378,7 @@ def examine(
     check: bool,
     reproducible: bool = False,
     parts: list[Any] | None = None,
+    wire: str | None = None,
 ) -> tuple[_Call, Exception | None, Any]:
     """Validation through the adapter, the communicator's state (its first call duplicates it),
     the one question to the algorithms, the memory guard: the call to run, this rank's problem
@@ -377,6 +403,9 @@ def examine(
             count, itemsize = adapter.size(x), dtype.itemsize
             if reproducible:  # ---- reproducible sums: hpcring/exact.py ----
                 exact_path = exact.check(op, dtype, accumulated=parts is not None)
+            narrowed = wires.check(wire, dtype, algorithm, reproducible, bool(adapter.device))
+            if narrowed is not None:  # ---- wire compression: hpcring/wire.py ----
+                channel = wires.channel(channel, narrowed)
             prepared = algorithms.prepare(algorithm, channel, count, itemsize, bool(in_place))
             _check_memory(channel, prepared.name, prepared.scratch, count, itemsize)
             run, ran = prepared.run, prepared.name
@@ -390,11 +419,11 @@ def examine(
                 raise
             problem = error
     tagged = exact.tagged(op) if reproducible else op  # ranks that differ on reproducible= disagree on op
-    row = _signature(x, adapter, tagged, algorithm, in_place, channel.config.digest())
+    row = _signature(x, adapter, tagged, algorithm, in_place, channel.config.digest(), wire)
     call = _Call(state, channel, adapter, algorithm, op, reduction, in_place, row, run)
     call.name, call.exact, call.parts = ran, exact_path, parts
     key = None
     if cacheable:
         device = adapter.current_device() if adapter.device else None
-        key = (adapter, adapter.shape(x), dtype, op, algorithm, out is None, device)
+        key = (adapter, adapter.shape(x), dtype, op, algorithm, out is None, device, wire)
     return call, problem, key

@@ -171,6 +171,7 @@ def iallreduce(
     check: bool = True,
     timeout: float | None = None,
     reproducible: bool = False,
+    wire: str | None = None,
 ) -> Request:
     """Start `hpcring.allreduce(x, ...)` and return at once with a `Request`.
 
@@ -192,6 +193,7 @@ def iallreduce(
                 check=check,
                 timeout=timeout,
                 reproducible=reproducible,
+                wire=wire,
             )
 
     return engine.submit(call)

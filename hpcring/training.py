@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from . import wire as wire_dtypes
 from .arrays import NUMPY, Adapter, adapter_for
 from .nonblocking import Engine, engine_for, iallreduce
 from .ops import DTYPES, op_name
@@ -107,6 +108,11 @@ class GradientSync:
     as templates: shape, dtype and initial values are copied into the buckets, and from then
     on ``sync.grads[i]`` (a view into a bucket) is gradient ``i``. Every rank must pass the
     same list (count, shapes, dtypes) and arguments; otherwise every rank raises ValueError here.
+
+    ``wire="bfloat16"`` (float32/float64 gradients) sends every bucket narrowed, half the bytes
+    (`hpcring.allreduce`'s wire=, docs/compression.md). ``error_feedback=True`` keeps, per rank,
+    what narrowing its own gradient lost (``sync.residuals``) and adds it to the next step's
+    gradient, so no part of a gradient is lost for good (error feedback, as in EF-SGD).
     """
 
     def __init__(
@@ -120,15 +126,21 @@ class GradientSync:
         op: str | MPI.Op = "mean",
         check: bool = True,
         reproducible: bool = False,
+        wire: str | None = None,
+        error_feedback: bool = False,
     ) -> None:
         comm = MPI.COMM_WORLD if comm is None else comm
         self.engine: Engine = engine_for(comm)  # collective: every rank reaches it
         self.comm = comm
         self.op, self.algorithm, self.check = op, algorithm, check
         self.reproducible = reproducible  # hpcring.allreduce(reproducible=...) for every bucket
+        self.wire = wire  # hpcring.allreduce(wire=...) for every bucket
+        self.error_feedback = bool(error_feedback)
         try:  # any mistake here is still a verdict for the allgather: no rank may skip it
             self.op = op = op_name(op, "hpcring.GradientSync")  # MPI.SUM -> "sum": ranks compare names
             problem = self._local_problem(grads, bucket_bytes, first_bucket_bytes)
+            if problem is None:
+                problem = self._wire_problem(grads, wire, error_feedback, reproducible)
             layout = None
             if problem is None:  # every gradient is an array of one kind
                 adapter = adapter_for(grads[0]) if grads else NUMPY
@@ -143,6 +155,8 @@ class GradientSync:
                     int(bucket_bytes),
                     int(first_bucket_bytes),
                     *(["reproducible"] if reproducible else []),
+                    *([f"wire={wire}"] if wire is not None else []),
+                    *(["error_feedback"] if error_feedback else []),
                 ),
             )
         except (TypeError, ValueError) as error:  # bucket_bytes=None, grads not a list, ...
@@ -164,6 +178,16 @@ class GradientSync:
                 self.grads[index] = view
                 self._where[index] = (b, position)
         self._pointers = [self._pointer(v) for v in self.grads]
+        # Error feedback: per bucket, what this rank's own narrowing lost last step (added to the
+        # next step's gradient before it is narrowed again), and a wire buffer to narrow into.
+        self.residuals: list[Any] = []
+        self._narrowed: list[Any] = []
+        if self.error_feedback:
+            narrow = wire_dtypes.WIRES[wire]
+            for bucket in self.buckets:
+                self.residuals.append(self.backend.empty(bucket.count, bucket.dtype))
+                self.residuals[-1].fill(0)
+                self._narrowed.append(self.backend.empty(bucket.count, narrow))
         self.stats = StepStats()
         self._reset()
 
@@ -185,6 +209,31 @@ class GradientSync:
         if len(kinds) > 1:
             return "gradients mix NumPy and CuPy arrays; keep them on one device"
         return None
+
+    @staticmethod
+    def _wire_problem(grads: Sequence[Any], wire: Any, error_feedback: Any, reproducible: bool) -> str | None:
+        """What is wrong with ``wire`` and ``error_feedback`` here, as a message (None: nothing)."""
+        if wire is None:
+            return "error_feedback=True needs a wire= (nothing is narrowed)" if error_feedback else None
+        if not isinstance(wire, str) or wire not in wire_dtypes.WIRES:
+            return f"unknown wire {wire!r}; choose one of {', '.join(wire_dtypes.WIRES)} or None"
+        if reproducible:
+            return "reproducible=True and wire= cannot be combined"
+        for i, g in enumerate(grads):
+            dtype = adapter_for(g).dtype(g)
+            if dtype not in wire_dtypes.WIDE:
+                return f"gradient {i} has dtype {dtype}; wire= applies to float32 and float64"
+        return None
+
+    def _feed_back(self, b: int) -> None:
+        """Error feedback (EF-SGD, 1-bit Adam): the bucket becomes g + e rounded to the wire, and
+        e becomes what that rounding lost. This rank's own contribution then travels exactly,
+        and what it could not send is sent in a later step instead of being dropped."""
+        buffer, residual = self.buckets[b].buffer, self.residuals[b]
+        buffer += residual
+        residual[...] = buffer
+        wire_dtypes.round_trip(buffer, self._narrowed[b])
+        residual -= buffer
 
     # -- one step ------------------------------------------------------------------------------
 
@@ -243,6 +292,8 @@ class GradientSync:
 
     def _launch(self, b: int) -> None:
         bucket = self.buckets[b]
+        if self.error_feedback:
+            self._feed_back(b)
         if bucket.planned is None:  # its first launch: collective, and buckets launch in order
             bucket.planned = self._plan(bucket)
         if bucket.planned:
@@ -256,6 +307,7 @@ class GradientSync:
             comm=self.comm,
             check=self.check,
             reproducible=self.reproducible,
+            wire=self.wire,
         )
         self._next = b + 1
 
@@ -263,7 +315,7 @@ class GradientSync:
         """Give ``bucket`` a plan where its runs proceed on their own (MPI-4's persistent
         all-reduce: `mpi`, or `auto` where it chooses `mpi`), agreed once; elsewhere the bucket
         goes through `iallreduce`, whose worker thread gives the overlap."""
-        if self.reproducible:
+        if self.reproducible or self.wire is not None:
             return False
         made = plan(bucket.buffer, op=self.op, algorithm=self.algorithm, comm=self.comm)
         if made.persistent:

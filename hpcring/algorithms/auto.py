@@ -25,6 +25,7 @@ from typing import Any
 from .. import topology
 from ..channel import Channel
 from ..ops import Op
+from ..wire import WireChannel
 from .tuning import choose, default_table, key_for, load
 
 
@@ -54,7 +55,24 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
 
     The choice for a size is a plan of its own, so later calls of that size need no
     communication to make it; `hpcring.api` then runs the choice directly (`resolve`)."""
-    _package().get(choose_for(ch, src.nbytes, dst is src))(ch, src, dst, op)
+    name = choose_for(ch, src.nbytes, dst is src)
+    if isinstance(ch, WireChannel) and not wire_pays(ch, name):
+        ch = ch.inner  # wire= where it does not pay: the same choice, sent as it is
+    _package().get(name)(ch, src, dst, op)
+
+
+# wire= on one node: off, by measurement (docs/compression.md). Shared memory moves float32
+# faster than the narrowing and widening of every chunk costs: on the 2-core machine the ring
+# with wire="bfloat16" took longer than without at 2 and 4 ranks, 16 and 64 MiB.
+WIRE_ON_ONE_NODE = False
+
+
+def wire_pays(ch: Channel, name: str) -> bool:
+    """Whether `auto` with wire= narrows what its choice ``name`` sends: only an algorithm that
+    moves data itself can (`mpi` cannot), and only across nodes does half the bytes save time."""
+    if name in ("mpi", "nccl"):
+        return False
+    return WIRE_ON_ONE_NODE or topology.of(ch.comm).nodes > 1
 
 
 def choose_for(ch: Channel, nbytes: int, in_place: bool) -> str:
@@ -74,7 +92,10 @@ def resolve(ch: Channel, nbytes: int, in_place: bool) -> str | None:
 
     A 4 KiB call takes 15-20 us at 2 ranks and 60 at 3 ranks sharing 2 cores, where each
     microsecond of Python costs several: the memory guard prices the choice itself (often
-    `mpi`, no scratch), and the call skips this module's own dispatch."""
+    `mpi`, no scratch), and the call skips this module's own dispatch. With wire= (a
+    `WireChannel`) it stays None: `allreduce` above decides whether the wire pays."""
+    if isinstance(ch, WireChannel):
+        return None
     return ch.cached(_choice_key(nbytes, in_place))
 
 

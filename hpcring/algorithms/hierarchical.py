@@ -42,6 +42,8 @@ from ..channel import Channel
 from ..config import Config
 from ..ops import Op
 from ..partition import chunk_bounds, segment_bounds
+from ..wire import WireChannel
+from ..wire import channel as wire_channel
 from . import rabenseifner, ring
 
 # The all-gather inside the node travels in batches of 1 MiB or more (at most about
@@ -105,6 +107,12 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
         ring.allreduce(ch, src, dst, op)
         return
     local, cross = topo.channels(ch)
+    # wire=: only the network carries narrowed data. Inside the node the reduce-scatter stays
+    # in the input dtype (shared memory moves it faster than it can be narrowed, and the node's
+    # sum is then rounded once, not at every local hop); the ring across nodes narrows, and its
+    # owners round the shard, so the all-gather inside passes on values already on the wire grid.
+    if isinstance(ch, WireChannel):
+        cross = wire_channel(cross, ch.wire)
     inter = inter_module(ch.config)
     sent_before = local.bytes_sent + cross.bytes_sent
     size, me, itemsize = local.size, local.rank, dst.dtype.itemsize
@@ -154,20 +162,24 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     ch.bytes_unknown |= local.bytes_unknown or cross.bytes_unknown
 
 
-def bytes_sent(count: int, itemsize: int, size: int, rank: int, per_node: int = 1) -> int:
+def bytes_sent(
+    count: int, itemsize: int, size: int, rank: int, per_node: int = 1, wire_itemsize: int | None = None
+) -> int:
     """A ring reduce-scatter over L ranks in the node, the cross-node algorithm over H on this
     rank's shard, and that shard sent to the L-1 other ranks of the node.
 
     ``per_node`` is L, ranks placed in blocks of L (node = rank // L); 1 (or a size that
-    is not H·L with H > 1) gives the flat ring this falls back to.
+    is not H·L with H > 1) gives the flat ring this falls back to. ``wire_itemsize`` (wire=):
+    the bytes per element that cross nodes, and all of them on the flat ring.
     """
     if size == 1 or count == 0:
         return 0
     if per_node <= 1 or size % per_node or size == per_node:
-        return ring.bytes_sent(count, itemsize, size, rank)
+        return ring.bytes_sent(count, wire_itemsize or itemsize, size, rank)
     nodes, local_rank = size // per_node, rank % per_node
     start, stop = segment_bounds(count, per_node)[(local_rank + 1) % per_node]
-    across = inter_module().bytes_sent(stop - start, itemsize, nodes, rank // per_node) if stop > start else 0
+    wide = wire_itemsize or itemsize
+    across = inter_module().bytes_sent(stop - start, wide, nodes, rank // per_node) if stop > start else 0
     # Inside: the reduce-scatter sends every segment but shard j+1; the all-gather sends
     # shard j+1 to each of the other L-1 local ranks.
     inside = (count - (stop - start)) + (per_node - 1) * (stop - start)

@@ -13,6 +13,7 @@ from typing import Any
 from ..channel import Channel
 from ..ops import Op
 from ..tracing import local_copy
+from ..wire import round_owned
 
 
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
@@ -21,6 +22,7 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     copies = ch.scratch("naive", size * n, src.dtype).reshape(size, n)  # row r: rank r's buffer
     copies[rank] = src
     local_copy(copies[rank], src)
+    round_owned(ch, copies[rank])  # wire=: sum the copy the others receive, so every rank agrees
     for step in range(1, size):
         ch.sendrecv(src, (rank + step) % size, copies[(rank - step) % size], (rank - step) % size)
     dst[...] = copies[0]

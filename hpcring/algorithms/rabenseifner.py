@@ -23,6 +23,7 @@ from typing import Any
 from ..channel import Channel
 from ..ops import Op
 from ..partition import segment_bounds
+from ..wire import round_owned
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,7 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
         else:
             op.combine(xp, theirs, mine, dst[step.keep])
         current = dst
+    round_owned(ch, dst[plan.steps[-1].keep])  # wire=: the finished segment, as the others get it
     for step in reversed(plan.steps):  # all-gather by recursive doubling: copies only
         ch.step += 1
         ch.sendrecv(dst[step.keep], step.partner, dst[step.give], step.partner)

@@ -26,6 +26,7 @@ from ..channel import Channel
 from ..config import Config
 from ..ops import Op
 from ..partition import chunk_bounds, segment_bounds
+from ..wire import WireChannel, round_owned
 from . import ring_staged
 
 # Default: no chunking, by measurement. On this project's 2-core machine (Open MPI wheel,
@@ -199,6 +200,7 @@ def _blocking(
     size, rank, seg = len(plan.segments), plan.rank, plan.segments
     incoming = None if dst is not src else ch.scratch("ring", seg[0].stop - seg[0].start, dst.dtype)
     reduce_scatter(ch, seg, rank, plan.left, plan.right, src, dst, op, incoming)
+    round_owned(ch, dst[seg[(rank + 1) % size]])  # wire=: keep what the others will receive
     if on_final is not None:
         on_final(seg[(rank + 1) % size])
     for step in range(size - 1):
@@ -288,7 +290,9 @@ def allreduce(
         )
         ring_staged.run(ch, staged, src, dst, op)
         return
-    chunk = chunk_elements(src.dtype.itemsize, chunk_bytes, settings)
+    # wire=: chunks are sized by what travels (60 KiB messages stay under the eager limit)
+    itemsize = ch.wire.itemsize if isinstance(ch, WireChannel) else src.dtype.itemsize
+    chunk = chunk_elements(itemsize, chunk_bytes, settings)
     plan = ch.plan(
         ("ring", src.dtype, n, dst is src, chunk, order), lambda: _build(size, ch.rank, n, chunk, order)
     )
@@ -297,6 +301,7 @@ def allreduce(
     # blocking call only, so that case keeps the blocking ring.
     if plan.pipelined and ch.backend.direct:
         _stream(ch, plan, plan.reduce_scatter, src, dst, op, nap)
+        round_owned(ch, dst[plan.segments[(plan.rank + 1) % size]])
         _stream(ch, plan, plan.all_gather, dst, dst, None, nap, on_final)
     else:
         _blocking(ch, plan, src, dst, op, on_final)

@@ -19,10 +19,13 @@ from .. import ALGORITHMS, algorithms, config, exact
 from ..algorithms.tuning import write_tuning
 from ..ops import BFLOAT16, DTYPES, OPS, check_op
 from ..units import format_size, parse_size
+from ..wire import WIDE
 from .data import sweep
 from .measure import (
     BARE,
+    NO_WIRE,
     REPRODUCIBLE,
+    WIRE_TAGS,
     Device,
     Row,
     copyto_GBps,
@@ -34,6 +37,7 @@ from .measure import (
     median_rows,
     model_source,
     predicted_us,
+    wire_of,
 )
 from .report import (
     Progress,
@@ -160,6 +164,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="beside each algorithm's row, one of allreduce(reproducible=True), "
         f"named ALGORITHM{REPRODUCIBLE} (float dtypes, op sum or mean)",
     )
+    add(
+        "--wire",
+        choices=list(WIRE_TAGS),
+        help="beside each algorithm's row (but mpi's and nccl's), one of allreduce(wire=WIRE): what "
+        "travels is narrowed to WIRE, named ALGORITHM+bf16 or +f16 (dtype float32 or float64)",
+    )
     add("--json", metavar="FILE", help="write header and every row to FILE")
     add("--plot", metavar="FILE.png", help="plot busbw vs size to FILE.png (needs matplotlib)")
     return parser
@@ -189,6 +199,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--reproducible: {str(error).removeprefix('hpcring.allreduce: ')}")
         if args.tune:
             parser.error("--reproducible and --tune: the tuning file is for the plain algorithms")
+    if args.wire is not None:
+        if args.dtype not in WIDE:
+            parser.error(f"--wire: applies to dtype float32 or float64, not {args.dtype.name}")
+        if args.tune or args.reproducible:
+            parser.error("--wire with --tune or --reproducible: measure them apart")
     args.default_algorithms = args.algorithms is None
     known = (*ALGORITHMS, *algorithms.BASELINES)
     names = [a.strip() for a in (args.algorithms or ",".join(ALGORITHMS)).split(",") if a.strip()]
@@ -274,6 +289,9 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
     names = [BARE, *args.algorithms]
     if args.reproducible:  # each algorithm's reproducible row right after its plain one
         names = [BARE, *(f"{a}{tag}" for a in args.algorithms for tag in ("", REPRODUCIBLE))]
+    if args.wire is not None:  # each algorithm's wire row right after its plain one
+        tag = WIRE_TAGS[args.wire]
+        names = [BARE, *(f"{a}{t}" for a in args.algorithms for t in ("", tag) if not t or a not in NO_WIRE)]
     progress = Progress(len(sizes) * len(names) * args.passes, enabled=rank == 0)
     passes: list[list[Row]] = []
     for done in range(args.passes):
@@ -286,7 +304,10 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
                 row = measure_row(args, comm, dev, nbytes, algorithm, corrupt_rank)
                 if params is not None:  # the model's `mpi` is the library's own algorithm
                     modelled = "mpi" if algorithm == BARE else row.chosen or algorithm
-                    row.predicted_us = predicted_us(modelled, nbytes, comm, params)
+                    wire = wire_of(algorithm)
+                    if wire is not None:
+                        modelled = modelled.removesuffix(WIRE_TAGS[wire])
+                    row.predicted_us = predicted_us(modelled, nbytes, comm, params, wire, args.dtype.itemsize)
                 passes[-1].append(row)
                 if rank == 0:
                     progress.clear()

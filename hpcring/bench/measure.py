@@ -39,6 +39,8 @@ from ..model.params import default_path, load_params
 from ..ops import OPS
 from ..polling import idle_barrier
 from ..units import busbw_factor
+from ..wire import WIRES
+from ..wire import bytes_sent as wire_bytes_sent
 from .data import expected_bytes_sent, expected_result, verifiable_input
 
 # ---------------------------------------------------------------------------------------
@@ -187,10 +189,17 @@ class Row:
 
     @property
     def label(self) -> str:
-        return f"auto:{self.chosen}" if self.chosen else self.algorithm
+        return f"{self.algorithm}:{self.chosen}" if self.chosen else self.algorithm  # auto+bf16:ring
 
 
 REPRODUCIBLE = "+rep"  # the suffix of a reproducible row's algorithm (fits the table's column)
+WIRE_TAGS = {"bfloat16": "+bf16", "float16": "+f16"}  # suffix of a wire= row: "ring+bf16"
+NO_WIRE = ("mpi", "nccl")  # algorithms that refuse wire=: no wire row for them
+
+
+def wire_of(label: str) -> str | None:
+    """The wire dtype a row's label names ("ring+bf16" -> "bfloat16"), or None."""
+    return next((wire for wire, tag in WIRE_TAGS.items() if label.endswith(tag)), None)
 
 
 def exact_bytes_sent(dtype: np.dtype) -> Any:
@@ -217,7 +226,10 @@ def measure_row(
     rank, size, dtype = comm.Get_rank(), comm.Get_size(), args.dtype
     count = nbytes // dtype.itemsize
     reproducible = algorithm.endswith(REPRODUCIBLE)  # allreduce(reproducible=True): "ring+rep"
+    wire = wire_of(algorithm)  # allreduce(wire=...): "ring+bf16"
     label, algorithm = algorithm, algorithm.removesuffix(REPRODUCIBLE)
+    if wire is not None:
+        algorithm = algorithm.removesuffix(WIRE_TAGS[wire])
     x = verifiable_input(dev.xp, count, dtype, args.op, rank)
     # In place, the result lands in x: each call starts from the input rewritten (untimed),
     # as a training step's fresh gradients; out of place, x stays as it is.
@@ -227,7 +239,8 @@ def measure_row(
     bare = algorithm == BARE
     channel = None if bare else channel_for(comm, adapter_for(x))
     # A reproducible auto row chooses for the sizes that travel there: named auto+rep, no choice
-    chosen = auto.chosen(channel, nbytes, args.in_place) if algorithm == label == "auto" else None
+    plain_auto = algorithm == "auto" and not reproducible
+    chosen = auto.chosen(channel, nbytes, args.in_place) if plain_auto else None
 
     if bare:
         call = bare_call(comm, dev, x, out, args.op)
@@ -235,7 +248,14 @@ def measure_row(
 
         def call() -> None:
             allreduce(
-                x, op=args.op, algorithm=algorithm, comm=comm, out=out, check=agree, reproducible=reproducible
+                x,
+                op=args.op,
+                algorithm=algorithm,
+                comm=comm,
+                out=out,
+                check=agree,
+                reproducible=reproducible,
+                wire=wire,
             )
 
     def refill() -> None:
@@ -283,6 +303,12 @@ def measure_row(
     # The reproducible rows' formula is exact.bytes_sent's; auto's may choose again for the sizes
     # that travel there (codes and words), so that row is not counted against one.
     formula_of = exact_bytes_sent(dtype) if reproducible else expected_bytes_sent
+    if wire is not None and (chosen is None or auto.wire_pays(channel, chosen)):
+        narrowed = WIRES[wire]  # what travels: the formula in the wire's itemsize (auto: where it narrows)
+
+        def formula_of(ran: str, nbytes: int, size: int, rank: int, itemsize: int, per_node: int = 1) -> Any:
+            return wire_bytes_sent(ran, nbytes // itemsize, itemsize, narrowed, size, rank, per_node)
+
     if (
         bare
         or (reproducible and algorithm == "auto")
@@ -433,14 +459,26 @@ def model_source(params: Params | None) -> str | None:
     return None if params is None else params.meta.get("path", "calibrated")
 
 
-def predicted_us(algorithm: str, nbytes: int, comm: MPI.Intracomm, params: Params) -> float | None:
+def predicted_us(
+    algorithm: str,
+    nbytes: int,
+    comm: MPI.Intracomm,
+    params: Params,
+    wire: str | None = None,
+    itemsize: int = 4,
+) -> float | None:
     """The cost model's time in us, on the nodes hpcring found (None where it cannot say)."""
     nodes = topology.of(channel_for(comm, adapter_for(np.empty(0))).comm)
     per_node = nodes.per_node[0] if nodes.two_level else None
     if algorithm == "hierarchical" and per_node is None:
         algorithm = "ring"  # what it runs without a second level
     try:
-        return predict(algorithm, nbytes, comm.Get_size(), params, per_node=per_node) * 1e6
+        return (
+            predict(
+                algorithm, nbytes, comm.Get_size(), params, per_node=per_node, wire=wire, itemsize=itemsize
+            )
+            * 1e6
+        )
     except ModelError:
         return None  # hierarchical on nodes, but the calibration saw one node only
 

@@ -192,6 +192,8 @@ def train(
     report: Callable[[dict[str, float]], None] | None = None,
     reproducible: bool = False,
     microbatches: int = 12,
+    wire: str | None = None,
+    error_feedback: bool = False,
 ) -> Result:
     """Train on ``comm``; every rank returns the same weights (bitwise) and the same losses."""
     xp = array_module(device, comm)
@@ -206,6 +208,8 @@ def train(
         bucket_bytes=max(int(bucket_mb * (1 << 20)), 1),
         algorithm=algorithm,
         op="sum",  # each rank's gradient is already its share of the global mean
+        wire=wire,
+        error_feedback=error_feedback,
     )
     grads = sync.grads
     if reproducible:  # the microbatch gradients go to an ExactSum, not to the buckets
@@ -349,6 +353,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--microbatches", type=int, default=12, help="per global batch, with --reproducible")
     parser.add_argument("--digest", action="store_true", help="print the final weights' SHA-256")
+    parser.add_argument(
+        "--wire", choices=("bfloat16", "float16"), help="send gradients narrowed (docs/compression.md)"
+    )
+    parser.add_argument(
+        "--error-feedback", action="store_true", help="with --wire: keep each rank's rounding residual"
+    )
     return parser.parse_args(argv)
 
 
@@ -376,6 +386,7 @@ def main(argv: list[str] | None = None) -> int:
         f"# hpcring {info['hpcring']} | {size} ranks | MLP 64-{'-'.join([str(width)] * depth)}-10, "
         f"{count:,} parameters, {args.dtype} on {args.device} | global batch {args.batch} | "
         f"{args.optimizer} lr {lr:g} | algorithm {args.algorithm} | "
+        f"wire {args.wire or 'off'}{' + error feedback' if args.error_feedback else ''} | "
         f"overlap {'off' if args.no_overlap else 'on'} "
         f"| progress {info['iallreduce_progress']} (MPI thread level {info['thread_level']})"
     )
@@ -408,6 +419,8 @@ def main(argv: list[str] | None = None) -> int:
         report=report,
         reproducible=args.reproducible,
         microbatches=args.microbatches,
+        wire=args.wire,
+        error_feedback=args.error_feedback,
     )
     buckets = ", ".join(f"{nbytes / 1024:.0f} KiB {name}" for name, nbytes in result.buckets)
     say(f"# {len(result.buckets)} buckets in launch order: {buckets}")

@@ -88,6 +88,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--nic", choices=("shared", "per-gpu"), default="per-gpu", help="NICs per node")
     parser.add_argument(
+        "--wire",
+        choices=("bfloat16", "float16"),
+        help="also predict each algorithm but mpi with allreduce(wire=WIRE) on float32: rows ALGORITHM+WIRE",
+    )
+    parser.add_argument(
         "--bcast", choices=BCAST_FORMS, default="binomial", help="ps: how MPI_Bcast is modelled"
     )
     parser.add_argument("--plot", metavar="FILE.png", help="draw time vs ranks")
@@ -187,12 +192,16 @@ def _predictions(args: argparse.Namespace, out: Any) -> None:
     )
     for p in ranks:
         for nbytes in sizes:
-            for algorithm in algorithms:
-                t = predict(algorithm, nbytes, p, machine, gamma=gamma, bcast=args.bcast)
+            wired = [(a, None) for a in algorithms]
+            if args.wire:  # each algorithm's wire row right after its plain one
+                wired = [(a, w) for a in algorithms for w in (None, args.wire) if w is None or a != "mpi"]
+            for algorithm, wire in wired:
+                t = predict(algorithm, nbytes, p, machine, gamma=gamma, bcast=args.bcast, wire=wire)
+                name = algorithm if wire is None else f"{algorithm}+{wire}"
                 algbw = f"{nbytes / t / GB:13.3f}" if t > 0 else f"{'-':>13}"
                 bus = f"{busbw(nbytes, p, t) / GB:13.3f}" if t > 0 else f"{'-':>13}"
                 print(
-                    f"  {p:>6} {format_size(nbytes):>8} {algorithm:>13} {t * 1e6:14.1f} {algbw} {bus}",
+                    f"  {p:>6} {format_size(nbytes):>8} {name:>13} {t * 1e6:14.1f} {algbw} {bus}",
                     file=out,
                 )
     if args.plot and out is sys.stdout:

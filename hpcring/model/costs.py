@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 # The algorithms the model has a formula for on any machine ("mpi": the cheaper of ring and
@@ -287,6 +287,16 @@ def seconds(
     return total
 
 
+# Bytes per element of each wire dtype (`hpcring.wire.WIRES`; this module imports no NumPy).
+WIRE_ITEMSIZE = {"bfloat16": 2, "float16": 2}
+
+
+def on_wire(steps: Iterable[Phase], ratio: float) -> list[Phase]:
+    """``steps`` with every message ``ratio`` times as large (wire=: narrowed payloads), the
+    reductions unchanged: they run in the input dtype."""
+    return [replace(step, nbytes=step.nbytes * ratio) for step in steps]
+
+
 def _check_size(nbytes: float, ranks: int) -> None:
     if not (isinstance(ranks, int) and ranks > 0):
         raise ModelError(f"ranks must be a positive integer, got {ranks!r}")
@@ -303,8 +313,14 @@ def predict(
     gamma: float | None = None,
     bcast: str = "binomial",
     per_node: int | None = None,
+    wire: str | None = None,
+    itemsize: int = 4,
 ) -> float:
     """Predicted seconds of one all-reduce of ``nbytes`` per rank on ``ranks`` ranks.
+
+    ``wire`` ("bfloat16", "float16"; elements of ``itemsize`` bytes) makes every message that
+    fraction of its size, as `hpcring.allreduce(wire=...)` sends; the conversions themselves are
+    not priced (docs/compression.md measures them).
 
     ``params`` is calibrated `Params` (a flat machine, gamma included), or a `Link` or
     `Nodes` with ``gamma`` given. Algorithms: naive, ps, ring, rabenseifner, mpi, and on
@@ -312,6 +328,11 @@ def predict(
     hold the inter-node link too) predicts on nodes of that many ranks, ranks in blocks.
     """
     _check_size(nbytes, ranks)
+    ratio = 1.0
+    if wire is not None:
+        if wire not in WIRE_ITEMSIZE or algorithm == "mpi":
+            raise ModelError(f"wire={wire!r}: choose one of {', '.join(WIRE_ITEMSIZE)}, not with mpi")
+        ratio = WIRE_ITEMSIZE[wire] / itemsize
     if bcast not in BCAST_FORMS:
         raise ModelError(f"unknown bcast form {bcast!r}; choose one of {', '.join(BCAST_FORMS)}")
     slowdown, busy, partial = 1.0, None, None
@@ -337,8 +358,8 @@ def predict(
     if algorithm == "hierarchical":
         if not isinstance(machine, Nodes):
             raise ModelError("hierarchical needs a machine of nodes (--gpus-per-node)")
-        return _hierarchical(nbytes, ranks, machine, gamma, slowdown)
-    steps = phases(algorithm, nbytes, ranks, bcast=bcast)
+        return _hierarchical(nbytes, ranks, machine, gamma, slowdown, ratio)
+    steps = on_wire(phases(algorithm, nbytes, ranks, bcast=bcast), ratio)
     return call + seconds(steps, machine, gamma, ranks, slowdown, busy, partial)
 
 
@@ -352,7 +373,9 @@ def oversubscription(ranks: int, cores: int | None) -> float:
     return max(1.0, ranks / cores) if cores else 1.0
 
 
-def _hierarchical(nbytes: float, ranks: int, machine: Nodes, gamma: float, slowdown: float = 1.0) -> float:
+def _hierarchical(
+    nbytes: float, ranks: int, machine: Nodes, gamma: float, slowdown: float = 1.0, ratio: float = 1.0
+) -> float:
     """Reduce-scatter in the node, all-reduce of n/L across nodes (L flows at once), all-gather.
 
     ``slowdown`` (ranks sharing cores) applies inside the node; across, the ranks wait on the NIC."""
@@ -362,6 +385,6 @@ def _hierarchical(nbytes: float, ranks: int, machine: Nodes, gamma: float, slowd
     nodes = ranks // per_node
     share = per_node if machine.nic_shared else 1
     inter = Link(machine.inter.alpha, machine.inter.beta * share)
-    inside = ring_reduce_scatter(nbytes, per_node) + ring_all_gather(nbytes, per_node)
-    across = phases("ring", nbytes / per_node, nodes)
+    inside = on_wire(ring_reduce_scatter(nbytes, per_node) + ring_all_gather(nbytes, per_node), ratio)
+    across = on_wire(phases("ring", nbytes / per_node, nodes), ratio)
     return seconds(inside, machine.intra, gamma, per_node, slowdown) + seconds(across, inter, gamma, nodes)

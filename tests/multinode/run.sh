@@ -32,7 +32,7 @@ pytest_in_cluster() { # the per-job timeout turns a hang into a failure
 echo "== 2 hosts x 2 ranks, placed host by host"
 HPCRING_CLUSTER_MAP=slot pytest_in_cluster
 echo "== 2 hosts x 2 ranks, placed round-robin"
-HPCRING_CLUSTER_MAP=node pytest_in_cluster -k "topology or rounding or bytes or (matrix and float32)"
+HPCRING_CLUSTER_MAP=node pytest_in_cluster -k "topology or rounding or bytes or wire or (matrix and float32)"
 
 mapfile -t after < <(sent)
 for i in "${!before[@]}"; do
