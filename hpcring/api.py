@@ -131,8 +131,11 @@ def _describe(field: str, value: int) -> str:
     return str(value)
 
 
-def _check_memory(channel: Channel, algorithm: str, scratch: int, count: int, itemsize: int) -> None:
-    """MemoryError, before anything is allocated, when the algorithm's scratch cannot fit.
+def _check_memory(
+    channel: Channel, algorithm: str, scratch: int, count: int, itemsize: int, exact_path: bool = False
+) -> None:
+    """MemoryError, before anything is allocated, when the algorithm's scratch cannot fit
+    (``exact_path``: ``scratch`` includes reproducible=True's integer words, `exact.scratch_bytes`).
 
     The limit is the memory the backend still has (HPCRING_MEMORY_LIMIT caps it, for a
     job that shares its node or device with other work).
@@ -147,6 +150,13 @@ def _check_memory(channel: Channel, algorithm: str, scratch: int, count: int, it
     if available is None or need <= available:
         return
     ring = algorithms.scratch_bytes("ring", count, itemsize, channel.size, channel.rank)
+    if exact_path:
+        raise MemoryError(
+            f"hpcring.allreduce: reproducible=True with algorithm {algorithm!r} needs {format_bytes(need)} "
+            f"more scratch on rank {channel.rank} for {count} elements (its integer words: "
+            f"{exact.WORD_BYTES[itemsize]} bytes per element), but only {format_bytes(available)} is "
+            f"available; without reproducible=True, algorithm='ring' needs {format_bytes(ring)}"
+        )
     raise MemoryError(
         f"hpcring.allreduce: algorithm {algorithm!r} needs {format_bytes(need)} more scratch on "
         f"rank {channel.rank} for {count} elements on {channel.size} ranks, but only "
@@ -169,7 +179,6 @@ def allreduce(
     check: bool = True,
     timeout: float | None = None,
     reproducible: bool = False,
-    _parts: list[Any] | None = None,
 ) -> Any:
     """Reduce ``x`` over all ranks of ``comm`` and return the result on every rank.
 
@@ -201,7 +210,7 @@ def allreduce(
             call = state.warm.get(key)
             if call is not None and adapter.ready(x, out):
                 return call.execute(x, out, check, timeout, None)
-    return _first(x, op, algorithm, intracomm(comm, "allreduce"), out, check, timeout, reproducible, _parts)
+    return _first(x, op, algorithm, intracomm(comm, "allreduce"), out, check, timeout, reproducible)
 
 
 class _Call:
@@ -347,7 +356,10 @@ def examine(
             if reproducible:  # ---- reproducible sums: hpcring/exact.py ----
                 exact_path = exact.check(op, dtype, accumulated=parts is not None)
             prepared = algorithms.prepare(algorithm, channel, count, itemsize, bool(in_place))
-            _check_memory(channel, prepared.name, prepared.scratch, count, itemsize)
+            scratch = prepared.scratch
+            if exact_path:
+                scratch = exact.scratch_bytes(channel, algorithm, dtype, count, parts is not None)
+            _check_memory(channel, prepared.name, scratch, count, itemsize, exact_path)
             run, ran = prepared.run, prepared.name
             # `auto` before its choice for this size asks again next time (where it runs at all:
             # not on one rank, nor for no data). A view of x's bytes passed as out= is in place,

@@ -419,6 +419,27 @@ def bytes_sent(
     return None if codes is None or words is None else codes + words
 
 
+WORD_BYTES = {2: 9, 4: 9, 8: 18}  # by the float's itemsize: the int64 words and the agreed code per element
+
+
+def scratch_bytes(ch: Any, algorithm: str, dtype: np.dtype, count: int, accumulated: bool = False) -> int:
+    """Scratch one reproducible call holds on ``ch`` (what `run` takes from ``ch.scratch``): the
+    agreed codes and the integer words for ``count`` elements (an `ExactSum`'s, ``accumulated``,
+    one more code array), the conversion's blocks, and the algorithm's own scratch for the larger
+    of its two all-reduces, the words. The memory guard prices this before anything is allocated."""
+    from . import algorithms
+
+    fmt = FORMATS[np.dtype(dtype)]
+    code = count * fmt.code.itemsize
+    held = code * (2 if accumulated else 1) + fmt.words * count * 8
+    held += min(count, BLOCK) * (fmt.uint.itemsize + 1 + 4 + 8 * fmt.words)  # bits, flag, shift, words
+    if ch.size == 1 or count == 0:
+        return held
+    words = algorithms.prepare(algorithm, ch, fmt.words * count, 8, True).scratch
+    codes = algorithms.prepare(algorithm, ch, count, fmt.code.itemsize, True).scratch
+    return held + max(words, codes)
+
+
 def tagged(op: str) -> str:
     """The op as the ranks' agreement sees it on the reproducible path, so that ranks that
     disagree on ``reproducible=`` disagree on the op, and are told so."""
@@ -478,15 +499,9 @@ class ExactSum:
         every rank; in ``out`` if given, else a new array. Collective; the ranks agree first, as
         `hpcring.allreduce` does (same checks, same errors)."""
         from . import api
+        from .comm import intracomm
 
         result = self._adapter.xp.zeros(self.shape, dtype=self.dtype) if out is None else out
-        return api.allreduce(
-            result,
-            op=op,
-            algorithm=algorithm,
-            comm=comm,
-            check=check,
-            timeout=timeout,
-            reproducible=True,
-            _parts=self._parts,
-        )
+        # The full path, with this accumulator's contributions in place of the array's.
+        comm = intracomm(comm, "allreduce")
+        return api._first(result, op, algorithm, comm, None, check, timeout, True, self._parts)
