@@ -140,21 +140,18 @@ def codes(fmt: Format, x: Any, xp: Any, out: Any, block: Any) -> Any:
     MAX of 0 means every contribution was -0. ``block(name, dtype)``: reused temporaries of
     BLOCK elements (see `encode`)."""
     bits, code = x.view(fmt.uint), out
-    wide = block("exact-bits", fmt.uint)
+    wide, flag = block("exact-bits", fmt.uint), block("exact-flag", np.dtype(np.uint8))
+    signed_zero = 1 << (fmt.uint.itemsize * 8 - 1)
     for i in _blocks(x.size):
         j = min(i + BLOCK, x.size)
-        exponent = xp.right_shift(bits[i:j], fmt.mantissa, out=wide[: j - i])
-        xp.copyto(code[i:j], exponent, casting="unsafe")  # uint8 drops float32's and bfloat16's sign bit
-    if fmt.exponent_mask != 0xFF:  # float16 and float64: the sign bit is still in the code's range
-        xp.bitwise_and(code, fmt.exponent_mask, out=code)
-    if code.size and code.min() == 0:  # zeros and subnormals (gradients have many): 1, and -0: 0
-        flag = block("exact-flag", np.dtype(np.uint8))
-        for i in _blocks(x.size):
-            j = min(i + BLOCK, x.size)
-            part, mark = code[i:j], flag[: j - i]
+        part, mark = code[i:j], flag[: j - i]  # mark: a bool array's bytes, added as 0 and 1
+        xp.copyto(part, xp.right_shift(bits[i:j], fmt.mantissa, out=wide[: j - i]), casting="unsafe")
+        if fmt.exponent_mask != 0xFF:  # float16 and float64: the sign bit is still in the code's range
+            xp.bitwise_and(part, fmt.exponent_mask, out=part)
+        if part.min() == 0:  # zeros and subnormals (gradients have many): 1, and -0: 0
             xp.equal(part, 0, out=mark.view(np.bool_))
             xp.add(part, mark, out=part)
-            xp.equal(bits[i:j], 1 << (fmt.uint.itemsize * 8 - 1), out=mark.view(np.bool_))
+            xp.equal(bits[i:j], signed_zero, out=mark.view(np.bool_))
             xp.subtract(part, mark, out=part)
     return code
 
