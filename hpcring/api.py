@@ -288,7 +288,8 @@ class _Call:
         dst = src if self.in_place else adapter.flat(out)
         call_begin(self.algorithm, channel, src, dst)
         if self.exact:  # ---- reproducible sums: hpcring/exact.py (max agreement, integer sum) ----
-            exact.run(channel, self.algorithm, [src] if self.parts is None else self.parts, dst, self.op)
+            parts = [src] if self.parts is None else self.parts
+            exact.run(channel, self.algorithm, parts, dst, self.op, accumulated=self.parts is not None)
         elif channel.size > 1 and src.size > 0:
             self.run(channel, src, dst, self.reduction)
             if self.mean:

@@ -387,9 +387,10 @@ def n_big(total: Any, xp: Any) -> bool:
     return bool(total.max() >= (1 << 53)) or bool(total.min() <= -(1 << 53))
 
 
-def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str) -> None:
+def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str, accumulated: bool = False) -> None:
     """dst <- the reproducible sum (op "sum") or mean over every rank of the flat arrays ``parts``
-    (this rank's contributions: one for `hpcring.allreduce`, any number for `ExactSum`).
+    (this rank's contributions: one for `hpcring.allreduce`, any number for an `ExactSum`,
+    ``accumulated``: every rank says the same, whatever its own count).
 
     The MAX and the integer sum run by ``algorithm`` on ``ch`` (`auto` chooses for the sizes
     that travel); with one rank there is nothing to exchange, and the same conversion runs, so
@@ -423,7 +424,7 @@ def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str) -> None:
     # words travel as float64: the same 8 bytes, the same sums, and no conversion to int64 and
     # back (4 of the conversion's 17 NumPy passes in float32, 6 of 18 in float64). An
     # `ExactSum` (up to 2^20 contributions) sums int64.
-    floats = len(parts) == 1 and ch.size <= 1 << 10
+    floats = not accumulated and ch.size <= 1 << 10
     for index, part in enumerate(parts):
         encode(fmt, part, code, words, xp, block, first=index == 0, floats=floats)
     if ch.size > 1 and n > 0:
@@ -431,7 +432,7 @@ def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str) -> None:
         if floats:
             flat = flat.view(np.float64)
         algorithms.prepare(algorithm, ch, flat.size, 8, True).run(ch, flat, flat, OPS["sum"])
-    terms = ch.size if len(parts) == 1 else None  # an ExactSum's other ranks may hold more
+    terms = None if accumulated else ch.size  # an ExactSum's other ranks may hold more
     decode(fmt, words, code, dst, ch.size if op == "mean" else 1, xp, block, terms, floats)
 
 
