@@ -11,7 +11,8 @@ whatever the rank count, algorithm, ring order or chunking:
    byte count; MAX is exact in every algorithm);
 2. convert each contribution to fixed point on that absolute grid, ``P`` bits below the
    element's largest power of two, truncating toward zero (exact, deterministic);
-3. sum the integer words with the caller's algorithm;
+3. sum the integer words with the caller's algorithm (int64; for `hpcring.allreduce` on up to
+   2^10 ranks, float64 words holding the same integers, which float64 sums exactly);
 4. round the integer once, to nearest even, to the output dtype, on every rank identically.
 
 Why one word per element (float16, bfloat16, float32; two for float64) and not ReproBLAS's
@@ -19,9 +20,9 @@ k-word binned accumulation: binning on fixed boundaries needs one more word per 
 the same guaranteed precision (the top bin's fill varies by a whole bin width), so 17 bytes
 per float32 element on the wire instead of 9, and the ring on one more word measured 1.0-2.2x
 the ring on ours, on top of a conversion into bins (docs/reproducibility.md has the figures;
-there the conversion, a dozen NumPy passes, is what costs most). Binning's one advantage, streaming
-local adds in fixed memory, `ExactSum` gives up: it keeps its contributions until
-`allreduce`, where they are converted on the agreed grid.
+there the conversion, about 15 NumPy passes over cache-sized blocks, is what costs most).
+Binning's one advantage, streaming local adds in fixed memory, `ExactSum` gives up: it keeps
+its contributions until `allreduce`, where they are converted on the agreed grid.
 
 Limits: up to MAX_CONTRIBUTIONS (2^20) contributions in all (ranks x adds), so the summed
 words cannot overflow. Special values follow IEEE addition: any NaN gives NaN, +Inf and -Inf
