@@ -33,6 +33,7 @@ error bound.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -111,8 +112,17 @@ _MAGIC = 1.5 * 2.0**52  # an integral float64 v with |v| < 2^51, plus this, hold
 _MAGIC_BITS = int(np.array(_MAGIC).view(np.int64))
 
 
-def _blocks(n: int) -> range:
-    return range(0, n, BLOCK)
+def _step(n: int, xp: Any) -> int:
+    """Elements per block: BLOCK on the CPU; on a GPU, the whole array (a kernel launch per
+    block would cost more than the cache saves)."""
+    return BLOCK if xp is np else max(n, 1)
+
+
+def _blocks(n: int, xp: Any) -> Iterator[tuple[int, int]]:
+    """The (start, stop) of each block of ``n`` elements."""
+    step = _step(n, xp)
+    for i in range(0, n, step):
+        yield i, min(i + step, n)
 
 
 def _as_int(value: Any, xp: Any) -> Any:
@@ -143,8 +153,7 @@ def codes(fmt: Format, x: Any, xp: Any, out: Any, block: Any) -> Any:
     bits, code = x.view(fmt.uint), out
     wide, flag = block("exact-bits", fmt.uint), block("exact-flag", np.dtype(np.uint8))
     signed_zero = 1 << (fmt.uint.itemsize * 8 - 1)
-    for i in _blocks(x.size):
-        j = min(i + BLOCK, x.size)
+    for i, j in _blocks(x.size, xp):
         part, mark = code[i:j], flag[: j - i]  # mark: a bool array's bytes, added as 0 and 1
         xp.copyto(part, xp.right_shift(bits[i:j], fmt.mantissa, out=wide[: j - i]), casting="unsafe")
         if fmt.exponent_mask != 0xFF:  # float16 and float64: the sign bit is still in the code's range
@@ -217,8 +226,7 @@ def encode(
     # there are below the grid: 0); the words the other parts left there, kept.
     kept = None if first or special is None else words[:, special]
     with np.errstate(invalid="ignore", over="ignore"):
-        for i in _blocks(n):
-            j = min(i + BLOCK, n)
+        for i, j in _blocks(n, xp):
             part, m = x[i:j], j - i
             target = words[:, i:j] if first else spare[:, :m]
             if fmt.words == 1:  # float16, bfloat16, float32: widened to float64 exactly; P = 42
@@ -318,8 +326,7 @@ def _decode_blocks(
     shift_block = block("exact-shift", np.dtype(np.int32))
     wide = block("exact-words", np.dtype(np.float64), fmt.words)
     with np.errstate(invalid="ignore", over="ignore"):
-        for i in _blocks(out.size):
-            j = min(i + BLOCK, out.size)
+        for i, j in _blocks(out.size, xp):
             shift = _shifts(fmt, code[i:j], fmt.precision, xp, shift_block[: j - i], back=True)
             if small is None:
                 value = words[:, i:j]
@@ -405,7 +412,7 @@ def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str, accumulate
     words = ch.scratch("exact-words", fmt.words * n, np.dtype(np.int64)).reshape(fmt.words, n)
 
     def block(name: str, dtype: np.dtype, rows: int | None = None) -> Any:
-        wide = ch.scratch("block-" + name, (rows or 1) * min(n, BLOCK), dtype)
+        wide = ch.scratch("block-" + name, (rows or 1) * min(n, _step(n, xp)), dtype)
         return wide if rows is None else wide.reshape(rows, -1)
 
     if parts:
@@ -463,7 +470,9 @@ def scratch_bytes(ch: Any, algorithm: str, dtype: np.dtype, count: int, accumula
     fmt = FORMATS[np.dtype(dtype)]
     code = count * fmt.code.itemsize
     held = code * (2 if accumulated else 1) + fmt.words * count * 8
-    held += min(count, BLOCK) * (fmt.uint.itemsize + 1 + 4 + 8 * fmt.words)  # bits, flag, shift, words
+    held += min(count, _step(count, ch.xp)) * (
+        fmt.uint.itemsize + 1 + 4 + 8 * fmt.words
+    )  # bits, flag, shift, words
     if ch.size == 1 or count == 0:
         return held
     words = algorithms.prepare(algorithm, ch, fmt.words * count, 8, True).scratch
