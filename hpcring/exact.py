@@ -18,7 +18,7 @@ whatever the rank count, algorithm, ring order or chunking:
 Why one word per element (float16, bfloat16, float32; two for float64) and not ReproBLAS's
 k-word binned accumulation: binning on fixed boundaries needs one more word per element for
 the same guaranteed precision (the top bin's fill varies by a whole bin width), so 17 bytes
-per float32 element on the wire instead of 9, and the ring on one more word measured 1.0-2.2x
+per float32 element on the wire instead of 9, and the ring on one more word measured 1.2-2.2x
 the ring on ours, on top of a conversion into bins (docs/reproducibility.md has the figures;
 there the conversion, about 15 NumPy passes over cache-sized blocks, is what costs most).
 Binning's one advantage, streaming local adds in fixed memory, `ExactSum` gives up: it keeps
