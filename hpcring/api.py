@@ -144,8 +144,11 @@ def _describe(field: str, value: int) -> str:
     return str(value)
 
 
-def _check_memory(channel: Channel, algorithm: str, scratch: int, count: int, itemsize: int) -> None:
-    """MemoryError, before anything is allocated, when the algorithm's scratch cannot fit.
+def _check_memory(
+    channel: Channel, algorithm: str, scratch: int, count: int, itemsize: int, exact_path: bool = False
+) -> None:
+    """MemoryError, before anything is allocated, when the algorithm's scratch cannot fit
+    (``exact_path``: ``scratch`` includes reproducible=True's integer words, `exact.scratch_bytes`).
 
     The limit is the memory the backend still has (HPCRING_MEMORY_LIMIT caps it, for a
     job that shares its node or device with other work).
@@ -160,6 +163,13 @@ def _check_memory(channel: Channel, algorithm: str, scratch: int, count: int, it
     if available is None or need <= available:
         return
     ring = algorithms.scratch_bytes("ring", count, itemsize, channel.size, channel.rank)
+    if exact_path:
+        raise MemoryError(
+            f"hpcring.allreduce: reproducible=True with algorithm {algorithm!r} needs {format_bytes(need)} "
+            f"more scratch on rank {channel.rank} for {count} elements (its integer words: "
+            f"{exact.WORD_BYTES[itemsize]} bytes per element), but only {format_bytes(available)} is "
+            f"available; without reproducible=True, algorithm='ring' needs {format_bytes(ring)}"
+        )
     raise MemoryError(
         f"hpcring.allreduce: algorithm {algorithm!r} needs {format_bytes(need)} more scratch on "
         f"rank {channel.rank} for {count} elements on {channel.size} ranks, but only "
@@ -183,7 +193,6 @@ def allreduce(
     timeout: float | None = None,
     reproducible: bool = False,
     wire: str | None = None,
-    _parts: list[Any] | None = None,
 ) -> Any:
     """Reduce ``x`` over all ranks of ``comm`` and return the result on every rank.
 
@@ -231,7 +240,7 @@ def allreduce(
             if ready:
                 return call.execute(x, out, check, timeout, None)
     comm = intracomm(comm, "allreduce")
-    return _first(x, op, algorithm, comm, out, check, timeout, reproducible, _parts, wire)
+    return _first(x, op, algorithm, comm, out, check, timeout, reproducible, wire=wire)
 
 
 class _Call:
@@ -330,7 +339,8 @@ class _Call:
         dst = src if self.in_place else adapter.flat(out)
         call_begin(self.algorithm, channel, src, dst)
         if self.exact:  # ---- reproducible sums: hpcring/exact.py (max agreement, integer sum) ----
-            exact.run(channel, self.algorithm, [src] if self.parts is None else self.parts, dst, self.op)
+            parts = [src] if self.parts is None else self.parts
+            exact.run(channel, self.algorithm, parts, dst, self.op, accumulated=self.parts is not None)
         elif channel.size > 1 and src.size > 0:
             self.run(channel, src, dst, self.reduction)
             if self.mean:
@@ -407,7 +417,10 @@ def examine(
             if narrowed is not None:  # ---- wire compression: hpcring/wire.py ----
                 channel = wires.channel(channel, narrowed)
             prepared = algorithms.prepare(algorithm, channel, count, itemsize, bool(in_place))
-            _check_memory(channel, prepared.name, prepared.scratch, count, itemsize)
+            scratch = prepared.scratch
+            if exact_path:
+                scratch = exact.scratch_bytes(channel, algorithm, dtype, count, parts is not None)
+            _check_memory(channel, prepared.name, scratch, count, itemsize, exact_path)
             run, ran = prepared.run, prepared.name
             # `auto` before its choice for this size asks again next time (where it runs at all:
             # not on one rank, nor for no data). A view of x's bytes passed as out= is in place,

@@ -11,17 +11,18 @@ whatever the rank count, algorithm, ring order or chunking:
    byte count; MAX is exact in every algorithm);
 2. convert each contribution to fixed point on that absolute grid, ``P`` bits below the
    element's largest power of two, truncating toward zero (exact, deterministic);
-3. sum the integer words with the caller's algorithm;
+3. sum the integer words with the caller's algorithm (int64; for `hpcring.allreduce` on up to
+   2^10 ranks, float64 words holding the same integers, which float64 sums exactly);
 4. round the integer once, to nearest even, to the output dtype, on every rank identically.
 
 Why one word per element (float16, bfloat16, float32; two for float64) and not ReproBLAS's
 k-word binned accumulation: binning on fixed boundaries needs one more word per element for
 the same guaranteed precision (the top bin's fill varies by a whole bin width), so 17 bytes
-per float32 element on the wire instead of 9, and the ring on one more word measured 1.0-2.2x
+per float32 element on the wire instead of 9, and the ring on one more word measured 1.2-2.2x
 the ring on ours, on top of a conversion into bins (docs/reproducibility.md has the figures;
-there the conversion, a dozen NumPy passes, is what costs most). Binning's one advantage, streaming
-local adds in fixed memory, `ExactSum` gives up: it keeps its contributions until
-`allreduce`, where they are converted on the agreed grid.
+there the conversion, about 15 NumPy passes over cache-sized blocks, is what costs most).
+Binning's one advantage, streaming local adds in fixed memory, `ExactSum` gives up: it keeps
+its contributions until `allreduce`, where they are converted on the agreed grid.
 
 Limits: up to MAX_CONTRIBUTIONS (2^20) contributions in all (ranks x adds), so the summed
 words cannot overflow. Special values follow IEEE addition: any NaN gives NaN, +Inf and -Inf
@@ -32,6 +33,7 @@ error bound.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -105,31 +107,76 @@ def check(op: str, dtype: np.dtype, caller: str = "hpcring.allreduce", accumulat
     return True
 
 
-def codes(fmt: Format, x: Any, xp: Any, out: Any = None, scratch: Any = None) -> Any:
-    """The per-element integer the ranks agree on with MAX: the biased exponent, except that
-    subnormals and zeros count as exponent 1 (the same grid) and -0 as 0, so a MAX of 0 means
-    every contribution was -0. Into ``out`` if given (``scratch``: as in `encode`)."""
-    bits = x.view(fmt.uint)
-    shifted = xp.right_shift(
-        bits, fmt.mantissa, out=None if scratch is None else scratch("exact-bits", fmt.uint)
-    )
-    if fmt.exponent_mask != 0xFF:  # float16 and float64: the sign bit is still in the code's range
-        shifted &= fmt.exponent_mask
-    code = xp.empty(x.size, fmt.code) if out is None else out
-    xp.copyto(code, shifted, casting="unsafe")  # uint8 drops float32's and bfloat16's sign bit
-    if code.size and code.min() == 0:  # zeros and subnormals: rare, so fixed up apart
-        zero = code == 0
-        code[zero] = 1 - (bits[zero] == (1 << (fmt.uint.itemsize * 8 - 1)))
+BLOCK = 1 << 15  # elements converted at a time, so that every temporary stays in cache
+_MAGIC = 1.5 * 2.0**52  # an integral float64 v with |v| < 2^51, plus this, holds v in its low bits
+_MAGIC_BITS = int(np.array(_MAGIC).view(np.int64))
+
+
+def _step(n: int, xp: Any) -> int:
+    """Elements per block: BLOCK on the CPU; on a GPU, the whole array (a kernel launch per
+    block would cost more than the cache saves)."""
+    return BLOCK if xp is np else max(n, 1)
+
+
+def _blocks(n: int, xp: Any) -> Iterator[tuple[int, int]]:
+    """The (start, stop) of each block of ``n`` elements."""
+    step = _step(n, xp)
+    for i in range(0, n, step):
+        yield i, min(i + step, n)
+
+
+def _as_int(value: Any, xp: Any) -> Any:
+    """Integral float64 values with |v| < 2^51, in place, as the int64 view of their buffer.
+
+    NumPy's cast from float to int64 costs several additions of the same array (it is not
+    vectorized); two vectorized additions do it exactly here (v + 1.5 2^52 is exact, and its
+    low 52 bits are v's two's complement)."""
+    xp.add(value, _MAGIC, out=value)
+    word = value.view(np.int64)
+    xp.subtract(word, _MAGIC_BITS, out=word)
+    return word
+
+
+def _as_float(word: Any, xp: Any) -> Any:
+    """int64 values with |w| < 2^51, in place, as the float64 view of their buffer (exact)."""
+    xp.add(word, _MAGIC_BITS, out=word)
+    value = word.view(np.float64)
+    xp.subtract(value, _MAGIC, out=value)
+    return value
+
+
+def codes(fmt: Format, x: Any, xp: Any, out: Any, block: Any) -> Any:
+    """The per-element integer the ranks agree on with MAX, into ``out``: the biased exponent,
+    except that subnormals and zeros count as exponent 1 (the same grid) and -0 as 0, so a
+    MAX of 0 means every contribution was -0. ``block(name, dtype)``: reused temporaries of
+    BLOCK elements (see `encode`)."""
+    bits, code = x.view(fmt.uint), out
+    wide, flag = block("exact-bits", fmt.uint), block("exact-flag", np.dtype(np.uint8))
+    signed_zero = 1 << (fmt.uint.itemsize * 8 - 1)
+    for i, j in _blocks(x.size, xp):
+        part, mark = code[i:j], flag[: j - i]  # mark: a bool array's bytes, added as 0 and 1
+        xp.copyto(part, xp.right_shift(bits[i:j], fmt.mantissa, out=wide[: j - i]), casting="unsafe")
+        if fmt.exponent_mask != 0xFF:  # float16 and float64: the sign bit is still in the code's range
+            xp.bitwise_and(part, fmt.exponent_mask, out=part)
+        if part.min() == 0:  # zeros and subnormals (gradients have many): 1, and -0: 0
+            xp.equal(part, 0, out=mark.view(np.bool_))
+            xp.add(part, mark, out=part)
+            xp.equal(bits[i:j], signed_zero, out=mark.view(np.bool_))
+            xp.subtract(part, mark, out=part)
     return code
 
 
-def _shifts(fmt: Format, code: Any, offset: int, xp: Any, scratch: Any) -> Any:
-    """Per element, ``offset - top`` as int32, where 2^top bounds every contribution (|x| < 2^top):
-    the ldexp exponent to the grid (offset = P) or, negated, back."""
-    shift = scratch("exact-shift", np.dtype(np.int32))
+def _shifts(fmt: Format, code: Any, offset: int, xp: Any, shift: Any, back: bool = False) -> Any:
+    """Per element, ``offset - top`` as int32 into ``shift`` (``back``: ``top - offset``), where
+    2^top bounds every contribution (|x| < 2^top): the ldexp exponent to the grid (offset = P),
+    or back. A code of 0 (every contribution -0) would take the grid of code 1; here it takes
+    the next one up, which changes nothing: -0 is 0 on any grid."""
     xp.copyto(shift, code, casting="unsafe")
-    xp.maximum(shift, 1, out=shift)  # zeros and subnormals: the grid of exponent 1
-    xp.subtract(offset + fmt.bias - 1, shift, out=shift)
+    base = offset + fmt.bias - 1
+    if back:
+        xp.subtract(shift, base, out=shift)
+    else:
+        xp.subtract(base, shift, out=shift)
     return shift
 
 
@@ -148,52 +195,77 @@ def _special(fmt: Format, code: Any) -> Any:
 
 
 def encode(
-    fmt: Format, x: Any, code: Any, words: Any, xp: Any, scratch: Any, first: bool = False, shift: Any = None
+    fmt: Format,
+    x: Any,
+    code: Any,
+    words: Any,
+    xp: Any,
+    block: Any,
+    first: bool = False,
+    floats: bool = False,
 ) -> None:
     """words += the fixed point of ``x`` on the grid that the agreed ``code`` sets (``words``:
     int64, ``fmt.words`` rows of x.size; wrapping adds, which stay exact as long as the final
-    sums fit); ``first``: words = instead, so nothing needs zeroing. ``scratch(name, dtype)``
-    gives reused temporaries of x.size: fresh pages for every temporary cost more than the
-    arithmetic (at 16 MiB, several times over on a shared machine).
+    sums fit); ``first``: words = instead, so nothing needs zeroing. ``floats`` (with ``first``):
+    the integers stay float64 in the words' bytes (see `run`).
 
-    ldexp scales by a power of two exactly wherever the result reaches 1 (below that the cast
-    truncates to 0 anyway), and the cast to int64 truncates toward zero. By measurement ldexp
-    with an exponent per element beats looking the scale up in a table (NumPy's take: 24 ms
-    for 4 Mi elements, ldexp 4 ms) and building it from bits (6 ms).
+    ldexp scales by a power of two exactly wherever the result reaches 1 (below that the
+    truncation gives 0 anyway); trunc truncates toward zero, and `_as_int` makes the integral
+    float an int64. Done BLOCK elements at a time, in place in the words where it can, with
+    ``block(name, dtype)``'s reused temporaries of BLOCK elements: NumPy cannot fuse passes,
+    but a pass over a block in cache costs a fraction of one over memory (at 16 MiB, whole-array
+    passes measured 3x slower than these), and fresh pages for a temporary cost more still. By
+    measurement ldexp with an exponent per element beats looking the scale up in a table
+    (NumPy's take: 24 ms for 4 Mi elements, ldexp 4 ms) and building it from bits (6 ms).
     """
     special = _special(fmt, code)
+    shift_block = block("exact-shift", np.dtype(np.int32))
+    spare = None if first else block("exact-words", np.dtype(np.float64), fmt.words)
+    n = x.size
+    # Inf and NaN are counted in bit fields of the top word instead (this part's finite values
+    # there are below the grid: 0); the words the other parts left there, kept.
+    kept = None if first or special is None else words[:, special]
     with np.errstate(invalid="ignore", over="ignore"):
-        if fmt.words == 1:  # float32 (float16 and bfloat16 widen to it exactly): 42 bits below the top
-            shift = _shifts(fmt, code, ONE_WORD, xp, scratch) if shift is None else shift
-            wide = x if fmt.dtype == np.float32 else x.astype(np.float32)
-            value = xp.ldexp(wide, shift, out=scratch("exact-f32", np.dtype(np.float32)))
-            word = words[0] if first else scratch("exact-i64", np.dtype(np.int64))
-            xp.copyto(word, value, casting="unsafe")
-            if special is not None:
-                word[special] = _special_words(x[special].astype(np.float64), xp)
+        for i, j in _blocks(n, xp):
+            part, m = x[i:j], j - i
+            target = words[:, i:j] if first else spare[:, :m]
+            if fmt.words == 1:  # float16, bfloat16, float32: widened to float64 exactly; P = 42
+                shift = _shifts(fmt, code[i:j], ONE_WORD, xp, shift_block[:m])
+                value = target[0].view(np.float64)
+                xp.copyto(value, part, casting="unsafe")
+                xp.ldexp(value, shift, out=value)  # |value| < 2^42
+                xp.trunc(value, out=value)
+                if not floats:
+                    _as_int(value, xp)
+            else:
+                # float64: T = trunc(x 2^(85 - top)) as hi 2^43 + lo, hi = trunc(T / 2^43) (the
+                # upper 42 bits, signed), lo = T - hi 2^43 (|lo| < 2^43, T's sign). From
+                # w = x 2^(42 - top): hi is trunc(w), lo is trunc((w - hi) 2^43), every step
+                # exact. Any split with hi 2^43 + lo = T sums to the same integer, so `decode`
+                # rounds the same bits.
+                shift = _shifts(fmt, code[i:j], TWO_WORDS - TWO_WORDS_LOW, xp, shift_block[:m])
+                hi, lo = target[0].view(np.float64), target[1].view(np.float64)
+                xp.ldexp(part, shift, out=lo)  # |w| < 2^42
+                xp.trunc(lo, out=hi)
+                xp.subtract(lo, hi, out=lo)
+                xp.multiply(lo, 2.0**TWO_WORDS_LOW, out=lo)
+                xp.trunc(lo, out=lo)
+                if not floats:
+                    _as_int(hi, xp)
+                    _as_int(lo, xp)
             if not first:
-                words[0] += word
-            return
-        # float64: 85 bits below the top; hi carries the upper 42 bits (signed), lo the lower 43
-        # (non-negative, so the low words' sum needs no sign).
-        shift = _shifts(fmt, code, TWO_WORDS, xp, scratch) if shift is None else shift
-        value = xp.ldexp(x, shift, out=scratch("exact-f64", np.dtype(np.float64)))
-        xp.trunc(value, out=value)
-        hi = xp.multiply(value, 2.0**-TWO_WORDS_LOW, out=scratch("exact-f64b", np.dtype(np.float64)))
-        xp.floor(hi, out=hi)
-        if special is not None:
-            hi[special] = _special_words(x[special], xp)
-            value[special] = hi[special] * 2.0**TWO_WORDS_LOW  # lo becomes 0 below
-        word = words[0] if first else scratch("exact-i64", np.dtype(np.int64))
-        xp.copyto(word, hi, casting="unsafe")
-        if not first:
-            words[0] += word
-        xp.multiply(hi, 2.0**TWO_WORDS_LOW, out=hi)
-        xp.subtract(value, hi, out=value)
-        word = words[1] if first else scratch("exact-i64", np.dtype(np.int64))
-        xp.copyto(word, value, casting="unsafe")
-        if not first:
-            words[1] += word
+                xp.add(words[:, i:j], target.view(np.int64), out=words[:, i:j])
+    if special is not None:
+        counts = _special_words(x[special].astype(np.float64), xp)
+        if floats:
+            words.view(np.float64)[0, special] = counts  # < 2^52: exact
+            words[1:, special] = 0
+        elif kept is None:
+            words[0, special] = counts
+            words[1:, special] = 0
+        else:
+            kept[0] += counts
+            words[:, special] = kept
 
 
 def decode(
@@ -203,63 +275,119 @@ def decode(
     out: Any,
     divisor: int,
     xp: Any,
-    scratch: Any,
+    block: Any,
     terms: int | None = None,
-    shift: Any = None,
+    floats: bool = False,
 ) -> None:
     """out <- the summed ``words`` rounded once to out's dtype (divided by ``divisor`` for a
     mean first, in float64); the same bits wherever the same words arrive. ``words`` is
-    overwritten; ``scratch`` as in `encode`; ``terms``: how many contributions were summed,
-    where known (None: up to MAX_CONTRIBUTIONS); ``shift``: `encode`'s, if at hand (negated here)."""
+    overwritten; ``block`` as in `encode`; ``terms``: how many contributions were summed,
+    where known (None: up to MAX_CONTRIBUTIONS); ``floats``: the words hold float64 integers
+    (`run`)."""
     special = _special(fmt, code)
-    value = scratch("exact-f64", np.dtype(np.float64))
+    counts = None if special is None else words[0, special]  # a copy: the loop below turns the words
+    if floats and counts is not None:
+        counts = counts.view(np.float64).astype(np.int64)
+    n = out.size
+    if floats:
+        _decode_blocks(fmt, words.view(np.float64), code, out, divisor, xp, block, None)
+    elif fmt.words == 1:
+        big = terms is None or terms << ONE_WORD >= 1 << 53  # |total| < terms x 2^42
+        if big and n and n_big(words[0], xp):
+            _decode_big(fmt, words, code, out, divisor, xp, block)
+        else:
+            # Every |total| < 2^53: exact in float64, the scaling too, and the cast into ``out``
+            # is the one rounding.
+            small = terms is not None and terms << ONE_WORD <= 1 << 51
+            _decode_blocks(fmt, words, code, out, divisor, xp, block, small)
+    elif terms is None or terms > 1 << 10:  # |hi| may pass 2^53: carries first
+        _decode_big(fmt, words, code, out, divisor, xp, block)
+    else:
+        # |hi| < 2^52 and |lo| < 2^53: both exact in float64, so hi 2^43 + lo is the one
+        # rounding of the exact integer (the lo words need no carry first).
+        _decode_blocks(fmt, words, code, out, divisor, xp, block, terms << (TWO_WORDS_LOW + 1) <= 1 << 51)
+    if special is not None:
+        pos, neg = counts & (_NEG_INF - 1), (counts >> 21) & (_NEG_INF - 1)
+        nan = ((counts >> 42) > 0) | ((pos > 0) & (neg > 0))
+        inf = xp.where(pos > 0, np.inf, -np.inf)
+        out[special] = xp.where(nan, np.nan, inf).astype(fmt.dtype)
+    if code.size and code.min() == 0:
+        out[code == 0] = -0.0
+
+
+def _decode_blocks(
+    fmt: Format, words: Any, code: Any, out: Any, divisor: int, xp: Any, block: Any, small: bool | None
+) -> None:
+    """`decode` where every word is below 2^53 (``small``: below 2^51, for `_as_float`; None:
+    the words are float64 already), BLOCK elements at a time: to float64 (hi 2^43 + lo for
+    float64, one rounding), back to the element's scale (exact: a result below float64's
+    normal range is a multiple of the smallest subnormal, so it fits), the mean's division,
+    the cast to the dtype."""
+    shift_block = block("exact-shift", np.dtype(np.int32))
+    wide = block("exact-words", np.dtype(np.float64), fmt.words)
+    with np.errstate(invalid="ignore", over="ignore"):
+        for i, j in _blocks(out.size, xp):
+            shift = _shifts(fmt, code[i:j], fmt.precision, xp, shift_block[: j - i], back=True)
+            if small is None:
+                value = words[:, i:j]
+            elif small:
+                value = [_as_float(word, xp) for word in words[:, i:j]]
+            else:
+                value = wide[:, : j - i]
+                xp.copyto(value, words[:, i:j], casting="unsafe")
+            value = value[0] if len(value) == 1 else _join(value[0], value[1], xp)
+            if fmt.dtype == np.float64 and divisor == 1:
+                xp.ldexp(value, shift, out=out[i:j])
+                continue
+            xp.ldexp(value, shift, out=value)
+            if divisor != 1:
+                value /= divisor
+            xp.copyto(out[i:j], value, casting="unsafe")
+
+
+def _join(high: Any, low: Any, xp: Any) -> Any:
+    """high 2^43 + low, in high: one rounding where both are exact."""
+    xp.multiply(high, 2.0**TWO_WORDS_LOW, out=high)
+    return xp.add(high, low, out=high)
+
+
+def _decode_big(fmt: Format, words: Any, code: Any, out: Any, divisor: int, xp: Any, block: Any) -> None:
+    """`decode` where some sum may have more bits than float64 holds (an `ExactSum`'s, or one of
+    over 2^10 ranks), over the whole array at once (rare: an `ExactSum`'s typical sums are small)."""
+    n = out.size
+    value = xp.empty(n, np.float64)
     with np.errstate(invalid="ignore", over="ignore"):
         if fmt.words == 1:
             total = words[0]
             xp.copyto(value, total, casting="unsafe")
-            may_be_big = terms is None or terms << ONE_WORD >= 1 << 53  # |total| < terms x 2^42
-            if may_be_big and total.size and n_big(total, xp):
-                # |total| < 2^62 has more bits than float64 holds: round to odd on a grid 2^10
-                # first (its last bit set where bits were dropped), which then rounds to the
-                # dtype's 24 or fewer bits exactly as the integer itself would (round-to-odd
-                # with >= 2 spare bits); only where |total| >= 2^53, else the cast is exact.
-                big = xp.abs(total) >= (1 << 53)
-                odd = (total[big] >> 10) | ((total[big] & 1023) != 0)
-                value[big] = odd.astype(np.float64) * 1024.0
+            # |total| < 2^62 has more bits than float64 holds: round to odd on a grid 2^10
+            # first (its last bit set where bits were dropped), which then rounds to the
+            # dtype's 24 or fewer bits exactly as the integer itself would (round-to-odd
+            # with >= 2 spare bits); only where |total| >= 2^53, else the cast is exact.
+            big = xp.abs(total) >= (1 << 53)
+            odd = (total[big] >> 10) | ((total[big] & 1023) != 0)
+            value[big] = odd.astype(np.float64) * 1024.0
         else:
             hi, lo = words[0], words[1]
-            carry = xp.right_shift(lo, TWO_WORDS_LOW, out=scratch("exact-i64", np.dtype(np.int64)))
+            carry = xp.right_shift(lo, TWO_WORDS_LOW)
             hi += carry
             xp.left_shift(carry, TWO_WORDS_LOW, out=carry)
-            lo -= carry
+            lo -= carry  # now 0 <= lo < 2^43
             # hi * 2^43 + lo exactly as a float64 sum of two exact terms: one rounding.
             xp.copyto(value, hi, casting="unsafe")
-            rest = lo
-            if terms is None or terms << ONE_WORD >= 1 << 52:  # |hi| may pass 2^53: keep what the cast lost
-                rest = carry
-                xp.copyto(rest, value, casting="unsafe")
-                xp.subtract(hi, rest, out=rest)
-                xp.left_shift(rest, TWO_WORDS_LOW, out=rest)
-                rest += lo
+            rest = carry  # |hi| may pass 2^53: keep what the cast lost
+            xp.copyto(rest, value, casting="unsafe")
+            xp.subtract(hi, rest, out=rest)
+            xp.left_shift(rest, TWO_WORDS_LOW, out=rest)
+            rest += lo
             value *= 2.0**TWO_WORDS_LOW
             xp.add(value, rest, out=value, casting="unsafe")  # rest < 2^53: exact in float64
-            total = hi
-        shift = _shifts(fmt, code, fmt.precision, xp, scratch) if shift is None else shift
-        xp.negative(shift, out=shift)
-        # Back to the element's scale: exact (a result below float64's normal range is a
-        # multiple of the smallest subnormal, so it fits), then one rounding to the dtype.
+        shift = xp.empty(n, np.int32)
+        _shifts(fmt, code, fmt.precision, xp, shift, back=True)
         xp.ldexp(value, shift, out=value)
         if divisor != 1:
             value /= divisor
         xp.copyto(out, value, casting="unsafe")
-        if special is not None:
-            counts = total[special]
-            pos, neg = counts & (_NEG_INF - 1), (counts >> 21) & (_NEG_INF - 1)
-            nan = ((counts >> 42) > 0) | ((pos > 0) & (neg > 0))
-            inf = xp.where(pos > 0, np.inf, -np.inf)
-            out[special] = xp.where(nan, np.nan, inf).astype(fmt.dtype)
-        if code.size and code.min() == 0:
-            out[code == 0] = -0.0
 
 
 def n_big(total: Any, xp: Any) -> bool:
@@ -267,9 +395,10 @@ def n_big(total: Any, xp: Any) -> bool:
     return bool(total.max() >= (1 << 53)) or bool(total.min() <= -(1 << 53))
 
 
-def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str) -> None:
+def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str, accumulated: bool = False) -> None:
     """dst <- the reproducible sum (op "sum") or mean over every rank of the flat arrays ``parts``
-    (this rank's contributions: one for `hpcring.allreduce`, any number for `ExactSum`).
+    (this rank's contributions: one for `hpcring.allreduce`, any number for an `ExactSum`,
+    ``accumulated``: every rank says the same, whatever its own count).
 
     The MAX and the integer sum run by ``algorithm`` on ``ch`` (`auto` chooses for the sizes
     that travel); with one rank there is nothing to exchange, and the same conversion runs, so
@@ -282,27 +411,37 @@ def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str) -> None:
     code = ch.scratch("exact-code", n, fmt.code)
     words = ch.scratch("exact-words", fmt.words * n, np.dtype(np.int64)).reshape(fmt.words, n)
 
-    def scratch(name: str, dtype: np.dtype) -> Any:
-        return ch.scratch(name, n, dtype)
+    def block(name: str, dtype: np.dtype, rows: int | None = None) -> Any:
+        wide = ch.scratch("block-" + name, (rows or 1) * min(n, _step(n, xp)), dtype)
+        return wide if rows is None else wide.reshape(rows, -1)
 
     if parts:
-        codes(fmt, parts[0], xp, out=code, scratch=scratch)
+        codes(fmt, parts[0], xp, code, block)
     else:
         code.fill(0)  # no contribution here: the MAX's identity
-    for part in parts[1:]:
-        xp.maximum(code, codes(fmt, part, xp, scratch=scratch), out=code)
+    if len(parts) > 1:
+        other = ch.scratch("exact-code-part", n, fmt.code)
+        for part in parts[1:]:
+            xp.maximum(code, codes(fmt, part, xp, other, block), out=code)
     if ch.size > 1 and n > 0:
         algorithms.prepare(algorithm, ch, n, code.itemsize, True).run(ch, code, code, OPS["max"])
     if not parts:
         words.fill(0)
-    shift = _shifts(fmt, code, fmt.precision, xp, scratch)  # once for every part, and back
+    # One contribution per rank on at most 2^10 ranks: every partial sum of the words is an
+    # integer below 2^53 (|word| < 2^43), so float64 sums them exactly, in any order, and the
+    # words travel as float64: the same 8 bytes, the same sums, and no conversion to int64 and
+    # back (4 of the conversion's 17 NumPy passes in float32, 6 of 18 in float64). An
+    # `ExactSum` (up to 2^20 contributions) sums int64.
+    floats = not accumulated and ch.size <= 1 << 10
     for index, part in enumerate(parts):
-        encode(fmt, part, code, words, xp, scratch, first=index == 0, shift=shift)
+        encode(fmt, part, code, words, xp, block, first=index == 0, floats=floats)
     if ch.size > 1 and n > 0:
         flat = words.reshape(-1)
+        if floats:
+            flat = flat.view(np.float64)
         algorithms.prepare(algorithm, ch, flat.size, 8, True).run(ch, flat, flat, OPS["sum"])
-    terms = ch.size if len(parts) == 1 else None  # an ExactSum's other ranks may hold more
-    decode(fmt, words, code, dst, ch.size if op == "mean" else 1, xp, scratch, terms, shift)
+    terms = None if accumulated else ch.size  # an ExactSum's other ranks may hold more
+    decode(fmt, words, code, dst, ch.size if op == "mean" else 1, xp, block, terms, floats)
 
 
 def bytes_sent(
@@ -316,6 +455,29 @@ def bytes_sent(
     codes = algorithms.bytes_sent(algorithm, count, fmt.code.itemsize, size, rank, per_node)
     words = algorithms.bytes_sent(algorithm, fmt.words * count, 8, size, rank, per_node)
     return None if codes is None or words is None else codes + words
+
+
+WORD_BYTES = {2: 9, 4: 9, 8: 18}  # by the float's itemsize: the int64 words and the agreed code per element
+
+
+def scratch_bytes(ch: Any, algorithm: str, dtype: np.dtype, count: int, accumulated: bool = False) -> int:
+    """Scratch one reproducible call holds on ``ch`` (what `run` takes from ``ch.scratch``): the
+    agreed codes and the integer words for ``count`` elements (an `ExactSum`'s, ``accumulated``,
+    one more code array), the conversion's blocks, and the algorithm's own scratch for the larger
+    of its two all-reduces, the words. The memory guard prices this before anything is allocated."""
+    from . import algorithms
+
+    fmt = FORMATS[np.dtype(dtype)]
+    code = count * fmt.code.itemsize
+    held = code * (2 if accumulated else 1) + fmt.words * count * 8
+    held += min(count, _step(count, ch.xp)) * (
+        fmt.uint.itemsize + 1 + 4 + 8 * fmt.words
+    )  # bits, flag, shift, words
+    if ch.size == 1 or count == 0:
+        return held
+    words = algorithms.prepare(algorithm, ch, fmt.words * count, 8, True).scratch
+    codes = algorithms.prepare(algorithm, ch, count, fmt.code.itemsize, True).scratch
+    return held + max(words, codes)
 
 
 def tagged(op: str) -> str:
@@ -377,15 +539,9 @@ class ExactSum:
         every rank; in ``out`` if given, else a new array. Collective; the ranks agree first, as
         `hpcring.allreduce` does (same checks, same errors)."""
         from . import api
+        from .comm import intracomm
 
         result = self._adapter.xp.zeros(self.shape, dtype=self.dtype) if out is None else out
-        return api.allreduce(
-            result,
-            op=op,
-            algorithm=algorithm,
-            comm=comm,
-            check=check,
-            timeout=timeout,
-            reproducible=True,
-            _parts=self._parts,
-        )
+        # The full path, with this accumulator's contributions in place of the array's.
+        comm = intracomm(comm, "allreduce")
+        return api._first(result, op, algorithm, comm, None, check, timeout, True, self._parts)

@@ -138,3 +138,15 @@ def test_integers_max_and_min_take_the_plain_path_and_prod_is_refused() -> None:
 def test_empty_accumulator_is_negative_zero_the_additive_identity() -> None:
     result = hpcring.ExactSum(like=np.ones(2, np.float32)).allreduce(comm=SELF)
     assert (result == 0).all() and np.signbit(result).all()
+
+
+def test_sums_past_float64s_53_bits_round_once() -> None:
+    """3,000 float32 terms near the top of their binade: the integer sum passes 2^53, where the
+    cast to float64 alone would round; the result is still the exact sum rounded once, and the
+    same in any order."""
+    rng = np.random.default_rng(5)
+    rows = (1.9 + rng.random((3000, 3)) * 0.099).astype(np.float32)
+    rows[7] = np.float32(2.0**-20)  # a term far below the others: a sticky bit in the sum
+    first = summed(rows)
+    assert sha(summed(rows, list(rng.permutation(len(rows))))) == sha(first)
+    check_bound(rows, first)

@@ -13,10 +13,11 @@ import json
 import numpy as np
 import pytest
 from exact_cases import DTYPES, KINDS, values
-from helpers import digest, everywhere
+from helpers import digest, everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
+from hpcring import config
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
@@ -158,3 +159,31 @@ def test_gradient_sync_passes_reproducible_to_every_bucket() -> None:
     grads = sync.wait()
     got = digest(np.concatenate([g.reshape(-1) for g in grads]))
     assert everywhere(WORLD, got == serial(rows) and len(sync.buckets) > 1)
+
+
+def test_memory_guard_prices_the_integer_words(monkeypatch) -> None:
+    """9 bytes per float32 element of integer words (and the conversion's blocks) do not fit in
+    64 KiB where the plain ring's scratch does: MemoryError on every rank, naming
+    reproducible=True, before anything is allocated; the data left as it was."""
+    monkeypatch.setenv("HPCRING_MEMORY_LIMIT", str(64 << 10))
+    config.reload()
+    comm = WORLD.Dup()  # a fresh channel: no scratch held from earlier tests
+    x = np.full(4096, 1.5, np.float32)  # 16 KiB; the words alone are 32 KiB, the blocks 68 KiB
+    kept = x.copy()
+    call = lambda: hpcring.allreduce(x, comm=comm, reproducible=True)  # noqa: E731
+    raises_everywhere(MemoryError, "reproducible=True with algorithm 'ring' needs", call)
+    acc = hpcring.ExactSum(like=x)
+    acc.add(x)
+    raises_everywhere(MemoryError, "its integer words: 9 bytes per element", lambda: acc.allreduce(comm=comm))
+    assert everywhere(WORLD, np.array_equal(x, kept) and comm_holds_nothing(comm))
+    hpcring.allreduce(x, comm=comm)  # without reproducible=True it fits
+    assert everywhere(WORLD, (x == 1.5 * WORLD.size).all())
+    comm.Free()
+
+
+def comm_holds_nothing(comm: MPI.Intracomm) -> bool:
+    """No reproducible scratch was allocated on the communicator's channel."""
+    from hpcring.arrays import NUMPY
+    from hpcring.comm import state_of
+
+    return not any("exact" in name for name in state_of(comm).channel(NUMPY)._scratch)
