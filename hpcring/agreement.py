@@ -26,7 +26,6 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .errors import StallError
 from .polling import Waiter
 
 FIELDS = ("call", "count", "dtype", "op", "algorithm", "array", "placement", "settings")
@@ -37,7 +36,6 @@ HINTS = {
         "docs/configuration.md marks them)"
     ),
 }
-GRACE = 1.0  # seconds a rank that stopped waiting listens for the others' notices
 
 
 class Agreement:
@@ -74,7 +72,7 @@ class Agreement:
             deadline = time.monotonic() + timeout if timeout > 0 else None
             woke = self.waiter.wait(request, deadline)
             if woke is not None:
-                raise StallError(self.missing(woke), f"{what} call {row[0]} on this communicator", timeout)
+                raise self.waiter.stall(woke, f"{what} call {row[0]} on this communicator", timeout, row[0])
         got, width = buf.tolist(), len(row) + 1
         if got[width - 1] or any(
             high + low for high, low in zip(got[: width - 1], got[width:], strict=False)
@@ -82,12 +80,8 @@ class Agreement:
             self._raise_for(np.array([*row, verdict], dtype=np.int64), problem, describe)
 
     def missing(self, woke: int) -> list[int]:
-        """The slow path of a stall: tell every other rank, listen GRACE seconds for theirs, and
-        return the ranks not heard from (this rank itself where every other one was heard: it
-        is the one that arrived after the others had given up)."""
-        self.waiter.notify_all()
-        heard = self.waiter.listen(GRACE, {self.rank, woke})
-        return sorted(set(range(self.size)) - heard) or [self.rank]
+        """The ranks not heard from after a stall (`hpcring.polling.Waiter.missing`)."""
+        return self.waiter.missing(woke)
 
     def _raise_for(self, mine: np.ndarray, problem: Exception | None, describe: Any) -> None:
         """The same exception on every rank, from every rank's row (every rank is here: the

@@ -249,6 +249,9 @@ class _Call:
 
     def execute(self, x: Any, out: Any, check: bool, timeout: float | None, problem: Exception | None) -> Any:
         """Agree (with ``check``), then move the data, or raise ``problem`` on every rank."""
+        if timeout is None:
+            timeout = default_timeout()
+        self.channel.timeout = timeout or None  # every wait of the data exchange is bounded by it
         with Exclusive(self.state):
             if check:
                 self.agree(timeout, problem)
@@ -267,7 +270,7 @@ class _Call:
             state.agreement(
                 [call, *self.row],
                 problem,
-                timeout=default_timeout() if timeout is None else timeout,
+                timeout=timeout,
                 describe=_describe,
                 what=self.what,
             )
@@ -303,7 +306,7 @@ def _first(
     parts: list[Any] | None = None,
 ) -> Any:
     """The full path: `examine` the call, run it, and keep what a warm call of its kind reuses."""
-    call, problem, key = examine(x, op, algorithm, comm, out, check, reproducible, parts)
+    call, problem, key = examine(x, op, algorithm, comm, out, check, reproducible, parts, timeout)
     result = call.execute(x, out, check, timeout, problem)
     if key is not None:
         warm = call.state.warm
@@ -322,6 +325,7 @@ def examine(
     check: bool,
     reproducible: bool = False,
     parts: list[Any] | None = None,
+    timeout: float | None = None,
 ) -> tuple[_Call, Exception | None, Any]:
     """Validation through the adapter, the communicator's state (its first call duplicates it),
     the one question to the algorithms, the memory guard: the call to run, this rank's problem
@@ -337,8 +341,9 @@ def examine(
         if not check:
             raise
         problem, adapter = error, None
-    state = state_of(comm)
+    state = state_of(comm, timeout)
     channel = state.channel(NUMPY if adapter is None else adapter)
+    channel.timeout = (default_timeout() if timeout is None else timeout) or None  # auto's setup waits
     run = ran = None
     cacheable = False
     if adapter is not None:

@@ -22,13 +22,16 @@ P = ParamSpec("P")
 class StallError(TimeoutError):
     """Some ranks did not arrive at a collective in time: a hang turned into an error."""
 
-    def __init__(self, missing: list[int], what: str, timeout: float) -> None:
+    def __init__(self, missing: list[int], what: str, timeout: float, detail: str = "") -> None:
         self.missing = list(missing)
+        # rank -> the stall notice it sent: [rank, call number, peer it waited for or -1, where]
+        # (`hpcring.polling.WHERE` names the last word).
+        self.waiting: dict[int, list[int]] = {}
         ranks = ", ".join(map(str, self.missing)) or "?"
         super().__init__(
             f"hpcring: rank{'s' if len(self.missing) != 1 else ''} {ranks} did not arrive at "
             f"{what} within {timeout:g} s (HPCRING_TIMEOUT / timeout=); they are stuck elsewhere, "
-            "crashed, or skipped the call"
+            "crashed, or skipped the call" + (f"; {detail}" if detail else "")
         )
 
 

@@ -21,7 +21,6 @@ from . import algorithms
 from .algorithms import auto
 from .api import default_timeout, examine
 from .comm import Exclusive, intracomm
-from .errors import StallError
 
 
 class Plan:
@@ -87,7 +86,7 @@ class Plan:
             agreement = call.state.agreement
             woke = agreement.waiter.wait(self._request, deadline)
             if woke is not None:
-                raise StallError(agreement.missing(woke), f"{call.what} plan", timeout)
+                raise agreement.waiter.stall(woke, f"{call.what} plan", timeout, call.state.calls)
             if call.mean:
                 dst = call.adapter.flat(self._x if call.in_place else self._out)
                 call.channel.xp.true_divide(dst, call.channel.size, out=dst)

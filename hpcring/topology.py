@@ -75,12 +75,20 @@ class Topology:
                 Channel(self.local, channel.backend),
                 Channel(self.cross, channel.backend),
             )
+            parent = channel.comm.Get_group()
             for sub in made:  # one communicator, one snapshot: the one its algorithms run under
                 sub.config = channel.config
+                group = sub.comm.Get_group()
+                sub.names = group.Translate_ranks(list(range(sub.size)), parent)  # StallError names
+                group.Free()
+            parent.Free()
         return made
 
     def close(self) -> None:
         """Free the sub-communicators (once; nothing after MPI_Finalize)."""
+        for pair in self._channels.values():
+            for sub in pair:
+                sub.waiter.close()
         self._channels.clear()
         for name in ("local", "cross"):
             comm = getattr(self, name)

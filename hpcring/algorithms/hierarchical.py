@@ -105,6 +105,7 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
         ring.allreduce(ch, src, dst, op)
         return
     local, cross = topo.channels(ch)
+    local.timeout = cross.timeout = ch.timeout  # this call's, as `hpcring.api` set it
     inter = inter_module(ch.config)
     sent_before = local.bytes_sent + cross.bytes_sent
     size, me, itemsize = local.size, local.rank, dst.dtype.itemsize
