@@ -164,7 +164,7 @@ class Waiter:
         for rank, (_, call, peer, where) in sorted(self.heard.items()):
             place = WHERE[where] if 0 <= where < len(WHERE) else "?"
             on = f" for rank {peer}" if peer >= 0 else ""
-            parts.append(f"rank {rank} waited{on} in the {place}" + (f" of call {call}" if call >= 0 else ""))
+            parts.append(f"rank {rank} waited{on} in the {place}" + (f" of call {call}" if call > 0 else ""))
         return "; ".join(parts)
 
 
