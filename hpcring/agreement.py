@@ -41,10 +41,11 @@ HINTS = {
 class Agreement:
     """One communicator's agreement: the row and its negation in one tiny collective."""
 
-    __slots__ = ("comm", "rank", "size", "waiter")
+    __slots__ = ("comm", "rank", "settings", "size", "waiter")
 
     def __init__(self, comm: MPI.Intracomm) -> None:
         self.comm = comm
+        self.settings: Any = None  # the communicator's config snapshot, named on a settings mismatch
         self.waiter = Waiter(comm)
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
 
@@ -97,6 +98,8 @@ class Agreement:
             raise kind(f"rank {failed[0]} rejected its input: {message}")
         for column, field in enumerate(FIELDS):
             values = table[:, column]
+            if field == "settings" and (values != values[0]).any():
+                raise ValueError(self._settings_differ())
             if (values != values[0]).any():
                 groups: dict[int, list[int]] = {}
                 for r, value in enumerate(values.tolist()):
@@ -109,3 +112,27 @@ class Agreement:
                 hint = HINTS.get(field, "")
                 raise ValueError(f"hpcring.allreduce: ranks disagree on {field}: {detail}{hint}")
         raise AssertionError("the agreement saw a difference the table does not show")
+
+    def _settings_differ(self) -> str:
+        """The must-agree variables that differ, their values and the ranks (every rank gathers
+        every rank's values: this runs only after the digests differed)."""
+        mine = {} if self.settings is None else self.settings.agreed()
+        everyone = self.comm.allgather(mine)
+        parts = []
+        for name in sorted({name for values in everyone for name in values}):
+            seen = [values.get(name, "=?") for values in everyone]
+            if len(set(seen)) == 1:
+                continue
+            groups: dict[str, list[int]] = {}
+            for r, text in enumerate(seen):
+                groups.setdefault(text, []).append(r)
+            shown = "; ".join(
+                f"{'unset' if text == '=None' else text[1:] if text[0] == '=' else 'unparsable ' + text[1:]}"
+                f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+                for text, ranks in groups.items()
+            )
+            parts.append(f"{name}: {shown}")
+        return (
+            f"hpcring.allreduce: ranks disagree on settings: {' | '.join(parts) or 'digests differ'}"
+            f"{HINTS['settings']}"
+        )

@@ -270,7 +270,7 @@ class _Call:
             state.agreement(
                 [call, *self.row],
                 problem,
-                timeout=timeout,
+                timeout=default_timeout() if timeout is None else timeout,
                 describe=_describe,
                 what=self.what,
             )
@@ -344,6 +344,7 @@ def examine(
     state = state_of(comm, timeout)
     channel = state.channel(NUMPY if adapter is None else adapter)
     channel.timeout = (default_timeout() if timeout is None else timeout) or None  # auto's setup waits
+    state.agreement.settings = channel.config  # what a settings mismatch names
     run = ran = None
     cacheable = False
     if adapter is not None:

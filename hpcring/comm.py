@@ -115,14 +115,14 @@ def state_of(comm: MPI.Intracomm, timeout: float | None = None) -> CommState:
     with creating:
         state = comm.Get_attr(_keyval)
         if state is None:
-            state = CommState(comm=_duplicate(comm, timeout), lock=creating)
+            state = CommState(comm=duplicate(comm, timeout), lock=creating)
             with _lock:
                 comm.Set_attr(_keyval, state)
                 _creating.pop(MPI._handleof(comm), None)
         return state
 
 
-def _duplicate(comm: MPI.Intracomm, timeout: float | None) -> MPI.Intracomm:
+def duplicate(comm: MPI.Intracomm, timeout: float | None) -> MPI.Intracomm:
     """``comm.Idup()`` waited for against the deadline: a rank that never makes its first call
     becomes a StallError on the others. The stall notices of this wait travel on ``comm`` itself
     (under MPI_TAG_UB, found by Iprobe: `hpcring.polling.Waiter`), as no duplicate exists yet."""
@@ -212,4 +212,13 @@ class Exclusive:
         self.busy.release()
 
 
-__all__ = ["CommState", "Exclusive", "attached", "channel_for", "channel_key", "intracomm", "state_of"]
+__all__ = [
+    "CommState",
+    "Exclusive",
+    "attached",
+    "channel_for",
+    "channel_key",
+    "duplicate",
+    "intracomm",
+    "state_of",
+]

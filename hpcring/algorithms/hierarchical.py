@@ -100,7 +100,7 @@ class _Forward:
 
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     """dst <- op over all ranks of src (dst may be src)."""
-    topo = topology.of(ch.comm)
+    topo = topology.of(ch.comm, ch)
     if not topo.two_level:
         ring.allreduce(ch, src, dst, op)
         return
