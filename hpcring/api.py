@@ -249,9 +249,12 @@ class _Call:
 
     def execute(self, x: Any, out: Any, check: bool, timeout: float | None, problem: Exception | None) -> Any:
         """Agree (with ``check``), then move the data, or raise ``problem`` on every rank."""
-        if timeout is None:
-            timeout = default_timeout()
-        self.channel.timeout = timeout or None  # every wait of the data exchange is bounded by it
+        channel = self.channel
+        if timeout is None:  # the communicator's HPCRING_TIMEOUT (docs/configuration.md: fixed at first use)
+            timeout = channel.default_timeout
+            if timeout is None:
+                timeout = default_timeout()  # a bad value raises here
+        channel.timeout = timeout or None  # every wait of the data exchange is bounded by it
         with Exclusive(self.state):
             if check:
                 self.agree(timeout, problem)
@@ -343,7 +346,8 @@ def examine(
         problem, adapter = error, None
     state = state_of(comm, timeout)
     channel = state.channel(NUMPY if adapter is None else adapter)
-    channel.timeout = (default_timeout() if timeout is None else timeout) or None  # auto's setup waits
+    if timeout is not None:  # auto's table and the topology are set up under the call's timeout
+        channel.timeout = timeout or None
     state.agreement.settings = channel.config  # what a settings mismatch names
     run = ran = None
     cacheable = False

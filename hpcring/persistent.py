@@ -70,6 +70,8 @@ class Plan:
         if self._request is not None:
             self._request.Start()
         else:
+            channel = self._call.channel
+            channel.timeout = (channel.default_timeout if self._timeout is None else self._timeout) or None
             with Exclusive(self._call.state):
                 self._call.move(self._x, self._out)
 

@@ -112,3 +112,12 @@ def test_rank_frozen_mid_call(algorithm: str, ranks: int) -> None:
             continue
         assert row.get("missing") == str(frozen), output
         assert float(row["elapsed"]) <= JOB_TIMEOUT + 2.0, output
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["ring", "mpi", "rabenseifner"])
+def test_no_deadline_runs_blocking_calls(algorithm: str) -> None:
+    """timeout=0: no deadline, MPI's own blocking calls; the same closed-form result."""
+    x = np.full(1001, WORLD.rank + 1, dtype=np.float64)
+    hpcring.allreduce(x, algorithm=algorithm, timeout=0)
+    assert everywhere(WORLD, bool((x == WORLD.size * (WORLD.size + 1) / 2).all()))
