@@ -26,8 +26,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .errors import StallError
-from .flight import Recorder, stall_detail
+from .flight import Recorder
 from .polling import Waiter
 
 FIELDS = ("call", "count", "dtype", "op", "algorithm", "array", "placement", "settings", "wire")
@@ -38,18 +37,18 @@ HINTS = {
         "docs/configuration.md marks them)"
     ),
 }
-GRACE = 1.0  # seconds a rank that stopped waiting listens for the others' notices
 
 
 class Agreement:
     """One communicator's agreement: the row and its negation in one tiny collective."""
 
-    __slots__ = ("comm", "flight", "rank", "size", "waiter")
+    __slots__ = ("comm", "rank", "settings", "size", "waiter")
 
     def __init__(self, comm: MPI.Intracomm, flight: Recorder | None = None) -> None:
         self.comm = comm
-        self.flight = flight  # the communicator's record: a StallError names where the ranks were
+        self.settings: Any = None  # the communicator's config snapshot, named on a settings mismatch
         self.waiter = Waiter(comm)
+        self.waiter.flight = flight  # the communicator's record: a StallError names where ranks were
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
 
     def __call__(
@@ -76,9 +75,7 @@ class Agreement:
             deadline = time.monotonic() + timeout if timeout > 0 else None
             woke = self.waiter.wait(request, deadline)
             if woke is not None:
-                missing = self.missing(woke)
-                detail = stall_detail(self.flight, missing, row[0], {})
-                raise StallError(missing, f"{what} call {row[0]} on this communicator", timeout, detail)
+                raise self.waiter.stall(woke, f"{what} call {row[0]} on this communicator", timeout, row[0])
         got, width = buf.tolist(), len(row) + 1
         if got[width - 1] or any(
             high + low for high, low in zip(got[: width - 1], got[width:], strict=False)
@@ -86,12 +83,8 @@ class Agreement:
             self._raise_for(np.array([*row, verdict], dtype=np.int64), problem, describe)
 
     def missing(self, woke: int) -> list[int]:
-        """The slow path of a stall: tell every other rank, listen GRACE seconds for theirs, and
-        return the ranks not heard from (this rank itself where every other one was heard: it
-        is the one that arrived after the others had given up)."""
-        self.waiter.notify_all()
-        heard = self.waiter.listen(GRACE, {self.rank, woke})
-        return sorted(set(range(self.size)) - heard) or [self.rank]
+        """The ranks not heard from after a stall (`hpcring.polling.Waiter.missing`)."""
+        return self.waiter.missing(woke)
 
     def _raise_for(self, mine: np.ndarray, problem: Exception | None, describe: Any) -> None:
         """The same exception on every rank, from every rank's row (every rank is here: the
@@ -107,6 +100,8 @@ class Agreement:
             raise kind(f"rank {failed[0]} rejected its input: {message}")
         for column, field in enumerate(FIELDS):
             values = table[:, column]
+            if field == "settings" and (values != values[0]).any():
+                raise ValueError(self._settings_differ())
             if (values != values[0]).any():
                 groups: dict[int, list[int]] = {}
                 for r, value in enumerate(values.tolist()):
@@ -119,3 +114,27 @@ class Agreement:
                 hint = HINTS.get(field, "")
                 raise ValueError(f"hpcring.allreduce: ranks disagree on {field}: {detail}{hint}")
         raise AssertionError("the agreement saw a difference the table does not show")
+
+    def _settings_differ(self) -> str:
+        """The must-agree variables that differ, their values and the ranks (every rank gathers
+        every rank's values: this runs only after the digests differed)."""
+        mine = {} if self.settings is None else self.settings.agreed()
+        everyone = self.comm.allgather(mine)
+        parts = []
+        for name in sorted({name for values in everyone for name in values}):
+            seen = [values.get(name, "=?") for values in everyone]
+            if len(set(seen)) == 1:
+                continue
+            groups: dict[str, list[int]] = {}
+            for r, text in enumerate(seen):
+                groups.setdefault(text, []).append(r)
+            shown = "; ".join(
+                f"{'unset' if text == '=None' else text[1:] if text[0] == '=' else 'unparsable ' + text[1:]}"
+                f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+                for text, ranks in groups.items()
+            )
+            parts.append(f"{name}: {shown}")
+        return (
+            f"hpcring.allreduce: ranks disagree on settings: {' | '.join(parts) or 'digests differ'}"
+            f"{HINTS['settings']}"
+        )

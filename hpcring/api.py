@@ -294,6 +294,12 @@ class _Call:
         Each call is recorded in the communicator's flight recorder (`hpcring.flight`): a slot
         reused every 64 calls, six attribute stores and two clock reads (+0.2-0.3 us, measured
         on a loaded machine: docs/reliability.md)."""
+        channel = self.channel
+        if timeout is None:  # the communicator's HPCRING_TIMEOUT (docs/configuration.md: fixed at first use)
+            timeout = channel.default_timeout
+            if timeout is None:
+                timeout = default_timeout()  # a bad value raises here
+        channel.timeout = timeout or None  # every wait of the data exchange is bounded by it
         state = self.state
         with Exclusive(state):
             flight = self.flight
@@ -366,7 +372,7 @@ def _first(
 ) -> Any:
     """The full path: `examine` the call, run it, and keep what a warm call of its kind reuses."""
     try:
-        call, problem, key = examine(x, op, algorithm, comm, out, check, reproducible, parts, wire)
+        call, problem, key = examine(x, op, algorithm, comm, out, check, reproducible, parts, wire, timeout)
     except Exception as error:  # check=False: this rank's own input error (check=True agrees on it)
         dump_on_error(error)
         raise
@@ -389,6 +395,7 @@ def examine(
     reproducible: bool = False,
     parts: list[Any] | None = None,
     wire: str | None = None,
+    timeout: float | None = None,
 ) -> tuple[_Call, Exception | None, Any]:
     """Validation through the adapter, the communicator's state (its first call duplicates it),
     the one question to the algorithms, the memory guard: the call to run, this rank's problem
@@ -404,8 +411,11 @@ def examine(
         if not check:
             raise
         problem, adapter = error, None
-    state = state_of(comm)
+    state = state_of(comm, timeout)
     channel = state.channel(NUMPY if adapter is None else adapter)
+    if timeout is not None:  # auto's table and the topology are set up under the call's timeout
+        channel.timeout = timeout or None
+    state.agreement.settings = channel.config  # what a settings mismatch names
     run = ran = None
     cacheable = False
     if adapter is not None:

@@ -16,9 +16,11 @@ from typing import Any
 
 from mpi4py import MPI
 
+from . import config
 from .agreement import Agreement
 from .channel import Channel
 from .flight import Recorder
+from .polling import FIRST_CALL, Waiter
 
 _lock = threading.Lock()  # guards the keyval, the table of communicators being set up, channel creation
 _keyval: int | None = None  # created on first use: importing hpcring must not need MPI initialized
@@ -59,7 +61,10 @@ class CommState:
             with _lock:
                 channel = self.channels.get(key)
                 if channel is None:
-                    channel = self.channels[key] = Channel(self.comm, backend)
+                    channel = Channel(self.comm, backend)
+                    channel.waiter = self.agreement.waiter  # one receive posted for notices
+                    channel.owner = self  # whose call number a stall notice carries
+                    self.channels[key] = channel
         return channel
 
     def close(self) -> None:
@@ -98,8 +103,9 @@ def known_state(comm: Any) -> CommState | None:
     return comm.Get_attr(keyval)
 
 
-def state_of(comm: MPI.Intracomm) -> CommState:
-    """hpcring's state for ``comm``; the first call on a communicator (collective) duplicates it."""
+def state_of(comm: MPI.Intracomm, timeout: float | None = None) -> CommState:
+    """hpcring's state for ``comm``; the first call on a communicator (collective) duplicates it,
+    within ``timeout`` seconds (None: HPCRING_TIMEOUT; 0: no limit) or StallError."""
     global _keyval
     with _lock:
         if _keyval is None:
@@ -114,11 +120,27 @@ def state_of(comm: MPI.Intracomm) -> CommState:
     with creating:
         state = comm.Get_attr(_keyval)
         if state is None:
-            state = CommState(comm=comm.Dup(), lock=creating)
+            state = CommState(comm=duplicate(comm, timeout), lock=creating)
             with _lock:
                 comm.Set_attr(_keyval, state)
                 _creating.pop(MPI._handleof(comm), None)
         return state
+
+
+def duplicate(comm: MPI.Intracomm, timeout: float | None) -> MPI.Intracomm:
+    """``comm.Idup()`` waited for against the deadline: a rank that never makes its first call
+    becomes a StallError on the others. The stall notices of this wait travel on ``comm`` itself
+    (under MPI_TAG_UB, found by Iprobe: `hpcring.polling.Waiter`), as no duplicate exists yet."""
+    if timeout is None:
+        timeout = config.current().timeout
+    if comm.Get_size() == 1:
+        return comm.Dup()
+    dup, request = comm.Idup()
+    waiter = Waiter(comm, probe=True)
+    woke = waiter.bounded(request, timeout)
+    if woke is not None:
+        raise waiter.stall(woke, "the first hpcring call on this communicator", timeout, 0, -1, FIRST_CALL)
+    return dup
 
 
 def channel_for(comm: MPI.Intracomm, backend: Any) -> Channel:
@@ -195,4 +217,13 @@ class Exclusive:
         self.busy.release()
 
 
-__all__ = ["CommState", "Exclusive", "attached", "channel_for", "channel_key", "intracomm", "state_of"]
+__all__ = [
+    "CommState",
+    "Exclusive",
+    "attached",
+    "channel_for",
+    "channel_key",
+    "duplicate",
+    "intracomm",
+    "state_of",
+]

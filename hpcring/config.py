@@ -312,15 +312,21 @@ class Config:
         form (so ``040`` and ``40`` agree; for HPCRING_TRACE only whether it is set). It never
         raises: an unparsable value enters as ``NAME!raw``, so it differs from any good one.
         """
-        lines = []
+        lines = [f"{name}{text}" for name, text in self.agreed().items()]
+        return zlib.crc32("\n".join(lines).encode())
+
+    def agreed(self) -> dict[str, str]:
+        """The must-agree variables as the digest reads them: name -> ``=value`` in canonical
+        form, or ``!raw`` for a value that does not parse (the agreement's slow path names them)."""
+        values = {}
         for variable in VARIABLES:
             if not variable.must_agree:
                 continue
             try:
-                lines.append(f"{variable.name}={variable.canonical(getattr(self, variable.attr))}")
+                values[variable.name] = f"={variable.canonical(getattr(self, variable.attr))}"
             except ValueError:
-                lines.append(f"{variable.name}!{self._raw[variable.name]}")
-        return zlib.crc32("\n".join(lines).encode())
+                values[variable.name] = f"!{self._raw[variable.name]}"
+        return values
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Config) and self._raw == other._raw

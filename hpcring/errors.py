@@ -23,7 +23,11 @@ class StallError(TimeoutError):
     """Some ranks did not arrive at a collective in time: a hang turned into an error."""
 
     def __init__(self, missing: list[int], what: str, timeout: float, detail: str = "") -> None:
+        """``detail``: appended to the message as it is (the flight record's lines, or "; ...")."""
         self.missing = list(missing)
+        # rank -> the stall notice it sent: [rank, call number, peer it waited for or -1, where]
+        # (`hpcring.polling.WHERE` names the last word).
+        self.waiting: dict[int, list[int]] = {}
         ranks = ", ".join(map(str, self.missing)) or "?"
         super().__init__(
             f"hpcring: rank{'s' if len(self.missing) != 1 else ''} {ranks} did not arrive at "

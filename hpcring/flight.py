@@ -42,9 +42,9 @@ MASK = SLOTS - 1
 AGREEMENT, MOVING, DONE = 1, 2, 3  # a slot's phase; negated where the call raised in it
 STEPPED = {"ring", "rabenseifner"}  # algorithms that count their exchanges on Channel.step
 PHASES = {AGREEMENT: "agreement", MOVING: "moving", DONE: "done"}
-# What a stall notice's where-code names (the notice payload [rank, call, peer, where]):
-# the phases above, where the waiting rank was.
-WHERE = {0: "the agreement", AGREEMENT: "the agreement", MOVING: "the data exchange"}
+# What a stall notice's where-code names (the notice payload [rank, call, peer, where]; the codes
+# are `hpcring.polling`'s AGREEMENT, FIRST_CALL, ALGORITHM, SETUP).
+WHERE = {0: "the agreement", 1: "the first call's duplicate", 2: "the data exchange", 3: "a setup step"}
 clock = time.perf_counter
 
 

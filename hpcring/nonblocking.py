@@ -34,7 +34,7 @@ from mpi4py import MPI
 
 from . import api
 from .arrays import adapter_for
-from .comm import attached, intracomm, state_of
+from .comm import attached, duplicate, intracomm, state_of
 
 
 class Request:
@@ -94,7 +94,7 @@ class Engine:
     """One worker thread and one private communicator per user communicator (made collectively)."""
 
     def __init__(self, comm: MPI.Intracomm) -> None:
-        self.comm = comm.Dup()
+        self.comm = duplicate(comm, None)  # bounded by HPCRING_TIMEOUT, as every first call
         state_of(self.comm)  # allreduce's own duplicate, made here: the worker runs no Dup
         self.threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()

@@ -21,7 +21,6 @@ from . import algorithms
 from .algorithms import auto
 from .api import default_timeout, examine
 from .comm import Exclusive, intracomm
-from .errors import StallError
 
 
 class Plan:
@@ -71,6 +70,8 @@ class Plan:
         if self._request is not None:
             self._request.Start()
         else:
+            channel = self._call.channel
+            channel.timeout = (channel.default_timeout if self._timeout is None else self._timeout) or None
             with Exclusive(self._call.state):
                 self._call.move(self._x, self._out)
 
@@ -87,7 +88,7 @@ class Plan:
             agreement = call.state.agreement
             woke = agreement.waiter.wait(self._request, deadline)
             if woke is not None:
-                raise StallError(agreement.missing(woke), f"{call.what} plan", timeout)
+                raise agreement.waiter.stall(woke, f"{call.what} plan", timeout, call.state.calls)
             if call.mean:
                 dst = call.adapter.flat(self._x if call.in_place else self._out)
                 call.channel.xp.true_divide(dst, call.channel.size, out=dst)
@@ -119,7 +120,7 @@ def plan(
     argument on any rank raises on every rank); each run then moves data only. Do not resize
     or reallocate the buffers while the plan lives: a plan on changed buffers is refused."""
     comm = intracomm(comm, "plan")
-    call, problem, _ = examine(x, op, algorithm, comm, out, True)
+    call, problem, _ = examine(x, op, algorithm, comm, out, True, timeout=timeout)
     with Exclusive(call.state):
         call.agree(timeout, problem)
     if problem is not None:

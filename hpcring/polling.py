@@ -8,20 +8,35 @@ non-blocking collective waited for with ``MPI_Wait`` took 3.1-144 us where the t
 3.3-16 us (2 ranks, 16 words). So `Waiter.wait` tests, reads the clock every few tests, looks
 for other ranks' stall notices about once a millisecond, and past SPIN_FOR naps between tests:
 a rank that late is milliseconds away, and a waiting rank should not hold a core that long.
+
+A stall notice is a few int64s (`NOTICE`: who sent it, its call, the peer it waited for, where
+it waited). On hpcring's private duplicate a receive stays posted for the next one. Before the
+duplicate exists (the first call's ``Idup``) notices travel on the user's communicator under the
+largest tag (``MPI_TAG_UB``), and are looked for with ``Iprobe`` only, so that nothing stays
+posted on a communicator hpcring does not own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
+from .errors import StallError
+
 TAG_NOTICE = 32001  # "I stopped waiting": a stall notice; the algorithms use small tags
 SPIN_FOR = 0.02  # seconds of testing without a pause: a rank 3 ms late is seen at once
 NAP = 2e-4  # seconds between tests after that
 NOTICE_EVERY = 1e-3  # seconds between looks for another rank's stall notice
+GRACE = 1.0  # seconds a rank that stopped waiting listens for the others' notices
+
+# Where a rank waited, the last word of its notice.
+AGREEMENT, FIRST_CALL, ALGORITHM, SETUP = range(4)
+WHERE = ("agreement", "first call", "algorithm", "setup")
+NOTICE = 4  # int64s in a notice: rank, call number, peer waited for (-1: all), where
 
 
 def idle_barrier(comm: Any) -> None:
@@ -32,24 +47,42 @@ def idle_barrier(comm: Any) -> None:
 
 
 class Waiter:
-    """Deadline-bounded waits on one communicator, cut short by other ranks' stall notices."""
+    """Deadline-bounded waits on one communicator, cut short by other ranks' stall notices.
 
-    def __init__(self, comm: MPI.Intracomm) -> None:
+    ``probe=True`` (the user's communicator, before hpcring has its duplicate): notices are
+    sent under MPI_TAG_UB and found with Iprobe, no receive is left posted."""
+
+    def __init__(self, comm: MPI.Intracomm, probe: bool = False) -> None:
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.word = np.array([self.rank], dtype=np.int64)  # a notice's payload: who sent it
-        self._incoming = np.zeros(1, dtype=np.int64)
+        self.probe = probe
+        self.tag = comm.Get_attr(MPI.TAG_UB) if probe else TAG_NOTICE
+        self._incoming = np.zeros(NOTICE, dtype=np.int64)
         self._notice: MPI.Request | None = None  # the receive posted for the next notice
+        self._sent: list[Any] = []  # notices in flight, and their buffers, kept alive
+        self.heard: dict[int, list[int]] = {}  # rank -> its notice, as received
+        self.flight: Any = None  # the communicator's flight recorder, where there is one
 
-    def _posted(self) -> MPI.Request:
+    def _arrived(self) -> bool:
+        """Whether a notice came in (it is then in ``_incoming``)."""
+        if self.probe:
+            status = MPI.Status()
+            if not self.comm.Iprobe(MPI.ANY_SOURCE, self.tag, status):
+                return False
+            self.comm.Recv(self._incoming, status.Get_source(), self.tag)
+            return True
         if self._notice is None:
-            self._notice = self.comm.Irecv(self._incoming, MPI.ANY_SOURCE, TAG_NOTICE)
-        return self._notice
+            self._notice = self.comm.Irecv(self._incoming, MPI.ANY_SOURCE, self.tag)
+        if not self._notice.Test():
+            return False
+        self._notice = None  # posted again at the next look
+        return True
 
     def _take_notice(self) -> int:
-        """The rank whose notice the posted receive got; the receive is posted again later."""
-        self._notice = None
-        return int(self._incoming[0])
+        """The rank whose notice just came in, its payload kept in ``heard``."""
+        words = self._incoming.tolist()
+        self.heard[words[0]] = words
+        return words[0]
 
     def wait(self, request: MPI.Request, deadline: float | None) -> int | None:
         """Wait for ``request``. None once it completes; otherwise the rank that ended the wait:
@@ -59,7 +92,6 @@ class Waiter:
             if test():
                 return None
         start = looked = time.monotonic()
-        notice = self._posted() if deadline is not None else None
         while True:
             for _ in range(16):
                 if test():
@@ -70,10 +102,17 @@ class Waiter:
                     return self.rank
                 if now - looked > NOTICE_EVERY:
                     looked = now
-                    if notice is not None and notice.Test():
+                    if self._arrived():
                         return self._take_notice()
             if now - start > SPIN_FOR:
                 time.sleep(NAP)
+
+    def bounded(self, request: MPI.Request, timeout: float | None) -> int | None:
+        """`wait` for at most ``timeout`` seconds from now (None or 0: no limit); the clock is
+        read only once the first tests failed, so a request already done costs one test."""
+        if request.Test():
+            return None
+        return self.wait(request, time.monotonic() + timeout if timeout else None)
 
     def close(self) -> None:
         """Cancel the receive posted for notices, so that freeing the communicator leaves no
@@ -83,18 +122,69 @@ class Waiter:
             notice.Cancel()
             notice.Wait()
 
-    def notify_all(self) -> None:
+    def notify_all(self, call: int = -1, peer: int = -1, where: int = AGREEMENT) -> None:
         """Tell every other rank that this one stopped waiting (tiny messages, sent eagerly)."""
+        word = np.array([self.rank, call, peer, where], dtype=np.int64)
+        self._sent.append(word)
         for r in range(self.size):
             if r != self.rank:
-                self.comm.Isend(self.word, r, TAG_NOTICE)
+                self._sent.append(self.comm.Isend(word, r, self.tag))
 
     def listen(self, seconds: float, heard: set[int]) -> set[int]:
         """Collect other ranks' notices for up to ``seconds`` (until every rank is heard)."""
         end = time.monotonic() + seconds
+        heard |= set(self.heard)
         while len(heard) < self.size and time.monotonic() < end:
-            if self._posted().Test():
+            if self._arrived():
                 heard.add(self._take_notice())
             else:
                 time.sleep(1e-3)
         return heard
+
+    def missing(self, woke: int, call: int = -1, peer: int = -1, where: int = AGREEMENT) -> list[int]:
+        """The slow path of a stall: tell every other rank, listen GRACE seconds for theirs, and
+        return the ranks not heard from (this rank itself where every other one was heard: it
+        is the one that arrived after the others had given up)."""
+        self.notify_all(call, peer, where)
+        heard = self.listen(GRACE, {self.rank, woke})
+        return sorted(set(range(self.size)) - heard) or [self.rank]
+
+    def stall(
+        self, woke: int, what: str, timeout: float, call: int = -1, peer: int = -1, where: int = AGREEMENT
+    ) -> StallError:
+        """The StallError for a wait that ``woke`` ended: the missing ranks, and what every heard
+        rank said it was waiting for (``waiting``)."""
+        missing = self.missing(woke, call, peer, where)
+        if self.flight is not None:  # where every rank was, from this rank's record and the notices
+            from .flight import stall_detail
+
+            detail = stall_detail(self.flight, missing, call, self.heard)
+        else:
+            detail = self.describe()
+            detail = f"; {detail}" if detail else ""
+        error = StallError(missing, what, timeout, detail=detail)
+        error.waiting = dict(self.heard)
+        return error
+
+    def describe(self) -> str:
+        """What the ranks that gave up were waiting for, from their notices."""
+        parts = []
+        for rank, (_, call, peer, where) in sorted(self.heard.items()):
+            place = WHERE[where] if 0 <= where < len(WHERE) else "?"
+            on = f" for rank {peer}" if peer >= 0 else ""
+            parts.append(f"rank {rank} waited{on} in the {place}" + (f" of call {call}" if call > 0 else ""))
+        return "; ".join(parts)
+
+
+def cancel(request: MPI.Request) -> None:
+    """Cancel a receive that will not complete (a stall): MPI may then free its buffer's use."""
+    with contextlib.suppress(MPI.Exception):
+        request.Cancel()
+
+
+def arrive(waiter: Waiter, timeout: float | None, what: str, call: int = -1) -> None:
+    """A bounded barrier before a collective that has no non-blocking form or takes a Python
+    object (a split, a broadcast of a table): every rank is known to be there, or StallError."""
+    woke = waiter.bounded(waiter.comm.Ibarrier(), timeout)
+    if woke is not None:
+        raise waiter.stall(woke, what, timeout or 0.0, call, -1, SETUP)

@@ -25,6 +25,7 @@ from mpi4py import MPI
 from . import config
 from .channel import Channel
 from .comm import channel_key
+from .polling import arrive
 
 
 @dataclass
@@ -75,12 +76,20 @@ class Topology:
                 Channel(self.local, channel.backend),
                 Channel(self.cross, channel.backend),
             )
+            parent = channel.comm.Get_group()
             for sub in made:  # one communicator, one snapshot: the one its algorithms run under
                 sub.config = channel.config
+                group = sub.comm.Get_group()
+                sub.names = group.Translate_ranks(list(range(sub.size)), parent)  # StallError names
+                group.Free()
+            parent.Free()
         return made
 
     def close(self) -> None:
         """Free the sub-communicators (once; nothing after MPI_Finalize)."""
+        for pair in self._channels.values():
+            for sub in pair:
+                sub.waiter.close()
         self._channels.clear()
         for name in ("local", "cross"):
             comm = getattr(self, name)
@@ -129,8 +138,12 @@ def _delete(comm: MPI.Comm, keyval: int, topo: Topology) -> None:
     topo.close()
 
 
-def of(comm: MPI.Intracomm) -> Topology:
+def of(comm: MPI.Intracomm, channel: Channel | None = None) -> Topology:
     """The cached topology of ``comm`` (collective the first time: every rank must call it then).
+
+    With ``channel`` (on ``comm``), the discovery is preceded by a bounded barrier on its
+    waiter and timeout: MPI_Comm_split_type has no non-blocking form, so every rank is first
+    known to be there, or every rank that is raises StallError.
 
     Cached as an attribute of ``comm`` itself, so a warm call makes no communicator and
     freeing ``comm`` (hpcring's private duplicate, freed with the user's) frees the
@@ -142,6 +155,8 @@ def of(comm: MPI.Intracomm) -> Topology:
             _keyval = MPI.Comm.Create_keyval(delete_fn=_delete)
     topo = comm.Get_attr(_keyval)
     if topo is None:
+        if channel is not None and channel.size > 1:
+            arrive(channel.waiter, channel.timeout, "hpcring's topology discovery")
         topo = discover(comm)
         comm.Set_attr(_keyval, topo)
     return topo

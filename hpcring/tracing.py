@@ -464,23 +464,22 @@ def channel_start(method: Callable[..., Any]) -> Callable[..., Any]:
     return _Hook(method, traced)
 
 
-def channel_wait(static: staticmethod) -> Any:
-    """Trace `Channel.wait`/`waitall` (static methods): how long the rank blocked, and for what."""
-    method = static.__func__
+def channel_wait(method: Callable[..., Any]) -> Any:
+    """Trace `Channel.wait`/`waitall`: how long the rank blocked, and for what."""
 
     @functools.wraps(method)
-    def traced(requests: Any, *nap: float) -> Any:
+    def traced(ch: Any, requests: Any, *nap: float) -> Any:
         tracer = TRACER
         if not tracer.on:
-            return method(requests, *nap)
+            return method(ch, requests, *nap)
         many = method.__name__ == "waitall"
         pending = list(requests) if many else [requests]
         start = tracer.now()
-        result = method(pending if many else requests, *nap)
+        result = method(ch, pending if many else requests, *nap)
         tracer.waited(start, pending)
         return result
 
-    return _Hook(static, staticmethod(traced))
+    return _Hook(method, traced)
 
 
 def reduction(method: Callable[..., Any]) -> Any:

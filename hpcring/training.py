@@ -30,11 +30,14 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from . import config
 from . import wire as wire_dtypes
 from .arrays import NUMPY, Adapter, adapter_for
+from .comm import state_of
 from .nonblocking import Engine, engine_for, iallreduce
 from .ops import DTYPES, op_name
 from .persistent import plan
+from .polling import arrive
 
 MiB = 1 << 20
 
@@ -161,6 +164,10 @@ class GradientSync:
             )
         except (TypeError, ValueError) as error:  # bucket_bytes=None, grads not a list, ...
             mine = (f"bad argument ({type(error).__name__}: {error})", None, None)
+        # Every rank is known to be here before the allgather (a bounded barrier), so a rank that
+        # never builds its GradientSync is a StallError on the others, not a hang.
+        waiter = state_of(self.engine.comm).agreement.waiter
+        arrive(waiter, config.current().timeout, "GradientSync's bucket agreement")
         _agree(comm.allgather(mine))
         # The user's arrays are asked through their adapter; the buckets are its native arrays.
         self.backend: Adapter = adapter_for(grads[0]) if grads else NUMPY

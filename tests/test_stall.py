@@ -2,29 +2,38 @@
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import everywhere
+from helpers import everywhere, launcher_env, mpiexec
 from mpi4py import MPI
 
 import hpcring
 from hpcring import config
 
-pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
 TIMEOUT = 2.0
+JOB = str(Path(__file__).with_name("stall_job.py"))
+JOB_TIMEOUT = 2.0  # stall_job.TIMEOUT
 
 
 @pytest.mark.parametrize("skipper", ["last", "first"])
 @pytest.mark.parametrize("algorithm", ["ring", "ps"])
-def test_rank_skips_the_call(skipper: str, algorithm: str) -> None:
+@pytest.mark.parametrize("first", [False, True], ids=["warm", "first-call"])
+@pytest.mark.mpi
+def test_rank_skips_the_call(skipper: str, algorithm: str, first: bool) -> None:
+    """Skipped on a warm communicator, or as the FIRST call on a fresh one (its Idup)."""
     if WORLD.size == 1:
         pytest.skip("needs a rank to miss")
     missing = WORLD.size - 1 if skipper == "last" else 0
     comm = WORLD.Dup()
-    hpcring.allreduce(np.ones(4), comm=comm)  # warm: the duplicate exists on every rank
+    if not first:
+        hpcring.allreduce(np.ones(4), comm=comm)  # warm: the duplicate exists on every rank
     ok = True
     if WORLD.rank != missing:
         start = time.monotonic()
@@ -40,6 +49,7 @@ def test_rank_skips_the_call(skipper: str, algorithm: str) -> None:
     comm.Free()
 
 
+@pytest.mark.mpi
 def test_timeout_from_environment(monkeypatch) -> None:
     from hpcring.api import default_timeout
 
@@ -50,3 +60,64 @@ def test_timeout_from_environment(monkeypatch) -> None:
     config.reload()
     with pytest.raises(ValueError, match="HPCRING_TIMEOUT"):
         default_timeout()
+
+
+def _job(*args: str, ranks: int) -> tuple[int, str, float]:
+    """Run tests/stall_job.py under mpiexec: (exit status, output, seconds)."""
+    command = [mpiexec() or "mpiexec", "--oversubscribe", "-n", str(ranks), sys.executable, JOB, *args]
+    start = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True, timeout=90, env=launcher_env())
+    return done.returncode, done.stdout + done.stderr, time.monotonic() - start
+
+
+def _results(output: str) -> dict[int, dict[str, str]]:
+    rows = {}
+    for line in output.splitlines():
+        if line.startswith("RESULT "):
+            fields = dict(word.split("=", 1) for word in line.split()[1:])
+            rows[int(fields["rank"])] = fields
+    return rows
+
+
+@pytest.mark.parametrize(("skipper", "ranks"), [("first", 2), ("last", 3)])  # each job ~10 s
+def test_first_call_skip(skipper: str, ranks: int) -> None:
+    """The first call on a fresh communicator (its Idup) is bounded: the others name the rank."""
+    missing = 0 if skipper == "first" else ranks - 1
+    status, output, seconds = _job("skip", str(missing), ranks=ranks)
+    rows = _results(output)
+    assert status != 0 and len(rows) == ranks, output
+    assert seconds < 45, f"the job took {seconds:.0f} s to end (MPI_Finalize after a StallError)"
+    for rank, row in rows.items():
+        if rank == missing:
+            continue
+        assert row.get("missing") == str(missing), output
+        assert float(row["elapsed"]) <= JOB_TIMEOUT + 2.0, output
+    assert "did not arrive at the first hpcring call" in output
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
+@pytest.mark.parametrize("ranks", [2, 3])
+@pytest.mark.parametrize("algorithm", ["ring", "rabenseifner"])
+def test_rank_frozen_mid_call(algorithm: str, ranks: int) -> None:
+    """A rank that stops after its first exchange: the others raise StallError naming it within
+    timeout + 2 s; woken, it ends in an error too; the job ends non-zero, no hang."""
+    frozen = ranks - 1
+    status, output, seconds = _job("freeze", str(frozen), algorithm, ranks=ranks)
+    rows = _results(output)
+    assert status != 0 and len(rows) == ranks, output
+    assert seconds < 45, f"the job took {seconds:.0f} s to end (MPI_Finalize after a StallError)"
+    for rank, row in rows.items():
+        if rank == frozen:
+            assert "completed" not in row, output
+            continue
+        assert row.get("missing") == str(frozen), output
+        assert float(row["elapsed"]) <= JOB_TIMEOUT + 2.0, output
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("algorithm", ["ring", "mpi", "rabenseifner"])
+def test_no_deadline_runs_blocking_calls(algorithm: str) -> None:
+    """timeout=0: no deadline, MPI's own blocking calls; the same closed-form result."""
+    x = np.full(1001, WORLD.rank + 1, dtype=np.float64)
+    hpcring.allreduce(x, algorithm=algorithm, timeout=0)
+    assert everywhere(WORLD, bool((x == WORLD.size * (WORLD.size + 1) / 2).all()))

@@ -25,6 +25,7 @@ from typing import Any
 from .. import topology
 from ..channel import Channel
 from ..ops import Op
+from ..polling import arrive
 from ..wire import WireChannel
 from .tuning import choose, default_table, key_for, load
 
@@ -34,7 +35,8 @@ def _table(ch: Channel, in_place: bool = False) -> tuple[tuple[int | None, str],
     broadcast, then cached as a plan."""
 
     def build() -> tuple[tuple[int | None, str], ...]:
-        shape = topology.summary(topology.of(ch.comm))  # collective on first use, like the bcast
+        shape = topology.summary(topology.of(ch.comm, ch))  # collective on first use, like the bcast
+        arrive(ch.waiter, ch.timeout, "auto's table broadcast")  # every rank is there: the bcast is bounded
         if ch.rank != 0:  # only rank 0's copy counts, so only rank 0 reads (and warns)
             return ch.comm.bcast(None, root=0)
         key = key_for(ch.size, shape)

@@ -102,11 +102,12 @@ class _Forward:
 
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     """dst <- op over all ranks of src (dst may be src)."""
-    topo = topology.of(ch.comm)
+    topo = topology.of(ch.comm, ch)
     if not topo.two_level:
         ring.allreduce(ch, src, dst, op)
         return
     local, cross = topo.channels(ch)
+    local.timeout = cross.timeout = ch.timeout  # this call's, as `hpcring.api` set it
     # wire=: only the network carries narrowed data. Inside the node the reduce-scatter stays
     # in the input dtype (shared memory moves it faster than it can be narrowed, and the node's
     # sum is then rounded once, not at every local hop); the ring across nodes narrows, and its

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..channel import Channel
 from ..ops import Op
+from ..polling import arrive
 
 
 def refuses(backend: Any) -> str | None:
@@ -62,6 +63,7 @@ def _communicator(ch: Channel) -> Any:
     def build() -> Any:
         from cupy.cuda import nccl
 
+        arrive(ch.waiter, ch.timeout, "the NCCL communicator's setup")  # the allgather and bcast below
         reason = unavailable(ch.comm)
         if reason:
             raise RuntimeError(f"hpcring.allreduce: algorithm 'nccl' is unavailable: {reason}")

@@ -276,7 +276,7 @@ def allreduce(
     size, n, settings = ch.size, src.size, ch.config
     ch.step = 0  # exchanges begun in this call: the flight record's step (`hpcring.flight`)
     nap = wait_nap(settings)  # read (and refused if bad) before anything moves, on every path
-    topo = topology.of(ch.comm)
+    topo = topology.of(ch.comm, ch)
     order = topo.ring  # neighbours share a node wherever placement allows
     if chunk_bytes is None and topo.nodes > 1:
         chunk_bytes = NETWORK_CHUNK_BYTES  # the ring crosses a network

@@ -1,0 +1,73 @@
+"""A job that tests/test_stall.py launches under mpiexec: one rank skips its first call, or
+stops itself (SIGSTOP) in the middle of an algorithm; every other rank must raise StallError
+naming it in time, and the job must end, non-zero, without hanging in MPI_Finalize.
+
+    stall_job.py skip RANK            RANK never makes the first call on a fresh WORLD.Dup()
+    stall_job.py freeze RANK ALGO     RANK stops itself after its first exchange of ALGO
+
+Every rank prints one line ``RESULT rank=R ...`` and exits 1 after a StallError (3 otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+
+import numpy as np
+from mpi4py import MPI
+
+import hpcring
+from hpcring.channel import Channel
+
+TIMEOUT = 2.0
+WORLD = MPI.COMM_WORLD
+
+
+def report(**fields: object) -> None:
+    words = " ".join(f"{key}={value}" for key, value in fields.items())
+    print(f"RESULT rank={WORLD.rank} {words}", flush=True)
+
+
+def main(mode: str, target: int, algorithm: str = "ring") -> int:
+    pids = WORLD.allgather(os.getpid())
+    comm = WORLD.Dup()
+    x = np.ones(1 << 16, dtype=np.float64)
+    hpcring.allreduce(x.copy(), comm=MPI.COMM_SELF)  # imports done: the time measured is the wait
+    if mode == "freeze":
+        hpcring.allreduce(x.copy(), comm=comm, algorithm=algorithm, timeout=TIMEOUT)  # warm
+        if WORLD.rank == target:
+            plain, steps = Channel.sendrecv, []
+
+            def stopping(ch: Channel, *args: object) -> None:
+                plain(ch, *args)
+                steps.append(1)
+                if len(steps) == 1:  # the call has started: freeze here, mid-algorithm
+                    os.kill(os.getpid(), signal.SIGSTOP)
+
+            Channel.sendrecv = stopping
+    elif WORLD.rank == target:  # skip: never makes the first call; waits to be woken, then leaves
+        time.sleep(TIMEOUT + 4)
+        report(skipped=1)
+        return 1
+    start = time.monotonic()
+    try:
+        hpcring.allreduce(x, comm=comm, algorithm=algorithm, timeout=TIMEOUT)
+    except hpcring.StallError as error:
+        elapsed = time.monotonic() - start
+        report(stall=1, missing=",".join(map(str, error.missing)), elapsed=f"{elapsed:.2f}")
+        print(f"rank {WORLD.rank}: {error}", flush=True)
+        if mode == "freeze" and WORLD.rank == min(r for r in range(WORLD.size) if r != target):
+            time.sleep(0.5)
+            os.kill(pids[target], signal.SIGCONT)  # wake the frozen rank: it must end too
+        return 1
+    except Exception as error:  # the frozen rank, woken: any hpcring error, never a hang
+        report(error=type(error).__name__)
+        return 1
+    report(completed=1)
+    return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1], int(sys.argv[2]), *sys.argv[3:]))

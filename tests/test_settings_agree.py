@@ -1,0 +1,58 @@
+"""Each must-agree HPCRING_* variable set differently on one rank: ValueError on every rank,
+naming the variable, its values and the ranks, before any data moves."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import everywhere
+from mpi4py import MPI
+
+import hpcring
+from hpcring import config
+
+pytestmark = pytest.mark.mpi
+WORLD = MPI.COMM_WORLD
+
+# A value other than the default for every variable config.py marks must-agree.
+OTHER = {
+    "HPCRING_CHUNK_BYTES": ("4096", "4096"),
+    "HPCRING_STAGING_CHUNK_BYTES": ("65536", "65536"),
+    "HPCRING_RANKS_PER_NODE": ("1", "1"),
+    "HPCRING_HIERARCHICAL_INTER": ("rabenseifner", "rabenseifner"),
+    "HPCRING_CUDA_AWARE": ("0", "False"),
+    "HPCRING_TRACE": ("{tmp}/trace.json", "set"),
+}
+
+
+def test_every_must_agree_variable_is_covered() -> None:
+    assert set(OTHER) == {v.name for v in config.VARIABLES if v.must_agree}
+
+
+@pytest.mark.parametrize("name", sorted(OTHER))
+def test_variable_differs_on_one_rank(name: str, monkeypatch, tmp_path) -> None:
+    if WORLD.size == 1:
+        pytest.skip("needs two ranks to disagree")
+    odd = WORLD.size - 1
+    value, shown = OTHER[name]
+    if WORLD.rank == odd:
+        monkeypatch.setenv(name, value.format(tmp=tmp_path))
+    else:
+        monkeypatch.delenv(name, raising=False)
+    config.reload()  # a fresh communicator takes this snapshot at its first use
+    comm = WORLD.Dup()
+    try:
+        x = np.arange(8, dtype=np.float64)
+        try:
+            hpcring.allreduce(x, comm=comm, algorithm="ring", timeout=10)
+            message = ""
+        except ValueError as error:
+            message = str(error)
+        ok = "disagree on settings" in message and name in message
+        ok &= f"on rank {odd}" in message and shown in message
+        ok &= bool((x == np.arange(8)).all())  # nothing moved
+        assert everywhere(WORLD, ok), message
+    finally:
+        monkeypatch.undo()
+        config.reload()
+        comm.Free()
