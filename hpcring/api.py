@@ -19,8 +19,10 @@ from . import wire as wires
 from .arrays import NAMES, NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
 from .comm import CommState, Exclusive, intracomm, known_state, state_of
+from .errors import StallError
 from .flight import AGREEMENT, MASK, MOVING, clock, dump_on_error
 from .ops import DTYPES, OPS, Op, check_op, op_name
+from .polling import abandon
 from .tracing import call_begin, call_end, local_copy
 from .units import format_bytes
 
@@ -319,6 +321,8 @@ class _Call:
             except BaseException as error:
                 slot.number = state.calls if check else 0
                 flight.failed(slot, error)
+                if isinstance(error, StallError):  # MPI may still use what the frames hold
+                    abandon(error)
                 raise
             slot.end = clock()  # done: an end after the start (a failed call negates its phase)
         if self.adapter.immutable:  # JAX: a new array of the result; CUDA torch: after its stream waits

@@ -21,6 +21,8 @@ from . import algorithms
 from .algorithms import auto
 from .api import default_timeout, examine
 from .comm import Exclusive, intracomm
+from .errors import StallError
+from .polling import abandon
 
 
 class Plan:
@@ -73,7 +75,11 @@ class Plan:
             channel = self._call.channel
             channel.timeout = (channel.default_timeout if self._timeout is None else self._timeout) or None
             with Exclusive(self._call.state):
-                self._call.move(self._x, self._out)
+                try:
+                    self._call.move(self._x, self._out)
+                except StallError as error:  # MPI may still use what the frames hold
+                    abandon(error)
+                    raise
 
     def wait(self) -> Any:
         """Wait for the started all-reduce and return its result; StallError where a rank does

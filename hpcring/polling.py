@@ -19,6 +19,7 @@ posted on a communicator hpcring does not own.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import time
 from typing import Any
 
@@ -180,6 +181,23 @@ def cancel(request: MPI.Request) -> None:
     """Cancel a receive that will not complete (a stall): MPI may then free its buffer's use."""
     with contextlib.suppress(MPI.Exception):
         request.Cancel()
+
+
+# What a stall left pending: the traceback of each StallError an all-reduce raised, and with it
+# the frames of the algorithm, their requests and the buffers MPI may still read or write. Never
+# freed, not even as the interpreter exits: mpi4py calls MPI_Finalize after Python has torn its
+# objects down, and an mpi4py request still active when dropped lets its buffer go while MPI
+# keeps the operation (Open MPI crashed in MPI_Finalize, progressing a rendezvous send out of a
+# freed array, after a rank frozen mid-Rabenseifner was woken). After a StallError the job is
+# to end: they are few.
+ABANDONED: list[Any] = []
+
+
+def abandon(error: BaseException) -> None:
+    """Keep what ``error``'s frames hold (requests, buffers) alive for good: see ABANDONED."""
+    held = error.__traceback__
+    ABANDONED.append(held)
+    ctypes.pythonapi.Py_IncRef(ctypes.py_object(held))  # outlives the interpreter's teardown
 
 
 def arrive(waiter: Waiter, timeout: float | None, what: str, call: int = -1) -> None:
