@@ -204,7 +204,11 @@ def round_owned(ch: Any, piece: Any) -> None:
     """On a `WireChannel`, round the piece this rank finished to the wire dtype, so it keeps the
     very value it sends (bitwise identity); on a plain Channel, nothing."""
     if isinstance(ch, WireChannel) and piece.size:
-        round_trip(piece, ch.buffer(piece.size))
+        scratch = ch.buffer(piece.size)
+        try:
+            round_trip(piece, scratch)
+        finally:
+            ch.release(scratch)  # back to the pool: a warm call allocates nothing
 
 
 class WireChannel:
