@@ -156,6 +156,10 @@ def _check_memory(
     job that shares its node or device with other work).
     """
     need = scratch - channel.scratch_held()
+    pool = 0
+    if isinstance(channel, wires.WireChannel):  # wire=: its pool holds about one narrowed copy in flight
+        pool = max(wires.pool_bytes(count, channel.wire) - channel.pool_held(), 0)
+        need = max(need, 0) + pool
     if need <= 0:
         return
     available = channel.backend.available_bytes()
@@ -171,6 +175,13 @@ def _check_memory(
             f"more scratch on rank {channel.rank} for {count} elements (its integer words: "
             f"{exact.WORD_BYTES[itemsize]} bytes per element), but only {format_bytes(available)} is "
             f"available; without reproducible=True, algorithm='ring' needs {format_bytes(ring)}"
+        )
+    if pool:
+        raise MemoryError(
+            f"hpcring.allreduce: algorithm {algorithm!r} with wire={channel.wire.name!r} needs "
+            f"{format_bytes(need)} more on rank {channel.rank} for {count} elements (scratch, and "
+            f"{format_bytes(pool)} of wire buffers), but only {format_bytes(available)} is available; "
+            f"without wire=, algorithm='ring' needs {format_bytes(ring)}"
         )
     raise MemoryError(
         f"hpcring.allreduce: algorithm {algorithm!r} needs {format_bytes(need)} more scratch on "
@@ -352,7 +363,12 @@ class _Call:
             parts = [src] if self.parts is None else self.parts
             exact.run(channel, self.algorithm, parts, dst, self.op, accumulated=self.parts is not None)
         elif channel.size > 1 and src.size > 0:
-            self.run(channel, src, dst, self.reduction)
+            try:
+                self.run(channel, src, dst, self.reduction)
+            except BaseException:
+                if isinstance(channel, wires.WireChannel):  # its wire buffers back to the pool
+                    channel.settle()
+                raise
             if self.mean:
                 channel.xp.true_divide(dst, channel.size, out=dst)
         elif dst is not src:  # nothing to exchange: every algorithm would only copy

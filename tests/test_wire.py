@@ -220,3 +220,81 @@ def test_cost_model_halves_the_bytes() -> None:
     for algorithm in ("naive", "ps", "ring", "rabenseifner"):
         plain = predict(algorithm, 1 << 20, 4, link, gamma=0.0)
         assert predict(algorithm, 1 << 20, 4, link, gamma=0.0, wire="bfloat16") == pytest.approx(plain / 2)
+
+
+# ---- the wire pool: priced by the memory guard, settled after a failed call -----------------
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_memory_guard_prices_the_wire_buffers(monkeypatch) -> None:
+    """With its scratch held the ring needs nothing more, but its wire buffers hold about a
+    narrowed copy of the data."""
+    from hpcring import config
+
+    if WORLD.size == 1:
+        pytest.skip("one rank narrows nothing")
+    comm = WORLD.Dup()  # a fresh channel: no wire buffers held from earlier tests
+    x = inputs(65536)  # 256 KiB of float32, 128 KiB on the wire
+    out = np.empty_like(x)
+    hpcring.allreduce(x, algorithm="ring", comm=comm, out=out)  # its scratch is held from now on
+    monkeypatch.setenv("HPCRING_MEMORY_LIMIT", str(64 << 10))
+    config.reload()
+    try:
+        hpcring.allreduce(x, algorithm="ring", comm=comm, out=out)  # nothing narrowed: fits
+        raises_everywhere(
+            MemoryError,
+            "wire='bfloat16'",
+            lambda: hpcring.allreduce(x, algorithm="ring", wire="bfloat16", comm=comm, out=out),
+        )
+        monkeypatch.setenv("HPCRING_MEMORY_LIMIT", str(1 << 20))
+        config.reload()
+        hpcring.allreduce(x, algorithm="ring", wire="bfloat16", comm=comm, out=out)
+        monkeypatch.setenv("HPCRING_MEMORY_LIMIT", str(64 << 10))
+        config.reload()  # the pool is held now: the same call needs nothing more
+        hpcring.allreduce(x, algorithm="ring", wire="bfloat16", comm=comm, out=out)
+        assert identical_everywhere(WORLD, out)
+    finally:
+        monkeypatch.delenv("HPCRING_MEMORY_LIMIT")
+        config.reload()
+        comm.Free()
+
+
+def pool(ch: wire.WireChannel) -> tuple[set[int], int]:
+    """The ids of the pooled wire buffers, and how many requests hold one."""
+    return {id(buf) for bufs in ch._free.values() for buf in bufs}, len(ch._pending)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("algorithm", ["ring", "naive"])
+def test_a_failed_call_leaves_the_pool_as_before(algorithm: str, monkeypatch) -> None:
+    """Every rank's second exchange raises (as a StallError would): the wire buffers taken for it
+    go back to the pool, and the next call is right."""
+    from hpcring.channel import Channel
+
+    if WORLD.size == 1:
+        pytest.skip("one rank narrows nothing")
+    x = inputs(1001)
+    hpcring.allreduce(x.copy(), algorithm=algorithm, wire="bfloat16")  # warm: the pool is filled
+    ch = wire.channel(channel_for(WORLD, adapter_for(x)), wire.WIRES["bfloat16"])
+    before = pool(ch)
+    calls = {"n": 0}
+    name, real = "sendrecv", Channel.sendrecv
+
+    def failing(self, *args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == (2 if algorithm == "ring" else 1):
+            raise RuntimeError("injected failure")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Channel, name, failing)
+    raises_everywhere(
+        RuntimeError, "injected", lambda: hpcring.allreduce(x.copy(), algorithm=algorithm, wire="bfloat16")
+    )
+    monkeypatch.setattr(Channel, name, real)
+    WORLD.Barrier()
+    after = pool(ch)
+    assert everywhere(WORLD, after[1] == 0 and after[0] >= before[0]), (before, after)
+    out = hpcring.allreduce(x.copy(), algorithm=algorithm, wire="bfloat16")
+    assert identical_everywhere(WORLD, out)

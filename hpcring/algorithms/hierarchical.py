@@ -43,7 +43,6 @@ from ..config import Config
 from ..ops import Op
 from ..partition import chunk_bounds, segment_bounds
 from ..wire import WireChannel
-from ..wire import channel as wire_channel
 from . import rabenseifner, ring
 
 # The all-gather inside the node travels in batches of 1 MiB or more (at most about
@@ -113,7 +112,7 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     # sum is then rounded once, not at every local hop); the ring across nodes narrows, and its
     # owners round the shard, so the all-gather inside passes on values already on the wire grid.
     if isinstance(ch, WireChannel):
-        cross = wire_channel(cross, ch.wire)
+        cross = ch.nested(cross)
     inter = inter_module(ch.config)
     sent_before = local.bytes_sent + cross.bytes_sent
     size, me, itemsize = local.size, local.rank, dst.dtype.itemsize

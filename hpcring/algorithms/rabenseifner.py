@@ -23,7 +23,7 @@ from typing import Any
 from ..channel import Channel
 from ..ops import Op
 from ..partition import segment_bounds
-from ..wire import round_owned
+from ..wire import gathering, round_owned
 
 
 @dataclass(frozen=True)
@@ -114,12 +114,13 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
             op.combine(xp, theirs, mine, dst[step.keep])
         current = dst
     round_owned(ch, dst[plan.steps[-1].keep])  # wire=: the finished segment, as the others get it
-    for step in reversed(plan.steps):  # all-gather by recursive doubling: copies only
-        ch.step += 1
-        ch.sendrecv(dst[step.keep], step.partner, dst[step.give], step.partner)
-    if plan.folded_from is not None:
-        ch.step += 1
-        ch.send(dst, plan.folded_from)
+    with gathering(ch):  # wire=: owned or received values only, on the wire grid
+        for step in reversed(plan.steps):  # all-gather by recursive doubling: copies only
+            ch.step += 1
+            ch.sendrecv(dst[step.keep], step.partner, dst[step.give], step.partner)
+        if plan.folded_from is not None:
+            ch.step += 1
+            ch.send(dst, plan.folded_from)
 
 
 def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> int:

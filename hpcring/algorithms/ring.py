@@ -26,7 +26,7 @@ from ..channel import Channel
 from ..config import Config
 from ..ops import Op
 from ..partition import chunk_bounds, segment_bounds
-from ..wire import WireChannel, round_owned
+from ..wire import WireChannel, gathering, round_owned
 from . import ring_staged
 
 # Default: no chunking, by measurement. On this project's 2-core machine (Open MPI wheel,
@@ -203,12 +203,13 @@ def _blocking(
     round_owned(ch, dst[seg[(rank + 1) % size]])  # wire=: keep what the others will receive
     if on_final is not None:
         on_final(seg[(rank + 1) % size])
-    for step in range(size - 1):
-        ch.step += 1  # the flight record's step: G-1 of the reduce-scatter, then these
-        out_seg, in_seg = seg[(rank + 1 - step) % size], seg[(rank - step) % size]
-        ch.sendrecv(dst[out_seg], plan.right, dst[in_seg], plan.left)
-        if on_final is not None:
-            on_final(in_seg)
+    with gathering(ch):  # wire=: what is passed on now is on the wire grid
+        for step in range(size - 1):
+            ch.step += 1  # the flight record's step: G-1 of the reduce-scatter, then these
+            out_seg, in_seg = seg[(rank + 1 - step) % size], seg[(rank - step) % size]
+            ch.sendrecv(dst[out_seg], plan.right, dst[in_seg], plan.left)
+            if on_final is not None:
+                on_final(in_seg)
 
 
 def reduce_scatter(
@@ -302,7 +303,8 @@ def allreduce(
     if plan.pipelined and ch.backend.direct:
         _stream(ch, plan, plan.reduce_scatter, src, dst, op, nap)
         round_owned(ch, dst[plan.segments[(plan.rank + 1) % size]])
-        _stream(ch, plan, plan.all_gather, dst, dst, None, nap, on_final)
+        with gathering(ch):  # wire=: owned or received values only, on the wire grid
+            _stream(ch, plan, plan.all_gather, dst, dst, None, nap, on_final)
     else:
         _blocking(ch, plan, src, dst, op, on_final)
 
