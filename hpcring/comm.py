@@ -16,7 +16,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import config
+from . import config, watchdog
 from .agreement import Agreement
 from .channel import Channel
 from .flight import Recorder
@@ -121,6 +121,8 @@ def state_of(comm: MPI.Intracomm, timeout: float | None = None) -> CommState:
         state = comm.Get_attr(_keyval)
         if state is None:
             state = CommState(comm=duplicate(comm, timeout), lock=creating)
+            if state.comm.Get_size() > 1:
+                watchdog.watch()  # the one blocking wait (`mpi`'s MPI_Allreduce), watched
             with _lock:
                 comm.Set_attr(_keyval, state)
                 _creating.pop(MPI._handleof(comm), None)

@@ -4,6 +4,7 @@ naming it in time, and the job must end, non-zero, without hanging in MPI_Finali
 
     stall_job.py skip RANK            RANK never makes the first call on a fresh WORLD.Dup()
     stall_job.py freeze RANK ALGO     RANK stops itself after its first exchange of ALGO
+                                      (mpi: just before MPI_Allreduce; the watchdog aborts the job)
 
 Every rank prints one line ``RESULT rank=R ...`` and exits 1 after a StallError (3 otherwise).
 """
@@ -37,7 +38,15 @@ def main(mode: str, target: int, algorithm: str = "ring") -> int:
     hpcring.allreduce(x.copy(), comm=MPI.COMM_SELF)  # imports done: the time measured is the wait
     if mode == "freeze":
         hpcring.allreduce(x.copy(), comm=comm, algorithm=algorithm, timeout=TIMEOUT)  # warm
-        if WORLD.rank == target:
+        if WORLD.rank == target and algorithm == "mpi":  # freeze just before MPI_Allreduce
+            blocking = Channel.allreduce
+
+            def frozen(ch: Channel, *args: object) -> None:
+                os.kill(os.getpid(), signal.SIGSTOP)
+                blocking(ch, *args)
+
+            Channel.allreduce = frozen
+        elif WORLD.rank == target:
             plain, steps = Channel.sendrecv, []
 
             def stopping(ch: Channel, *args: object) -> None:

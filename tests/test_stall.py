@@ -118,6 +118,20 @@ def test_rank_frozen_mid_call(algorithm: str, ranks: int) -> None:
         assert float(row["elapsed"]) <= JOB_TIMEOUT + 2.0, output
 
 
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
+@pytest.mark.parametrize("ranks", [2, 3])
+def test_rank_frozen_inside_mpi_allreduce(ranks: int) -> None:
+    """`mpi` blocks in MPI_Allreduce: a rank frozen just before it leaves the others inside it,
+    where only the watchdog sees them; it names the frozen rank and ends the job (MPI_Abort)
+    within timeout + 2 s and a bit, instead of a hang."""
+    status, output, seconds = _job("freeze", "1", "mpi", ranks=ranks)
+    assert status != 0, output
+    assert seconds < 30, f"the job took {seconds:.0f} s to end"
+    assert "rank 1 did not arrive at the MPI_Allreduce of call 2" in output, output
+    assert "it ends the job (MPI_Abort)" in output, output
+    assert "completed=1" not in output, output
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", ["ring", "mpi", "rabenseifner"])
 def test_no_deadline_runs_blocking_calls(algorithm: str) -> None:
