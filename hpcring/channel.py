@@ -90,6 +90,12 @@ class Channel:
             made = self._resources[name] = build()
         return made
 
+    def release(self) -> None:
+        """Drop the scratch, plans and resources: the communicator was freed."""
+        self._scratch.clear()
+        self._plans.clear()
+        self._resources.clear()
+
     def scratch_held(self) -> int:
         """Bytes of scratch this channel already holds (reused, so not needed again)."""
         return sum(buf.nbytes for buf in self._scratch.values())

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -57,7 +58,8 @@ class Waiter:
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.probe = probe
-        self.tag = comm.Get_attr(MPI.TAG_UB) if probe else TAG_NOTICE
+        # MPI_TAG_UB is cached on MPI_COMM_WORLD (Open MPI: not on a communicator made by a split)
+        self.tag = (comm.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)) if probe else TAG_NOTICE
         self._incoming = np.zeros(NOTICE, dtype=np.int64)
         self._notice: MPI.Request | None = None  # the receive posted for the next notice
         self._sent: list[Any] = []  # notices in flight, and their buffers, kept alive
@@ -183,21 +185,28 @@ def cancel(request: MPI.Request) -> None:
         request.Cancel()
 
 
-# What a stall left pending: the traceback of each StallError an all-reduce raised, and with it
-# the frames of the algorithm, their requests and the buffers MPI may still read or write. Never
-# freed, not even as the interpreter exits: mpi4py calls MPI_Finalize after Python has torn its
-# objects down, and an mpi4py request still active when dropped lets its buffer go while MPI
-# keeps the operation (Open MPI crashed in MPI_Finalize, progressing a rendezvous send out of a
-# freed array, after a rank frozen mid-Rabenseifner was woken). After a StallError the job is
-# to end: they are few.
-ABANDONED: list[Any] = []
+# What a stall left pending: each request an all-reduce's frames held when it raised StallError
+# (a request holds its buffer). Never freed, not even as the interpreter exits: mpi4py calls
+# MPI_Finalize after Python has torn its objects down, and an mpi4py request still active when
+# dropped lets its buffer go while MPI keeps the operation (Open MPI crashed in MPI_Finalize,
+# progressing a rendezvous send out of a freed array, after a rank frozen mid-Rabenseifner was
+# woken). Only the requests are kept, not the frames: a stalled call's arrays go as usual.
+ABANDONED: list[MPI.Request] = []
 
 
 def abandon(error: BaseException) -> None:
-    """Keep what ``error``'s frames hold (requests, buffers) alive for good: see ABANDONED."""
-    held = error.__traceback__
-    ABANDONED.append(held)
-    ctypes.pythonapi.Py_IncRef(ctypes.py_object(held))  # outlives the interpreter's teardown
+    """Keep every request ``error``'s frames hold (and so its buffer) alive for good."""
+    tb = error.__traceback__
+    while tb is not None:
+        for value in tb.tb_frame.f_locals.values():
+            found = [value] if isinstance(value, MPI.Request) else []
+            if isinstance(value, (list, tuple, deque)):  # the ring's requests in flight
+                found = [item for item in value if isinstance(item, MPI.Request)]
+            for request in found:
+                if request:  # not yet MPI_REQUEST_NULL: MPI may still use its buffer
+                    ABANDONED.append(request)
+                    ctypes.pythonapi.Py_IncRef(ctypes.py_object(request))  # outlives the teardown
+        tb = tb.tb_next
 
 
 def arrive(waiter: Waiter, timeout: float | None, what: str, call: int = -1) -> None:

@@ -50,6 +50,20 @@ def test_rank_skips_the_call(skipper: str, algorithm: str, first: bool) -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.mpi
+def test_first_call_on_a_split_communicator_waits_for_a_late_rank() -> None:
+    """The first call's wait looks for notices under MPI_TAG_UB, which Open MPI caches on
+    COMM_WORLD only: on a communicator made by a split, with a rank late enough for the wait
+    to look, the call must still complete (it raised TypeError, the tag being None)."""
+    comm = WORLD.Split(0, WORLD.size - WORLD.rank)  # reversed order: not a duplicate of WORLD
+    if WORLD.rank == 0:
+        time.sleep(0.3)
+    x = np.ones(3)
+    hpcring.allreduce(x, comm=comm, timeout=30)
+    assert everywhere(WORLD, bool((x == WORLD.size).all()))
+    comm.Free()
+
+
 def test_timeout_from_environment(monkeypatch) -> None:
     from hpcring.api import default_timeout
 
