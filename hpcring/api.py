@@ -210,8 +210,8 @@ def allreduce(
     """Reduce ``x`` over all ranks of ``comm`` and return the result on every rank.
 
     In place unless ``out`` is given (then ``x`` is left as it was). ``x``: a C-contiguous
-    NumPy or CuPy array of float16/32/64, int32/64, complex64/128, or (NumPy only) ml_dtypes'
-    bfloat16. ``op`` is one of sum, mean, max, min, prod; ``algorithm`` one of
+    NumPy or CuPy array or torch tensor of float16/32/64, int32/64, complex64/128 or bfloat16
+    (not on CuPy), or a jax.Array, whose result is a new array (`hpcring.arrays`). ``op`` is one of sum, mean, max, min, prod; ``algorithm`` one of
     `hpcring.ALGORITHMS`. With ``check`` (the default) the ranks first agree on count,
     dtype, op, algorithm and placement, so a mismatch or a bad argument on any rank raises
     on every rank before any data moves, and a rank that does not arrive within ``timeout``
