@@ -211,11 +211,12 @@ def allreduce(
 
     In place unless ``out`` is given (then ``x`` is left as it was). ``x``: a C-contiguous
     NumPy or CuPy array or torch tensor of float16/32/64, int32/64, complex64/128 or bfloat16
-    (not on CuPy), or a jax.Array, whose result is a new array (`hpcring.arrays`). ``op`` is one of sum, mean, max, min, prod; ``algorithm`` one of
-    `hpcring.ALGORITHMS`. With ``check`` (the default) the ranks first agree on count,
-    dtype, op, algorithm and placement, so a mismatch or a bad argument on any rank raises
-    on every rank before any data moves, and a rank that does not arrive within ``timeout``
-    seconds (default `HPCRING_TIMEOUT`, 300; 0 waits forever) makes the others raise
+    (not on CuPy), or a jax.Array, whose result is a new array (`hpcring.arrays`). ``op`` is one
+    of sum, mean, max, min, prod; ``algorithm`` one of `hpcring.ALGORITHMS`. With ``check``
+    (the default) the ranks first agree on count, dtype, op, algorithm and placement, so a
+    mismatch or a bad argument on any rank raises on every rank before any data moves, and a
+    rank that does not arrive within ``timeout`` seconds (default `HPCRING_TIMEOUT`, 300; 0
+    waits forever) makes the others raise
     `hpcring.StallError` naming it.
 
     ``reproducible=True`` (op sum or mean, float16, bfloat16, float32, float64): the result's
