@@ -19,7 +19,9 @@ PY
 # The framework examples are not GPU-path tests, and the main suite has run them: here, with CuPy
 # loaded beside torch, torch_ddp aborted twice at interpreter exit, after its result, inside torch
 # ("terminate called without an active exception"), with hpcring's hook and with DDP's own gloo.
-# The docs' commands are not GPU-path tests either, and take two minutes: the main suite runs them.
-python -m pytest -q --ignore=tests/test_framework_examples.py --ignore=tests/test_docs_commands.py "$@"
+# The docs' commands, and the stall and flight-recorder jobs (mpiexec runs of NumPy arrays, about
+# two minutes together), are not GPU-path tests either: the main suite runs them.
+python -m pytest -q --ignore=tests/test_framework_examples.py --ignore=tests/test_docs_commands.py \
+  --ignore=tests/test_stall.py --ignore=tests/test_flight.py "$@"
 timeout --signal=KILL 600 mpiexec --oversubscribe -n 2 python -m pytest -q --with-mpi -m mpi \
   tests/test_device.py tests/test_bench.py tests/test_staging.py "$@"

@@ -143,7 +143,8 @@ def test_rank_frozen_inside_mpi_allreduce(ranks: int) -> None:
     assert seconds < 30, f"the job took {seconds:.0f} s to end"
     assert "rank 1 did not arrive at the MPI_Allreduce of call 2" in output, output
     assert "it ends the job (MPI_Abort)" in output, output
-    assert "completed=1" not in output, output
+    # (The launcher sends SIGCONT before it kills, so the frozen rank may still finish the call
+    # and print a result while the job is ending: what counts is the diagnosis and the end.)
 
 
 @pytest.mark.mpi
