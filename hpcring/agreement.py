@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -82,10 +83,6 @@ class Agreement:
         ):
             self._raise_for(np.array([*row, verdict], dtype=np.int64), problem, describe)
 
-    def missing(self, woke: int) -> list[int]:
-        """The ranks not heard from after a stall (`hpcring.polling.Waiter.missing`)."""
-        return self.waiter.missing(woke)
-
     def _raise_for(self, mine: np.ndarray, problem: Exception | None, describe: Any) -> None:
         """The same exception on every rank, from every rank's row (every rank is here: the
         collective completed, and showed every rank that something is off)."""
@@ -99,18 +96,11 @@ class Agreement:
             kind, message = reports[failed[0]]
             raise kind(f"rank {failed[0]} rejected its input: {message}")
         for column, field in enumerate(FIELDS):
-            values = table[:, column]
-            if field == "settings" and (values != values[0]).any():
-                raise ValueError(self._settings_differ())
-            if (values != values[0]).any():
-                groups: dict[int, list[int]] = {}
-                for r, value in enumerate(values.tolist()):
-                    groups.setdefault(value, []).append(r)
-                detail = "; ".join(
-                    f"{describe(field, value)} on rank{'s' if len(ranks) > 1 else ''} "
-                    f"{', '.join(map(str, ranks))}"
-                    for value, ranks in groups.items()
-                )
+            values = table[:, column].tolist()
+            if len(set(values)) > 1:
+                if field == "settings":
+                    raise ValueError(self._settings_differ())
+                detail = _by_value(values, partial(describe, field))
                 hint = HINTS.get(field, "")
                 raise ValueError(f"hpcring.allreduce: ranks disagree on {field}: {detail}{hint}")
         raise AssertionError("the agreement saw a difference the table does not show")
@@ -125,16 +115,28 @@ class Agreement:
             seen = [values.get(name, "=?") for values in everyone]
             if len(set(seen)) == 1:
                 continue
-            groups: dict[str, list[int]] = {}
-            for r, text in enumerate(seen):
-                groups.setdefault(text, []).append(r)
-            shown = "; ".join(
-                f"{'unset' if text == '=None' else text[1:] if text[0] == '=' else 'unparsable ' + text[1:]}"
-                f" on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
-                for text, ranks in groups.items()
-            )
+            shown = _by_value(seen, _setting)
             parts.append(f"{name}: {shown}")
         return (
             f"hpcring.allreduce: ranks disagree on settings: {' | '.join(parts) or 'digests differ'}"
             f"{HINTS['settings']}"
         )
+
+
+def _by_value(values: Sequence[Any], name: Any) -> str:
+    """Each value of ``values`` (one per rank), ``name``d, with the ranks that hold it:
+    "10 on ranks 0, 1, 2; 11 on rank 3"."""
+    groups: dict[Any, list[int]] = {}
+    for r, value in enumerate(values):
+        groups.setdefault(value, []).append(r)
+    return "; ".join(
+        f"{name(value)} on rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+        for value, ranks in groups.items()
+    )
+
+
+def _setting(text: str) -> str:
+    """A must-agree value as `Config.agreed` gives it ("=VALUE", "=None", or "!TEXT" unparsable)."""
+    if text == "=None":
+        return "unset"
+    return text[1:] if text[0] == "=" else "unparsable " + text[1:]

@@ -34,7 +34,7 @@ from .tracing import channel_call, channel_start, channel_wait
 class Channel:
     """hpcring's duplicate of one user communicator, for one array backend."""
 
-    def __init__(self, comm: MPI.Intracomm, backend: Adapter) -> None:
+    def __init__(self, comm: MPI.Intracomm, backend: Adapter, waiter: Waiter | None = None) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -49,13 +49,14 @@ class Channel:
         self._resources: dict[str, Any] = {}
         self.config = config.current()
         # Every wait is bounded: `hpcring.api` sets ``timeout`` per call (None: no limit). The
-        # waiter is the communicator's own (`hpcring.comm`), so one receive is posted for notices.
+        # waiter is the communicator's own where `hpcring.comm` passes it, so one receive is
+        # posted for notices; a sub-communicator's channel makes its own.
         try:  # HPCRING_TIMEOUT as this communicator took it (read once: a read costs ~1 us)
             self.default_timeout: float | None = self.config.timeout
         except ValueError:  # a bad value: `hpcring.api` reads it again per call, and raises
             self.default_timeout = None
         self.timeout: float | None = self.default_timeout or None
-        self.waiter = Waiter(comm)
+        self.waiter = Waiter(comm) if waiter is None else waiter
         self.owner: Any = None  # the CommState whose call number a stall notice carries
         self.names: list[int] | None = None  # these ranks' numbers in the parent communicator
 
@@ -116,9 +117,7 @@ class Channel:
         """Wait for ``request`` within the call's timeout, or raise StallError. ``peer``: the
         rank it waits for (-1: all); a ``receive`` that will not complete is cancelled first
         (sends and collectives cannot be: MPI-4 deprecates the one and forbids the other)."""
-        if request.Test():
-            return
-        woke = self.waiter.bounded(request, self.timeout)
+        woke = self.waiter.bounded(request, self.timeout)  # a request already done: one test
         if woke is not None:
             if receive:
                 cancel(request)

@@ -61,8 +61,7 @@ class CommState:
             with _lock:
                 channel = self.channels.get(key)
                 if channel is None:
-                    channel = Channel(self.comm, backend)
-                    channel.waiter = self.agreement.waiter  # one receive posted for notices
+                    channel = Channel(self.comm, backend, self.agreement.waiter)  # one receive for notices
                     channel.owner = self  # whose call number a stall notice carries
                     self.channels[key] = channel
         return channel

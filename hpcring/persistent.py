@@ -12,7 +12,6 @@ hpcring's own algorithms run their prebuilt schedules (the channel's cached plan
 from __future__ import annotations
 
 import contextlib
-import time
 from typing import Any
 
 from mpi4py import MPI
@@ -90,9 +89,8 @@ class Plan:
         call = self._call
         if self._request is not None:
             timeout = default_timeout() if self._timeout is None else self._timeout
-            deadline = time.monotonic() + timeout if timeout > 0 else None
             agreement = call.state.agreement
-            woke = agreement.waiter.wait(self._request, deadline)
+            woke = agreement.waiter.bounded(self._request, timeout)
             if woke is not None:
                 raise agreement.waiter.stall(woke, f"{call.what} plan", timeout, call.state.calls)
             if call.mean:

@@ -28,6 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .errors import StallError
+from .flight import stall_detail
 
 TAG_NOTICE = 32001  # "I stopped waiting": a stall notice; the algorithms use small tags
 SPIN_FOR = 0.02  # seconds of testing without a pause: a rank 3 ms late is seen at once
@@ -159,8 +160,6 @@ class Waiter:
         rank said it was waiting for (``waiting``)."""
         missing = self.missing(woke, call, peer, where)
         if self.flight is not None:  # where every rank was, from this rank's record and the notices
-            from .flight import stall_detail
-
             detail = stall_detail(self.flight, missing, call, self.heard)
         else:
             detail = self.describe()

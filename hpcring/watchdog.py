@@ -23,7 +23,6 @@ import time
 from mpi4py import MPI
 
 from . import flight
-from .errors import StallError
 from .polling import ALGORITHM
 
 PERIOD = 0.25  # seconds between looks at the records
@@ -75,13 +74,9 @@ def overdue(recorder: flight.Recorder, now: float) -> flight.Slot | None:
 def end_the_job(recorder: flight.Recorder, slot: flight.Slot) -> None:
     """Name the ranks that did not say they were waiting too, keep the record, and abort."""
     call, number = slot.call, slot.number
-    timeout = call.channel.timeout
-    waiter = call.channel.waiter
-    missing = waiter.missing(recorder.rank, number, -1, ALGORITHM)
-    waited = flight.clock() - slot.start
     what = f"the MPI_Allreduce of call {number} ({flight.summary(flight.facts(call))})"
-    detail = flight.stall_detail(recorder, missing, number, waiter.heard)
-    error = StallError(missing, what, timeout, detail)
+    error = call.channel.waiter.stall(recorder.rank, what, call.channel.timeout, number, -1, ALGORITHM)
+    waited = flight.clock() - slot.start
     sys.stderr.write(
         f"rank {recorder.rank}: {error}\n"
         f"rank {recorder.rank}: blocked in MPI_Allreduce for {waited:.1f} s, which hpcring cannot "
