@@ -91,8 +91,9 @@ class Channel:
             made = self._resources[name] = build()
         return made
 
-    def release(self) -> None:
-        """Drop the scratch, plans and resources: the communicator was freed."""
+    def discard(self) -> None:
+        """Drop the scratch, plans and resources: the communicator was freed. (Not ``release``:
+        a `WireChannel`, which stands in for a Channel, releases one wire buffer by that name.)"""
         self._scratch.clear()
         self._plans.clear()
         self._resources.clear()

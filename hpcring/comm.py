@@ -75,7 +75,7 @@ class CommState:
         # warm calls and the flight record make with the channels (a duplicate made and freed
         # per stall grew the soak's resident memory by 3 MiB each until a collection).
         for channel in self.channels.values():
-            channel.release()
+            channel.discard()
         self.channels.clear()
         self.warm.clear()
         if self._agreement is not None:
