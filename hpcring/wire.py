@@ -26,6 +26,7 @@ import ml_dtypes
 import numpy as np
 
 from .channel import Channel
+from .errors import StallError
 
 WIRES: dict[str, np.dtype] = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
 # Input dtypes a wire applies to: wider floats only. Integers would be rounded (refused), and a
@@ -246,6 +247,23 @@ class WireChannel:
     def release(self, buf: Any) -> None:
         self._free.setdefault(buf.size, []).append(buf)
 
+    @contextlib.contextmanager
+    def _lent(self, *bufs: Any) -> Iterator[None]:
+        """The blocking calls' wire buffers go back to the pool on the way out, a failure (a
+        raising op) included, except after a StallError: MPI may still read or write them (a
+        send it could not finish, a receive it could not cancel), and the requests that hold
+        them are kept (`hpcring.polling.abandon`); so they leave the pool for good."""
+        try:
+            yield
+        except StallError:
+            raise
+        except BaseException:
+            for buf in bufs:
+                self.release(buf)
+            raise
+        for buf in bufs:
+            self.release(buf)
+
     def pool_held(self) -> int:
         """Bytes of wire buffers this channel holds (pooled or in flight)."""
         held = [buf for bufs in self._free.values() for buf in bufs]
@@ -256,27 +274,20 @@ class WireChannel:
 
     def sendrecv(self, send: Any, dest: int, recv: Any, source: int) -> None:
         out, into = self.buffer(send.size), self.buffer(recv.size)
-        try:
+        with self._lent(out, into):
             self.inner.sendrecv(narrow(send, out, self.on_grid), dest, into, source)
             widen(into, recv)
-        finally:  # a failed exchange (StallError, a raising op) leaves the pool as it was
-            self.release(out)
-            self.release(into)
 
     def send(self, send: Any, dest: int) -> None:
         out = self.buffer(send.size)
-        try:
+        with self._lent(out):
             self.inner.send(narrow(send, out, self.on_grid), dest)
-        finally:
-            self.release(out)
 
     def recv(self, recv: Any, source: int) -> None:
         into = self.buffer(recv.size)
-        try:
+        with self._lent(into):
             self.inner.recv(into, source)
             widen(into, recv)
-        finally:
-            self.release(into)
 
     def isend(self, send: Any, dest: int, tag: int = 0) -> Any:
         out = self.buffer(send.size)
@@ -345,29 +356,23 @@ class WireChannel:
     def gather(self, send: Any, stack: Any, root: int) -> None:
         if self.rank == root:
             flat = self.buffer(stack.size)
-            try:
+            with self._lent(flat):
                 rows = flat.reshape(stack.shape)
                 narrow(stack[root], rows[root])  # the root's own row: rounded like every other
                 self.inner.gather(None, rows, root)
                 widen(rows, stack)
-            finally:
-                self.release(flat)
         else:
             out = self.buffer(send.size)
-            try:
+            with self._lent(out):
                 self.inner.gather(narrow(send, out), None, root)
-            finally:
-                self.release(out)
 
     def bcast(self, buf: Any, root: int) -> None:
         words = self.buffer(buf.size)
-        try:
+        with self._lent(words):
             if self.rank == root:
                 narrow(buf, words)
             self.inner.bcast(words, root)
             widen(words, buf)  # the root too: it keeps what it sent
-        finally:
-            self.release(words)
 
 
 def channel(ch: Channel, wire: np.dtype) -> WireChannel:

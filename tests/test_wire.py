@@ -298,3 +298,34 @@ def test_a_failed_call_leaves_the_pool_as_before(algorithm: str, monkeypatch) ->
     assert everywhere(WORLD, after[1] == 0 and after[0] >= before[0]), (before, after)
     out = hpcring.allreduce(x.copy(), algorithm=algorithm, wire="bfloat16")
     assert identical_everywhere(WORLD, out)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_a_stalled_exchange_keeps_its_wire_buffers_out_of_the_pool(monkeypatch) -> None:
+    """After a StallError MPI may still read or write the exchange's wire buffers (a send it could
+    not finish, a receive it could not cancel): they must not go back to the pool, where a later
+    call would reuse them."""
+    from hpcring.channel import Channel
+    from hpcring.errors import StallError
+
+    if WORLD.size == 1:
+        pytest.skip("one rank narrows nothing")
+    x = inputs(1001)
+    hpcring.allreduce(x.copy(), algorithm="ring", wire="bfloat16")  # warm: the pool is filled
+    ch = wire.channel(channel_for(WORLD, adapter_for(x)), wire.WIRES["bfloat16"])
+    lent: list[int] = []
+    real = Channel.sendrecv
+
+    def stalling(self, send, dest, recv, source):
+        lent.extend((id(send), id(recv)))  # the wire buffers WireChannel lent this exchange
+        raise StallError([dest], "an injected stall", 1.0)
+
+    monkeypatch.setattr(Channel, "sendrecv", stalling)
+    raises_everywhere(
+        StallError, "injected", lambda: hpcring.allreduce(x.copy(), algorithm="ring", wire="bfloat16")
+    )
+    monkeypatch.setattr(Channel, "sendrecv", real)
+    assert everywhere(WORLD, len(lent) == 2 and not set(lent) & pool(ch)[0])
+    out = hpcring.allreduce(x.copy(), algorithm="ring", wire="bfloat16")
+    assert identical_everywhere(WORLD, out)
