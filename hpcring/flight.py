@@ -283,11 +283,17 @@ def dump(directory: str | os.PathLike[str], reason: str) -> Path:
 
 def dump_on_error(error: BaseException) -> None:
     """With HPCRING_FLIGHT_RECORDER set, write the record for ``error`` (never raises itself)."""
+    _dump_quietly(f"{type(error).__name__}: {error}")
+
+
+def _dump_quietly(reason: str) -> None:
+    """`dump` where HPCRING_FLIGHT_RECORDER asks, saying on stderr why not where it fails: the
+    user's error (or signal) matters more than the record's."""
     directory = config.current().flight_recorder
     if directory:
         try:
-            dump(directory, f"{type(error).__name__}: {error}")
-        except Exception as failure:  # the user's error matters more than the record's
+            dump(directory, reason)
+        except Exception as failure:
             sys.stderr.write(f"hpcring: could not write the flight record to {directory}: {failure}\n")
 
 
@@ -310,12 +316,7 @@ def _install_handler() -> None:
 
 
 def _on_signal(signum: int, frame: Any) -> None:
-    directory = config.current().flight_recorder
-    if directory:
-        try:
-            dump(directory, "SIGUSR1")
-        except Exception as failure:
-            sys.stderr.write(f"hpcring: could not write the flight record to {directory}: {failure}\n")
+    _dump_quietly("SIGUSR1")
     if callable(_previous):
         _previous(signum, frame)
 
