@@ -1,7 +1,9 @@
-"""hpcring: gradient all-reduce over MPI, the textbook algorithms side by side with the library's own.
+"""hpcring: gradient all-reduce and the collectives around it over MPI, the textbook algorithms
+side by side with the library's own.
 
-This module is the public face only (`allreduce`, `iallreduce`, `GradientSync`, `Intracomm`, `trace`,
-`info`...); the work is in the submodules, and the names that need MPI load on first use.
+This module is the public face only (`allreduce`, `reduce_scatter`, `allgather`, `broadcast`, their
+non-blocking forms, `plan`, `ExactSum`, `GradientSync`, `Intracomm`, `trace`, `info`...); the work
+is in the submodules, and the names that need MPI load on first use.
 """
 
 from __future__ import annotations
@@ -15,56 +17,51 @@ from .tracing import from_environment as _trace_from_environment
 from .tracing import trace
 
 if TYPE_CHECKING:
-    from .api import allreduce
-    from .exact import ExactSum
+    from .accumulator import ExactSum
+    from .collectives import allgather, allreduce, broadcast, reduce_scatter
     from .gpu import select_device
-    from .nonblocking import Request, iallreduce
+    from .nonblocking import Request, iallgather, iallreduce, ibroadcast, ireduce_scatter
     from .persistent import Plan, plan
     from .training import GradientSync
     from .wrap import Intracomm
 
     ALGORITHMS: tuple[str, ...]
 
+# Public name -> the module that defines it. Importing any of them imports mpi4py.MPI, which
+# initializes MPI (over a second as a singleton): ``python -m hpcring.model`` must not pay that.
+_LAZY = {
+    "allreduce": "collectives",
+    "reduce_scatter": "collectives",
+    "allgather": "collectives",
+    "broadcast": "collectives",
+    "iallreduce": "nonblocking",
+    "ireduce_scatter": "nonblocking",
+    "iallgather": "nonblocking",
+    "ibroadcast": "nonblocking",
+    "Request": "nonblocking",
+    "plan": "persistent",
+    "Plan": "persistent",
+    "ExactSum": "accumulator",
+    "GradientSync": "training",
+    "Intracomm": "wrap",
+    "select_device": "gpu",  # imports CuPy where it is installed: also on first use
+}
+
 
 def __getattr__(name: str) -> Any:
-    """The public names that need MPI load on first use: importing mpi4py.MPI initializes MPI
-    (over a second as a singleton), which ``python -m hpcring.model`` predictions must not pay."""
-    if name == "allreduce":
-        from .api import allreduce
+    """The public names that need MPI load on first use, and stay loaded."""
+    import importlib
 
-        globals()["allreduce"] = allreduce  # MPI is loaded now: later calls skip this hook
-        return allreduce
-    if name == "select_device":  # imports CuPy where it is installed: also on first use
-        from .gpu import select_device
-
-        return select_device
-    if name in ("iallreduce", "Request", "_progress_mode"):  # the training layer (MPI, threads)
-        from . import nonblocking
-
-        return nonblocking.progress_mode if name == "_progress_mode" else getattr(nonblocking, name)
-    if name == "GradientSync":
-        from .training import GradientSync
-
-        return GradientSync
-    if name in ("plan", "Plan"):  # persistent calls: validated and agreed once
-        from . import persistent
-
-        globals()[name] = made = getattr(persistent, name)
-        return made
-    if name == "ExactSum":  # reproducible sums of any number of local contributions
-        from .exact import ExactSum
-
-        return ExactSum
-    if name == "Intracomm":  # the drop-in communicator for existing mpi4py codes
-        from .wrap import Intracomm
-
-        return Intracomm
-    if name == "ALGORITHMS":
-        from .algorithms import PORTABLE
-
-        globals()["ALGORITHMS"] = PORTABLE
-        return PORTABLE
-    raise AttributeError(f"module 'hpcring' has no attribute {name!r}")
+    if name in _LAZY:
+        made = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    elif name == "_progress_mode":
+        from .nonblocking import progress_mode as made
+    elif name == "ALGORITHMS":
+        from .algorithms import PORTABLE as made
+    else:
+        raise AttributeError(f"module 'hpcring' has no attribute {name!r}")
+    globals()[name] = made  # later lookups skip this hook
+    return made
 
 
 def info() -> dict[str, Any]:
@@ -107,10 +104,16 @@ __all__ = [
     "__version__",
     "abort_on_error",
     "aborting",
+    "allgather",
     "allreduce",
+    "broadcast",
+    "iallgather",
     "iallreduce",
+    "ibroadcast",
     "info",
+    "ireduce_scatter",
     "plan",
+    "reduce_scatter",
     "select_device",
     "trace",
 ]

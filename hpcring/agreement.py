@@ -1,11 +1,11 @@
 """Agreement before data moves: every rank arrives, with the same call, or all raise.
 
-The fast path is one tiny collective: every rank contributes its row (call number,
-count, dtype, op, algorithm, array kind, placement, and the digest of the settings that
-must agree) and the row negated, and a
-non-blocking all-reduce under MAX gives every rank max(row) and -min(row) at once; the
-ranks agree exactly where they are equal, and any local verdict (a bad argument) shows
-as a 1 in its column. Only when something is off are the rows gathered, on a slow path
+The fast path is one tiny collective: every rank contributes its row (the call's number, then
+the `Row`: collective, count, dtype, op, algorithm, array kind, placement, root, the digest of
+the settings that must agree, wire; 11 integers), a verdict, the row negated and the verdict
+again, and a non-blocking all-reduce under MAX gives every rank max(row) and -min(row) at
+once; the ranks agree exactly where they are equal, and any local verdict (a bad argument)
+shows as a 1 in its column. Only when something is off are the rows gathered, on a slow path
 every rank takes together, to name the ranks and the values that differ.
 
 A rank that does not arrive leaves the collective pending: each waiting rank waits for
@@ -21,16 +21,23 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, fields
 from functools import partial
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
+from . import algorithms
+from .arrays import NAMES
 from .flight import Recorder
+from .ops import DTYPES, OPS
 from .polling import Waiter
+from .wire import WIRES
 
-FIELDS = ("call", "count", "dtype", "op", "algorithm", "array", "placement", "settings", "wire")
+REPRODUCIBLE = " (reproducible=True)"  # the op as the row sees it where reproducible=True
+_OPS = [*OPS, *(op + REPRODUCIBLE for op in OPS)]  # ranks that differ on reproducible= differ on op
+_WIRES = [None, *WIRES]  # wire=None is 0
 HINTS = {
     "call": " (a rank skipped or repeated a call on this communicator)",
     "settings": (
@@ -38,6 +45,69 @@ HINTS = {
         "docs/configuration.md marks them)"
     ),
 }
+
+
+@dataclass(frozen=True)
+class Row:
+    """What must agree across ranks before a collective's data moves, as this rank sees it.
+
+    The array kind is part of it: NumPy on some ranks and CuPy on others would stage and sum
+    fine, but almost always means a rank that skipped moving its data to the GPU. So is the
+    placement, as MPI asks of MPI_IN_PLACE: `auto` keeps a choice per size and placement, and
+    ranks that chose differently would run different algorithms. ``settings`` is the digest of
+    the communicator's must-agree HPCRING_* values (`hpcring.config.Config.digest`): ranks with
+    other chunk sizes or node shapes would run other schedules, and hang. ``wire`` too: ranks that
+    narrow what they send and ranks that do not would read each other's bytes as another dtype.
+    A value this rank does not know (it refused its input) is None: its verdict, not this row,
+    is then what the others hear.
+    """
+
+    collective: str
+    count: int | None
+    dtype: np.dtype | None
+    op: str | None  # None: a collective that reduces nothing
+    algorithm: str
+    array: str | None  # the array kind's name (`hpcring.arrays.NAMES`)
+    placement: bool | None  # in place
+    root: int
+    settings: int
+    wire: str | None
+
+    def words(self) -> list[int]:
+        """The row as integers, in field order (-1 where a value is unknown), for the collective."""
+        names = list(algorithms.table(self.collective))
+        return [
+            algorithms.COLLECTIVES.index(self.collective),
+            -1 if self.count is None else self.count,
+            DTYPES.index(self.dtype) if self.dtype in DTYPES else -1,
+            _OPS.index(self.op) if self.op in _OPS else -1,
+            names.index(self.algorithm) if self.algorithm in names else -1,
+            NAMES.index(self.array) if self.array in NAMES else -1,
+            -1 if self.placement is None else int(self.placement),
+            self.root,
+            self.settings,
+            _WIRES.index(self.wire) if self.wire in _WIRES else -1,
+        ]
+
+    def describe(self, field: str, value: int) -> str:
+        """A value of ``field`` as any rank's row encodes it, as a person would name it."""
+        names: dict[str, list[Any]] = {
+            "collective": list(algorithms.COLLECTIVES),
+            "dtype": [d.name for d in DTYPES],
+            "op": _OPS,
+            "algorithm": list(algorithms.table(self.collective)),
+            "array": NAMES,
+            "placement": ["out of place (out=)", "in place"],
+            "wire": [f"wire={w!r}" for w in _WIRES],
+        }
+        if field in names:
+            return str(names[field][value]) if 0 <= value < len(names[field]) else "?"
+        if field == "settings":
+            return f"digest {value:08x}"
+        return str(value)
+
+
+FIELDS = ("call", *(f.name for f in fields(Row)))  # the call's number comes first
 
 
 class Agreement:
@@ -54,36 +124,38 @@ class Agreement:
 
     def __call__(
         self,
-        row: Sequence[int],
+        words: Sequence[int],
+        row: Row,
         problem: Exception | None,
         *,
         timeout: float,
-        describe: Any,
         what: str,
+        caller: str,
     ) -> None:
-        """Raise on every rank if any rank failed, disagrees on ``row``, or does not arrive in time.
+        """Raise on every rank if any rank failed, disagrees on the row, or does not arrive in time.
 
-        ``row`` is (call, count, dtype, op, algorithm, array, placement, settings, wire) as integers;
-        ``describe(field, value)`` names a value for messages; ``what`` names the operation for
-        StallError (which adds the call number).
+        ``words`` is the call's number, then ``row.words()``; ``what`` names the call for a
+        StallError (which adds the call number), ``caller`` the collective for the other
+        messages ("hpcring.allgather").
         """
         verdict = int(problem is not None)
         # [row, verdict, -row, verdict] under MAX: [max(row), any verdict, -min(row), any verdict].
         # (Python lists and one small array: NumPy's slicing and negation cost more here.)
-        buf = np.array([*row, verdict, *[-v for v in row], verdict], dtype=np.int64)
+        buf = np.array([*words, verdict, *[-v for v in words], verdict], dtype=np.int64)
         request = self.comm.Iallreduce(MPI.IN_PLACE, buf, MPI.MAX)
         if not request.Test():
             deadline = time.monotonic() + timeout if timeout > 0 else None
             woke = self.waiter.wait(request, deadline)
             if woke is not None:
-                raise self.waiter.stall(woke, f"{what} call {row[0]} on this communicator", timeout, row[0])
-        got, width = buf.tolist(), len(row) + 1
+                number = words[0]
+                raise self.waiter.stall(woke, f"{what} call {number} on this communicator", timeout, number)
+        got, width = buf.tolist(), len(words) + 1
         if got[width - 1] or any(
             high + low for high, low in zip(got[: width - 1], got[width:], strict=False)
         ):
-            self._raise_for(np.array([*row, verdict], dtype=np.int64), problem, describe)
+            self._raise_for(np.array([*words, verdict], dtype=np.int64), row, problem, caller)
 
-    def _raise_for(self, mine: np.ndarray, problem: Exception | None, describe: Any) -> None:
+    def _raise_for(self, mine: np.ndarray, row: Row, problem: Exception | None, what: str) -> None:
         """The same exception on every rank, from every rank's row (every rank is here: the
         collective completed, and showed every rank that something is off)."""
         table = np.empty((self.size, mine.size), dtype=np.int64)
@@ -99,13 +171,13 @@ class Agreement:
             values = table[:, column].tolist()
             if len(set(values)) > 1:
                 if field == "settings":
-                    raise ValueError(self._settings_differ())
-                detail = _by_value(values, partial(describe, field))
+                    raise ValueError(self._settings_differ(what))
+                detail = by_value(values, partial(row.describe, field))
                 hint = HINTS.get(field, "")
-                raise ValueError(f"hpcring.allreduce: ranks disagree on {field}: {detail}{hint}")
+                raise ValueError(f"{what}: ranks disagree on {field}: {detail}{hint}")
         raise AssertionError("the agreement saw a difference the table does not show")
 
-    def _settings_differ(self) -> str:
+    def _settings_differ(self, what: str) -> str:
         """The must-agree variables that differ, their values and the ranks (every rank gathers
         every rank's values: this runs only after the digests differed)."""
         mine = {} if self.settings is None else self.settings.agreed()
@@ -115,15 +187,14 @@ class Agreement:
             seen = [values.get(name, "=?") for values in everyone]
             if len(set(seen)) == 1:
                 continue
-            shown = _by_value(seen, _setting)
+            shown = by_value(seen, _setting)
             parts.append(f"{name}: {shown}")
         return (
-            f"hpcring.allreduce: ranks disagree on settings: {' | '.join(parts) or 'digests differ'}"
-            f"{HINTS['settings']}"
+            f"{what}: ranks disagree on settings: {' | '.join(parts) or 'digests differ'}{HINTS['settings']}"
         )
 
 
-def _by_value(values: Sequence[Any], name: Any) -> str:
+def by_value(values: Sequence[Any], name: Any) -> str:
     """Each value of ``values`` (one per rank), ``name``d, with the ranks that hold it:
     "10 on ranks 0, 1, 2; 11 on rank 3"."""
     groups: dict[Any, list[int]] = {}

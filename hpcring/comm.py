@@ -18,9 +18,10 @@ from mpi4py import MPI
 
 from . import config, watchdog
 from .agreement import Agreement
+from .arrays import device_key
 from .channel import Channel
-from .flight import Recorder
-from .polling import FIRST_CALL, Waiter
+from .flight import Recorder, Where
+from .polling import Waiter
 
 _lock = threading.Lock()  # guards the keyval, the table of communicators being set up, channel creation
 _keyval: int | None = None  # created on first use: importing hpcring must not need MPI initialized
@@ -33,17 +34,24 @@ class CommState:
 
     comm: MPI.Intracomm  # the private duplicate every hpcring message travels on
     lock: threading.Lock  # held while something is made for this communicator (possibly collectively)
-    busy: threading.Lock = field(default_factory=threading.Lock)  # one all-reduce at a time
-    channels: dict[Any, Channel] = field(default_factory=dict)  # per array backend and device
+    busy: threading.Lock = field(default_factory=threading.Lock)  # one collective at a time
+    channels: dict[Any, Channel] = field(default_factory=dict)  # per array adapter and device
     made: dict[str, Any] = field(default_factory=dict)  # `attached` objects, by key
     closers: list[Callable[[], None]] = field(default_factory=list)
     calls: int = 0  # checked calls so far: the agreement names the call a rank stopped at
-    warm: dict[Any, Any] = field(default_factory=dict)  # `hpcring.api`'s warm calls, by what cannot change
+    warm: dict[Any, Any] = field(default_factory=dict)  # `hpcring.engine`'s warm calls, by signature
     flight: Recorder = field(init=False)  # the last calls on this rank (`hpcring.flight`), made once
+    settings: config.Config = field(init=False)  # the HPCRING_* values this communicator runs under
+    timeout: float | None = field(init=False)  # HPCRING_TIMEOUT as it took it (None: a bad value)
     _agreement: Agreement | None = None
 
     def __post_init__(self) -> None:
         self.flight = Recorder(self.comm.Get_rank(), self.comm.Get_size())
+        self.settings = config.current()
+        try:  # read once: a read costs ~1 us; a bad value is read again per call, and raises there
+            self.timeout = self.settings.timeout
+        except ValueError:
+            self.timeout = None
 
     @property
     def agreement(self) -> Agreement:
@@ -53,16 +61,17 @@ class CommState:
             made = self._agreement = Agreement(self.comm, self.flight)
         return made
 
-    def channel(self, backend: Any) -> Channel:
-        """The Channel for ``backend``'s arrays on its current device, made on first use (local)."""
-        key = channel_key(backend)
+    def channel(self, adapter: Any) -> Channel:
+        """The Channel for ``adapter``'s arrays on its current device, made on first use (local)."""
+        key = device_key(adapter)
         channel = self.channels.get(key)  # a dict read is atomic: no lock once it is made
         if channel is None:
             with _lock:
                 channel = self.channels.get(key)
                 if channel is None:
-                    channel = Channel(self.comm, backend, self.agreement.waiter)  # one receive for notices
+                    channel = Channel(self.comm, adapter, self.agreement.waiter)  # one receive for notices
                     channel.owner = self  # whose call number a stall notice carries
+                    channel.config = self.settings
                     self.channels[key] = channel
         return channel
 
@@ -82,16 +91,6 @@ class CommState:
             self._agreement.waiter.close()
         if not MPI.Is_finalized():
             self.comm.Free()
-
-
-def channel_key(backend: Any) -> Any:
-    """What tells channels apart: the backend, and the device for one that has several.
-
-    Scratch, plans and NCCL's communicator live on the GPU they were made on, and a rank may
-    switch GPUs between calls (``with cupy.cuda.Device(i):``).
-    """
-    device = backend.current_device()
-    return backend.name if device is None else (backend.name, device)
 
 
 def _release(comm: MPI.Comm, keyval: int, state: CommState) -> None:
@@ -146,13 +145,15 @@ def duplicate(comm: MPI.Intracomm, timeout: float | None) -> MPI.Intracomm:
     waiter = Waiter(comm, probe=True)
     woke = waiter.bounded(request, timeout)
     if woke is not None:
-        raise waiter.stall(woke, "the first hpcring call on this communicator", timeout, 0, -1, FIRST_CALL)
+        raise waiter.stall(
+            woke, "the first hpcring call on this communicator", timeout, 0, -1, Where.FIRST_CALL
+        )
     return dup
 
 
-def channel_for(comm: MPI.Intracomm, backend: Any) -> Channel:
-    """The cached Channel of ``comm`` for ``backend`` (on its current device)."""
-    return state_of(comm).channel(backend)
+def channel_for(comm: MPI.Intracomm, adapter: Any) -> Channel:
+    """The cached Channel of ``comm`` for ``adapter``'s arrays (on its current device)."""
+    return state_of(comm).channel(adapter)
 
 
 def attached(comm: MPI.Intracomm, key: str, build: Callable[[], Any]) -> Any:
@@ -173,64 +174,14 @@ def attached(comm: MPI.Intracomm, key: str, build: Callable[[], Any]) -> Any:
 
 
 def intracomm(comm: MPI.Intracomm | None, caller: str) -> MPI.Intracomm:
-    """``comm``, or COMM_WORLD for None; TypeError (naming ``caller``) for anything else."""
+    """``comm``, or COMM_WORLD for None; TypeError (naming ``caller``, "hpcring.allgather") for
+    anything else."""
     comm = MPI.COMM_WORLD if comm is None else comm
     if type(comm) is not MPI.Intracomm:  # an hpcring.Intracomm: hpcring's own messages go to MPI itself
         comm = getattr(comm, "_hpcring_plain", comm)
     if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
-        raise TypeError(f"hpcring.{caller}: comm must be an mpi4py intracommunicator, got {comm!r}")
+        raise TypeError(f"{caller}: comm must be an mpi4py intracommunicator, got {comm!r}")
     return comm
 
 
-_thread_level: int | None = None  # MPI's thread level, fixed once MPI is initialized
-_serialized = threading.Lock()  # under MPI_THREAD_SERIALIZED, one MPI call at a time in all
-
-
-class Exclusive:
-    """One all-reduce at a time per communicator, and none from threads MPI was not set up for.
-
-    Two threads interleaving collectives on one communicator would match each other's
-    messages: refuse the second one instead of corrupting both. (A class, not a
-    generator-based context manager: this runs on every call, where microseconds count.)
-    """
-
-    __slots__ = ("busy", "serial")
-
-    def __init__(self, state: CommState) -> None:
-        global _thread_level
-        level = _thread_level
-        if level is None:
-            level = _thread_level = MPI.Query_thread()
-        if level < MPI.THREAD_SERIALIZED and threading.current_thread() is not threading.main_thread():
-            raise RuntimeError(
-                "hpcring.allreduce: called from a second thread, but MPI was initialized without thread "
-                "support; initialize MPI with MPI_THREAD_MULTIPLE (mpi4py's default) to use threads"
-            )
-        self.busy = state.busy
-        self.serial = _serialized if level == MPI.THREAD_SERIALIZED else None
-
-    def __enter__(self) -> None:
-        if not self.busy.acquire(blocking=False):
-            raise RuntimeError(
-                "hpcring.allreduce: another thread is running an all-reduce on this communicator; "
-                "give each thread its own communicator (comm.Dup())"
-            )
-        if self.serial is not None:
-            self.serial.acquire()
-
-    def __exit__(self, *exc: object) -> None:
-        if self.serial is not None:
-            self.serial.release()
-        self.busy.release()
-
-
-__all__ = [
-    "CommState",
-    "Exclusive",
-    "attached",
-    "channel_for",
-    "channel_key",
-    "duplicate",
-    "intracomm",
-    "state_of",
-]
+__all__ = ["CommState", "attached", "channel_for", "duplicate", "intracomm", "known_state", "state_of"]

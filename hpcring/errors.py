@@ -26,7 +26,7 @@ class StallError(TimeoutError):
         """``detail``: appended to the message as it is (the flight record's lines, or "; ...")."""
         self.missing = list(missing)
         # rank -> the stall notice it sent: [rank, call number, peer it waited for or -1, where]
-        # (`hpcring.polling.WHERE` names the last word).
+        # (`hpcring.flight.Where` names the last word).
         self.waiting: dict[int, list[int]] = {}
         ranks = ", ".join(map(str, self.missing)) or "?"
         super().__init__(

@@ -1,4 +1,5 @@
-"""Reproducible float sums: to an exact integer representation and back, and `ExactSum`.
+"""Reproducible float sums: to an exact integer representation and back (`hpcring.ExactSum` and
+``reproducible=True`` run on it).
 
 A float sum depends on its order; an integer sum does not (and every algorithm here sums
 integers exactly: two's-complement words wrap, so even the order of overflows does not
@@ -33,13 +34,13 @@ error bound.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from .ops import BFLOAT16, OPS
+from .ops import BFLOAT16
 
 HEADROOM = 20  # bits above the grid's top: the words of 2^20 contributions sum without overflow
 MAX_CONTRIBUTIONS = 1 << HEADROOM
@@ -85,16 +86,16 @@ FORMATS: dict[np.dtype, Format] = {
 }
 
 
-def format_of(dtype: np.dtype, caller: str = "hpcring.allreduce") -> Format:
+def format_of(dtype: np.dtype) -> Format:
     """The format of ``dtype``; TypeError for a dtype with no reproducible sum here."""
     try:
         return FORMATS[np.dtype(dtype)]
     except KeyError:
         names = ", ".join(d.name for d in FORMATS)
-        raise TypeError(f"{caller}: reproducible=True needs a float dtype ({names}), got {dtype}") from None
+        raise TypeError(f"reproducible=True needs a float dtype ({names}), got {dtype}") from None
 
 
-def check(op: str, dtype: np.dtype, caller: str = "hpcring.allreduce", accumulated: bool = False) -> bool:
+def check(op: str, dtype: np.dtype, accumulated: bool = False) -> bool:
     """Whether a reproducible call needs the exact path (False: the plain one is reproducible
     already: integers, max, min); ValueError or TypeError where it cannot be reproducible.
     ``accumulated``: an `ExactSum`'s call, which always takes the exact path."""
@@ -102,8 +103,8 @@ def check(op: str, dtype: np.dtype, caller: str = "hpcring.allreduce", accumulat
     if plain and not accumulated:
         return False
     if op not in OPS_REPRODUCIBLE:
-        raise ValueError(f"{caller}: reproducible=True applies to op 'sum' and 'mean', not {op!r}")
-    format_of(dtype, caller)
+        raise ValueError(f"reproducible=True applies to op 'sum' and 'mean', not {op!r}")
+    format_of(dtype)
     return True
 
 
@@ -395,17 +396,23 @@ def n_big(total: Any, xp: Any) -> bool:
     return bool(total.max() >= (1 << 53)) or bool(total.min() <= -(1 << 53))
 
 
-def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str, accumulated: bool = False) -> None:
+def run(
+    ch: Any,
+    reduce: Callable[[Any, str], None],
+    parts: list[Any],
+    dst: Any,
+    op: str,
+    accumulated: bool = False,
+) -> None:
     """dst <- the reproducible sum (op "sum") or mean over every rank of the flat arrays ``parts``
     (this rank's contributions: one for `hpcring.allreduce`, any number for an `ExactSum`,
     ``accumulated``: every rank says the same, whatever its own count).
 
-    The MAX and the integer sum run by ``algorithm`` on ``ch`` (`auto` chooses for the sizes
-    that travel); with one rank there is nothing to exchange, and the same conversion runs, so
-    the bits are those of any rank count.
+    ``reduce(buf, op)`` all-reduces ``buf`` in place over the ranks of ``ch`` ("max", then "sum":
+    the call's algorithm, which the engine gives; `auto` chooses for the sizes that travel);
+    with one rank there is nothing to exchange, and the same conversion runs, so the bits are
+    those of any rank count.
     """
-    from . import algorithms
-
     xp, fmt, n = ch.xp, FORMATS[dst.dtype], dst.size
     # Reused across calls, like an algorithm's scratch: fresh pages cost more than the sum.
     code = ch.scratch("exact-code", n, fmt.code)
@@ -424,7 +431,7 @@ def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str, accumulate
         for part in parts[1:]:
             xp.maximum(code, codes(fmt, part, xp, other, block), out=code)
     if ch.size > 1 and n > 0:
-        algorithms.prepare(algorithm, ch, n, code.itemsize, True).run(ch, code, code, OPS["max"])
+        reduce(code, "max")
     if not parts:
         words.fill(0)
     # One contribution per rank on at most 2^10 ranks: every partial sum of the words is an
@@ -439,34 +446,31 @@ def run(ch: Any, algorithm: str, parts: list[Any], dst: Any, op: str, accumulate
         flat = words.reshape(-1)
         if floats:
             flat = flat.view(np.float64)
-        algorithms.prepare(algorithm, ch, flat.size, 8, True).run(ch, flat, flat, OPS["sum"])
+        reduce(flat, "sum")
     terms = None if accumulated else ch.size  # an ExactSum's other ranks may hold more
     decode(fmt, words, code, dst, ch.size if op == "mean" else 1, xp, block, terms, floats)
 
 
-def bytes_sent(
-    algorithm: str, count: int, dtype: np.dtype, size: int, rank: int, per_node: int = 1
-) -> int | None:
-    """Bytes this rank hands to MPI for one reproducible call: the algorithm's formula for the
-    agreed integers plus the one for the words (None where the algorithm's is not visible)."""
-    from . import algorithms
-
+def bytes_sent(sent: Callable[[int, int], int | None], count: int, dtype: np.dtype) -> int | None:
+    """Bytes this rank hands to MPI for one reproducible call, from the algorithm's formula
+    ``sent(count, itemsize)``: the agreed integers plus the words (None where not visible)."""
     fmt = FORMATS[np.dtype(dtype)]
-    codes = algorithms.bytes_sent(algorithm, count, fmt.code.itemsize, size, rank, per_node)
-    words = algorithms.bytes_sent(algorithm, fmt.words * count, 8, size, rank, per_node)
+    codes = sent(count, fmt.code.itemsize)
+    words = sent(fmt.words * count, 8)
     return None if codes is None or words is None else codes + words
 
 
 WORD_BYTES = {2: 9, 4: 9, 8: 18}  # by the float's itemsize: the int64 words and the agreed code per element
 
 
-def scratch_bytes(ch: Any, algorithm: str, dtype: np.dtype, count: int, accumulated: bool = False) -> int:
+def scratch_bytes(
+    ch: Any, dtype: np.dtype, count: int, scratch: Callable[[int, int], int], accumulated: bool = False
+) -> int:
     """Scratch one reproducible call holds on ``ch`` (what `run` takes from ``ch.scratch``): the
     agreed codes and the integer words for ``count`` elements (an `ExactSum`'s, ``accumulated``,
     one more code array), the conversion's blocks, and the algorithm's own scratch for the larger
-    of its two all-reduces, the words. The memory guard prices this before anything is allocated."""
-    from . import algorithms
-
+    of its two all-reduces (``scratch(count, itemsize)``: the algorithm's formula). The memory
+    guard prices this before anything is allocated."""
     fmt = FORMATS[np.dtype(dtype)]
     code = count * fmt.code.itemsize
     held = code * (2 if accumulated else 1) + fmt.words * count * 8
@@ -475,73 +479,4 @@ def scratch_bytes(ch: Any, algorithm: str, dtype: np.dtype, count: int, accumula
     )  # bits, flag, shift, words
     if ch.size == 1 or count == 0:
         return held
-    words = algorithms.prepare(algorithm, ch, fmt.words * count, 8, True).scratch
-    codes = algorithms.prepare(algorithm, ch, count, fmt.code.itemsize, True).scratch
-    return held + max(words, codes)
-
-
-def tagged(op: str) -> str:
-    """The op as the ranks' agreement sees it on the reproducible path, so that ranks that
-    disagree on ``reproducible=`` disagree on the op, and are told so."""
-    return f"{op} (reproducible=True)"
-
-
-class ExactSum:
-    """An accumulator of local contributions whose all-reduce is reproducible.
-
-    ``acc = ExactSum(like=x)``; ``acc.add(a)`` any number of times (arrays of x's shape and
-    dtype); ``acc.allreduce(comm=..., algorithm=...)`` returns the sum over every contribution
-    on every rank, whose bits depend only on that multiset: not on how the contributions are
-    split over the ranks, the order of the adds, the rank count or the algorithm. So B
-    microbatches over G ranks give the same bits for every G. The contributions are kept (one
-    copy per add) until `allreduce`, where they are converted on the grid all ranks agree on.
-    """
-
-    def __init__(self, like: Any) -> None:
-        from .arrays import adapter_for
-
-        self._adapter = adapter_for(like)
-        self.dtype = self._adapter.dtype(like)
-        self.shape = tuple(self._adapter.shape(like))
-        format_of(self.dtype, "hpcring.ExactSum")
-        self._like = like
-        self._parts: list[Any] = []
-
-    def add(self, a: Any) -> None:
-        """Keep a copy of ``a`` as one contribution."""
-        adapter = self._adapter
-        if not adapter.owns(a) or adapter.dtype(a) != self.dtype or tuple(adapter.shape(a)) != self.shape:
-            raise ValueError(
-                f"hpcring.ExactSum.add: expected an array of shape {self.shape} and dtype {self.dtype}"
-            )
-        if len(self._parts) >= MAX_CONTRIBUTIONS:
-            raise ValueError(f"hpcring.ExactSum.add: at most {MAX_CONTRIBUTIONS} contributions")
-        self._parts.append(adapter.xp.array(a, copy=True).reshape(-1))
-
-    def __len__(self) -> int:
-        return len(self._parts)
-
-    def clear(self) -> None:
-        """Forget every contribution (for the next step)."""
-        self._parts.clear()
-
-    def allreduce(
-        self,
-        *,
-        comm: Any = None,
-        algorithm: str = "ring",
-        op: str = "sum",
-        out: Any = None,
-        check: bool = True,
-        timeout: float | None = None,
-    ) -> Any:
-        """The reproducible sum (or mean over the ranks) of every rank's contributions, on
-        every rank; in ``out`` if given, else a new array. Collective; the ranks agree first, as
-        `hpcring.allreduce` does (same checks, same errors)."""
-        from . import api
-        from .comm import intracomm
-
-        result = self._adapter.xp.zeros(self.shape, dtype=self.dtype) if out is None else out
-        # The full path, with this accumulator's contributions in place of the array's.
-        comm = intracomm(comm, "allreduce")
-        return api._first(result, op, algorithm, comm, None, check, timeout, True, self._parts)
+    return held + max(scratch(fmt.words * count, 8), scratch(count, fmt.code.itemsize))

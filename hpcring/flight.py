@@ -2,7 +2,7 @@
 
 A hang or a StallError on 1000 ranks asks one question: where was every rank? Each
 communicator's state (`hpcring.comm.CommState.flight`) keeps a `Recorder`: the last
-``SLOTS`` calls in a ring of slot objects allocated once, written by `hpcring.api` with a
+``SLOTS`` calls in a ring of slot objects allocated once, written by `hpcring.engine` with a
 few attribute stores and two clock reads per call (no dict, no tuple, no list grows). A
 slot holds the call's `_Call` (op, dtype, count, algorithm, `auto`'s choice and placement
 are fixed for a kind of call, so one reference records them all), the agreement's call
@@ -31,6 +31,7 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
+from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
@@ -40,12 +41,21 @@ from .units import format_bytes
 SLOTS = 64  # calls kept per communicator (a power of two: the slot is seq & MASK)
 MASK = SLOTS - 1
 AGREEMENT, MOVING, DONE = 1, 2, 3  # a slot's phase; negated where the call raised in it
-STEPPED = {"ring", "rabenseifner"}  # algorithms that count their exchanges on Channel.step
 PHASES = {AGREEMENT: "agreement", MOVING: "moving", DONE: "done"}
-# What a stall notice's where-code names (the notice payload [rank, call, peer, where]; the codes
-# are `hpcring.polling`'s AGREEMENT, FIRST_CALL, ALGORITHM, SETUP).
-WHERE = {0: "the agreement", 1: "the first call's duplicate", 2: "the data exchange", 3: "a setup step"}
 clock = time.perf_counter
+
+
+class Where(IntEnum):
+    """Where a rank stopped waiting: the last word of its stall notice ([rank, call, peer, where])."""
+
+    AGREEMENT = 0
+    FIRST_CALL = 1
+    ALGORITHM = 2
+    SETUP = 3
+
+    @property
+    def words(self) -> str:
+        return ("the agreement", "the first call's duplicate", "the data exchange", "a setup step")[self]
 
 
 class Slot:
@@ -54,7 +64,7 @@ class Slot:
     __slots__ = ("call", "end", "error", "number", "phase", "start", "step")
 
     def __init__(self) -> None:
-        self.call: Any = None  # hpcring.api._Call: what was called (None: an empty slot)
+        self.call: Any = None  # hpcring.engine.Call: what was called (None: an empty slot)
         self.number = 0  # the agreement's call number (checked calls on this communicator); 0: unchecked
         self.start = 0.0  # clock() seconds
         self.end = 0.0  # valid once the phase is DONE or negative
@@ -132,7 +142,7 @@ class Recorder:
         step = slot.step
         if phase == MOVING:  # still running (a dump from SIGUSR1): the step it is in now
             step = getattr(slot.call.channel, "step", 0)
-        if abs(phase) != MOVING or slot.call.name not in STEPPED:  # else the channel's step is stale
+        if abs(phase) != MOVING or not slot.call.spec.stepped:  # else the channel's step is stale
             step = 0
         entry = {
             "seq": seq,
@@ -158,26 +168,20 @@ def _phase(slot: Slot) -> int:
 
 
 def facts(call: Any) -> dict[str, Any]:
-    """What a recorded `_Call` was: op, dtype, count, bytes, algorithm (and what ran), placement."""
-    from .arrays import NAMES
-    from .ops import DTYPES
-
-    row = call.row  # count, dtype, op, algorithm, array kind, placement, settings (api._signature)
-    count, dtype = row[0], DTYPES[row[1]] if 0 <= row[1] < len(DTYPES) else None
-    ran = call.name
-    if ran == "auto" and call.adapter is not None:  # its first call of this size: what it chose since
-        from .algorithms import auto
-
-        ran = auto.resolve(call.channel, count * dtype.itemsize, bool(call.in_place)) if dtype else None
+    """What a recorded call (`hpcring.engine.Call`) was: collective, op, dtype, count, bytes,
+    algorithm (and what ran: auto's choice), placement, array kind."""
+    row = call.row  # hpcring.agreement.Row: what the ranks agreed on
+    count, dtype = row.count, row.dtype
     return {
-        "op": call.op if isinstance(call.op, str) else str(call.op),
+        "collective": row.collective,
+        "op": row.op,
         "dtype": dtype.name if dtype is not None else None,
-        "count": count if count >= 0 else None,
-        "bytes": count * dtype.itemsize if dtype is not None and count >= 0 else None,
-        "algorithm": call.algorithm,
-        "ran": ran,
-        "placement": {1: "in place", 0: "out of place"}.get(row[5]),
-        "array": NAMES[row[4]] if 0 <= row[4] < len(NAMES) else None,
+        "count": count,
+        "bytes": count * dtype.itemsize if dtype is not None and count is not None else None,
+        "algorithm": row.algorithm,
+        "ran": call.ran,
+        "placement": {True: "in place", False: "out of place"}.get(row.placement),
+        "array": row.array,
     }
 
 
@@ -190,7 +194,9 @@ def summary(entry: Mapping[str, Any]) -> str:
     algorithm = entry.get("algorithm")
     if entry.get("ran") and entry["ran"] != algorithm:
         algorithm = f"{algorithm} -> {entry['ran']}"
-    return f"allreduce {entry.get('op')} {what}, {algorithm}"
+    collective = entry.get("collective", "allreduce")
+    op = f" {entry['op']}" if entry.get("op") else ""
+    return f"{collective}{op} {what}, {algorithm}"
 
 
 def stall_detail(
@@ -232,7 +238,8 @@ def stall_detail(
             notice = list(waiting[rank])
             at = f"call {notice[1]}" if len(notice) > 1 else what
             peer = f"rank {notice[2]}" if len(notice) > 2 and notice[2] >= 0 else "every rank"
-            where = WHERE.get(notice[3], f"where-code {notice[3]}") if len(notice) > 3 else "?"
+            known = len(notice) > 3 and notice[3] in tuple(Where)
+            where = Where(notice[3]).words if known else f"where-code {notice[3] if len(notice) > 3 else '?'}"
             lines.append(f"rank {rank}: waits in {at}, in {where}, for {peer}")
     if not waiting or recorder.rank not in waiting:
         phase = "the data exchange" if moving else "the agreement"

@@ -1,10 +1,11 @@
-"""`iallreduce`: an all-reduce that runs while the caller goes on computing.
+"""The non-blocking collectives: `iallreduce`, `ireduce_scatter`, `iallgather`, `ibroadcast`
+run while the caller goes on computing.
 
 Each user communicator gets one worker thread and its own duplicate of the communicator,
-both made collectively on the first `iallreduce` on it. The worker runs the submitted
-all-reduces one after another, in submission order, through `hpcring.allreduce` (so
+both made collectively on the first non-blocking call on it (`Progress`). The worker runs the
+submitted collectives one after another, in submission order, through the engine (so
 validation, the agreement step and every algorithm come along unchanged). Because the
-worker owns its duplicate, the main thread may still call the blocking `allreduce` on the
+worker owns its duplicate, the main thread may still call the blocking collectives on the
 same communicator while requests are in flight.
 
 Why a thread and not MPI_Iallreduce: the algorithms are written in Python over
@@ -32,13 +33,14 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import api
+from .algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER
 from .arrays import adapter_for
 from .comm import attached, duplicate, intracomm, state_of
+from .engine import call
 
 
 class Request:
-    """A submitted all-reduce: `test()` polls, `wait()` blocks and returns the result (or raises)."""
+    """A submitted collective: `test()` polls, `wait()` blocks and returns the result (or raises)."""
 
     def __init__(self) -> None:
         self._done = threading.Event()
@@ -48,11 +50,11 @@ class Request:
         self.finished: float | None = None
 
     def test(self) -> bool:
-        """True once the all-reduce has finished (successfully or not); never blocks, never raises."""
+        """True once the collective has finished (successfully or not); never blocks, never raises."""
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> Any:
-        """Block until finished; return what `hpcring.allreduce` returned, or raise what it raised.
+        """Block until finished; return what the blocking collective returns, or raise what it raised.
 
         ``timeout`` (seconds) bounds this wait only: TimeoutError leaves the request running.
         """
@@ -64,7 +66,7 @@ class Request:
 
     @property
     def seconds(self) -> float:
-        """How long the all-reduce itself ran (0 until finished)."""
+        """How long the collective itself ran (0 until finished)."""
         if self.started is None or self.finished is None:
             return 0.0
         return self.finished - self.started
@@ -90,8 +92,9 @@ def progress_mode() -> str:
 _Job = tuple[Request, Callable[[], Any]]
 
 
-class Engine:
-    """One worker thread and one private communicator per user communicator (made collectively)."""
+class Progress:
+    """The progress engine: one worker thread and one private communicator per user communicator
+    (made collectively)."""
 
     def __init__(self, comm: MPI.Intracomm) -> None:
         self.comm = duplicate(comm, None)  # bounded by HPCRING_TIMEOUT, as every first call
@@ -132,7 +135,7 @@ class Engine:
             self.comm.Free()
 
 
-_engines: weakref.WeakSet[Engine] = weakref.WeakSet()  # those whose worker runs
+_engines: weakref.WeakSet[Progress] = weakref.WeakSet()  # those whose worker runs
 
 
 @atexit.register  # registered after mpi4py's MPI_Finalize, so it runs before it
@@ -144,14 +147,15 @@ def _stop_workers() -> None:
         engine.stop()
 
 
-def engine_for(comm: MPI.Intracomm | None) -> Engine:
-    """The engine of ``comm`` (COMM_WORLD if None); collective the first time on a communicator.
+def progress_for(comm: MPI.Intracomm | None, caller: str = "hpcring.iallreduce") -> Progress:
+    """The progress engine of ``comm`` (COMM_WORLD if None); collective the first time on a
+    communicator.
 
     Cached with hpcring's other per-communicator state (`hpcring.comm.attached`), and closed when
     the user frees the communicator.
     """
-    comm = intracomm(comm, "iallreduce")
-    return attached(comm, "engine", lambda: Engine(comm))
+    comm = intracomm(comm, caller)
+    return attached(comm, "engine", lambda: Progress(comm))
 
 
 def _handoff(x: Any) -> Callable[[], AbstractContextManager[None]]:
@@ -159,6 +163,31 @@ def _handoff(x: Any) -> Callable[[], AbstractContextManager[None]]:
         return adapter_for(x).handoff(x)
     except TypeError:  # not an array: let allreduce's validation report it on every rank
         return nullcontext
+
+
+def _start(
+    collective: str,
+    x: Any,
+    out: Any,
+    op: Any,
+    algorithm: Any,
+    comm: Any,
+    check: bool,
+    timeout: float | None,
+    root: Any = 0,
+    reproducible: bool = False,
+    wire: Any = None,
+) -> Request:
+    """Submit ``collective`` to the progress engine of ``comm`` and return its Request."""
+    progress = progress_for(comm, f"hpcring.i{collective}")
+    entered = _handoff(x)
+    private = progress.comm
+
+    def run() -> Any:
+        with entered():
+            return call(collective, x, out, op, algorithm, private, check, timeout, root, reproducible, wire)
+
+    return progress.submit(run)
 
 
 def iallreduce(
@@ -179,21 +208,44 @@ def iallreduce(
     ranks, a stall) are raised by `Request.wait()`, on every rank. Do not touch ``x`` (or
     ``out``) until `wait()` returns, and submit the same calls in the same order on every rank.
     """
-    engine = engine_for(comm)
-    entered = _handoff(x)
+    return _start(ALLREDUCE, x, out, op, algorithm, comm, check, timeout, 0, reproducible, wire)
 
-    def call() -> Any:
-        with entered():
-            return api.allreduce(
-                x,
-                op=op,
-                algorithm=algorithm,
-                comm=engine.comm,
-                out=out,
-                check=check,
-                timeout=timeout,
-                reproducible=reproducible,
-                wire=wire,
-            )
 
-    return engine.submit(call)
+def ireduce_scatter(
+    x: Any,
+    *,
+    op: str | MPI.Op = "sum",
+    algorithm: str = "ring",
+    comm: MPI.Intracomm | None = None,
+    out: Any = None,
+    check: bool = True,
+    timeout: float | None = None,
+) -> Request:
+    """Start `hpcring.reduce_scatter(x, ...)`; `Request.wait()` returns this rank's part."""
+    return _start(REDUCE_SCATTER, x, out, op, algorithm, comm, check, timeout)
+
+
+def iallgather(
+    x: Any,
+    *,
+    algorithm: str = "ring",
+    comm: MPI.Intracomm | None = None,
+    out: Any = None,
+    check: bool = True,
+    timeout: float | None = None,
+) -> Request:
+    """Start `hpcring.allgather(x, ...)`; `Request.wait()` returns the gathered array."""
+    return _start(ALLGATHER, x, out, None, algorithm, comm, check, timeout)
+
+
+def ibroadcast(
+    x: Any,
+    *,
+    root: int = 0,
+    algorithm: str = "ring",
+    comm: MPI.Intracomm | None = None,
+    check: bool = True,
+    timeout: float | None = None,
+) -> Request:
+    """Start `hpcring.broadcast(x, ...)`; `Request.wait()` returns ``x`` (a jax.Array: a new one)."""
+    return _start(BROADCAST, x, None, None, algorithm, comm, check, timeout, root)

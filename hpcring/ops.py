@@ -75,7 +75,7 @@ OPS: dict[str, Op] = {
 def check_op(op: Op, dtype: np.dtype) -> None:
     """TypeError when ``op`` does not apply to ``dtype``."""
     if kind(dtype) not in op.kinds:
-        raise TypeError(f"hpcring.allreduce: op={op.name!r} does not apply to dtype {dtype.name}")
+        raise TypeError(f"op={op.name!r} does not apply to dtype {dtype.name}")
 
 
 # mpi4py's predefined ops that hpcring computes itself, by their names in mpi4py.MPI. Every other

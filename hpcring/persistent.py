@@ -6,7 +6,8 @@ the call then, as `hpcring.allreduce` does before every call, and each run moves
 only. With `mpi` the plan holds MPI-4's persistent all-reduce (``MPI_Allreduce_init``) on
 the buffers, started and waited for as MPI starts and waits it, and the wait is bounded by
 the timeout, so a rank that never starts its plan becomes a `StallError` on the others.
-hpcring's own algorithms run their prebuilt schedules (the channel's cached plans).
+hpcring's own algorithms run their prebuilt schedules: each start is the engine's call
+without the agreement (its exclusion, flight record and bounded waits included).
 """
 
 from __future__ import annotations
@@ -16,29 +17,25 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import algorithms
-from .algorithms import auto
-from .api import default_timeout, examine
-from .comm import Exclusive, intracomm
-from .errors import StallError
-from .polling import abandon
+from .algorithms import ALLREDUCE
+from .comm import intracomm
+from .engine import Call, Options, prepare, resolve_timeout
 
 
 class Plan:
     """One all-reduce on fixed buffers, made by `hpcring.plan`: call it (or start, then wait)."""
 
-    def __init__(self, call: Any, entry: algorithms.Entry, x: Any, out: Any, timeout: float | None) -> None:
+    def __init__(self, call: Call, x: Any, out: Any, timeout: float | None) -> None:
         self._call, self._x, self._out, self._timeout = call, x, out, timeout
-        self.algorithm = entry.name  # what runs (`auto`'s choice)
-        call.run = entry.allreduce
+        self.algorithm = call.ran  # what runs (`auto`'s choice)
         self._where = self._buffers()  # what the buffers were: a plan on changed ones is refused
         self._request: MPI.Prequest | None = None
         self._started = self._freed = False
-        adapter = call.adapter
-        if entry.persistent is not None and call.channel.size > 1 and adapter.size(x) > 0:
+        adapter, spec = call.adapter, call.spec
+        if spec.persistent is not None and call.channel.size > 1 and adapter.size(x) > 0:
             src = adapter.flat(x)
             dst = src if call.in_place else adapter.flat(out)
-            self._request = entry.persistent(call.channel, src, dst, call.reduction)
+            self._request = spec.persistent(call.channel, src, dst, call.reduction)
 
     def _buffers(self) -> tuple[Any, ...]:
         adapter, x, out = self._call.adapter, self._x, self._out
@@ -71,14 +68,8 @@ class Plan:
         if self._request is not None:
             self._request.Start()
         else:
-            channel = self._call.channel
-            channel.timeout = (channel.default_timeout if self._timeout is None else self._timeout) or None
-            with Exclusive(self._call.state):
-                try:
-                    self._call.move(self._x, self._out)
-                except StallError as error:  # MPI may still use what the frames hold
-                    abandon(error)
-                    raise
+            out = None if self._call.in_place else self._out
+            self._call(self._x, out, False, self._timeout)  # the call, without the agreement
 
     def wait(self) -> Any:
         """Wait for the started all-reduce and return its result; StallError where a rank does
@@ -88,11 +79,11 @@ class Plan:
         self._started = False
         call = self._call
         if self._request is not None:
-            timeout = default_timeout() if self._timeout is None else self._timeout
-            agreement = call.state.agreement
-            woke = agreement.waiter.bounded(self._request, timeout)
+            timeout = resolve_timeout(call.state, self._timeout)
+            waiter = call.state.agreement.waiter
+            woke = waiter.bounded(self._request, timeout)
             if woke is not None:
-                raise agreement.waiter.stall(woke, f"{call.what} plan", timeout, call.state.calls)
+                raise waiter.stall(woke, f"{call.what} plan", timeout, call.state.calls)
             if call.mean:
                 dst = call.adapter.flat(self._x if call.in_place else self._out)
                 call.channel.xp.true_divide(dst, call.channel.size, out=dst)
@@ -123,15 +114,9 @@ def plan(
     agree on it here as `hpcring.allreduce` does before every call (a mismatch or a bad
     argument on any rank raises on every rank); each run then moves data only. Do not resize
     or reallocate the buffers while the plan lives: a plan on changed buffers is refused."""
-    comm = intracomm(comm, "plan")
-    call, problem, _ = examine(x, op, algorithm, comm, out, True, timeout=timeout)
-    with Exclusive(call.state):
-        call.agree(timeout, problem)
-    if problem is not None:
-        raise problem
-    if call.adapter.immutable:  # the kind is agreed: every rank raises this
-        raise TypeError("hpcring.plan: these arrays cannot be written in place; use hpcring.allreduce")
-    name = call.name
-    if name == "auto":  # its first choice for this size: collective, and every rank is here
-        name = auto.choose_for(call.channel, call.adapter.nbytes(x), bool(call.in_place))
-    return Plan(call, algorithms.ENTRIES[name], x, out, timeout)
+    comm = intracomm(comm, "hpcring.plan")
+    call, problem = prepare(Options(ALLREDUCE, op, algorithm), x, out, comm, True, timeout)
+    if problem is None and call.adapter.immutable:  # the kind is agreed: every rank refuses alike
+        problem = TypeError("hpcring.plan: these arrays cannot be written in place; use hpcring.allreduce")
+    call.agree(timeout, problem, nbytes=None if problem else call.adapter.nbytes(x))  # auto chooses
+    return Plan(call, x, out, timeout)

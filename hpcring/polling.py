@@ -28,7 +28,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .errors import StallError
-from .flight import stall_detail
+from .flight import Where, stall_detail
 
 TAG_NOTICE = 32001  # "I stopped waiting": a stall notice; the algorithms use small tags
 SPIN_FOR = 0.02  # seconds of testing without a pause: a rank 3 ms late is seen at once
@@ -36,9 +36,6 @@ NAP = 2e-4  # seconds between tests after that
 NOTICE_EVERY = 1e-3  # seconds between looks for another rank's stall notice
 GRACE = 1.0  # seconds a rank that stopped waiting listens for the others' notices
 
-# Where a rank waited, the last word of its notice.
-AGREEMENT, FIRST_CALL, ALGORITHM, SETUP = range(4)
-WHERE = ("agreement", "first call", "algorithm", "setup")
 NOTICE = 4  # int64s in a notice: rank, call number, peer waited for (-1: all), where
 
 
@@ -126,7 +123,7 @@ class Waiter:
             notice.Cancel()
             notice.Wait()
 
-    def notify_all(self, call: int = -1, peer: int = -1, where: int = AGREEMENT) -> None:
+    def notify_all(self, call: int = -1, peer: int = -1, where: int = Where.AGREEMENT) -> None:
         """Tell every other rank that this one stopped waiting (tiny messages, sent eagerly)."""
         word = np.array([self.rank, call, peer, where], dtype=np.int64)
         self._sent.append(word)
@@ -145,7 +142,7 @@ class Waiter:
                 time.sleep(1e-3)
         return heard
 
-    def missing(self, woke: int, call: int = -1, peer: int = -1, where: int = AGREEMENT) -> list[int]:
+    def missing(self, woke: int, call: int = -1, peer: int = -1, where: int = Where.AGREEMENT) -> list[int]:
         """The slow path of a stall: tell every other rank, listen GRACE seconds for theirs, and
         return the ranks not heard from (this rank itself where every other one was heard: it
         is the one that arrived after the others had given up)."""
@@ -154,7 +151,13 @@ class Waiter:
         return sorted(set(range(self.size)) - heard) or [self.rank]
 
     def stall(
-        self, woke: int, what: str, timeout: float, call: int = -1, peer: int = -1, where: int = AGREEMENT
+        self,
+        woke: int,
+        what: str,
+        timeout: float,
+        call: int = -1,
+        peer: int = -1,
+        where: int = Where.AGREEMENT,
     ) -> StallError:
         """The StallError for a wait that ``woke`` ended: the missing ranks, and what every heard
         rank said it was waiting for (``waiting``)."""
@@ -172,9 +175,9 @@ class Waiter:
         """What the ranks that gave up were waiting for, from their notices."""
         parts = []
         for rank, (_, call, peer, where) in sorted(self.heard.items()):
-            place = WHERE[where] if 0 <= where < len(WHERE) else "?"
+            place = Where(where).words if where in tuple(Where) else "?"
             on = f" for rank {peer}" if peer >= 0 else ""
-            parts.append(f"rank {rank} waited{on} in the {place}" + (f" of call {call}" if call > 0 else ""))
+            parts.append(f"rank {rank} waited{on} in {place}" + (f" of call {call}" if call > 0 else ""))
         return "; ".join(parts)
 
 
@@ -213,4 +216,4 @@ def arrive(waiter: Waiter, timeout: float | None, what: str, call: int = -1) -> 
     object (a split, a broadcast of a table): every rank is known to be there, or StallError."""
     woke = waiter.bounded(waiter.comm.Ibarrier(), timeout)
     if woke is not None:
-        raise waiter.stall(woke, what, timeout or 0.0, call, -1, SETUP)
+        raise waiter.stall(woke, what, timeout or 0.0, call, -1, Where.SETUP)

@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 
 from . import config
-from .channel import Channel
-from .comm import channel_key
-from .polling import arrive
+from .arrays import device_key
+from .polling import Waiter, arrive
+
+if TYPE_CHECKING:
+    from .channel import Channel
 
 
 @dataclass
@@ -64,25 +66,25 @@ class Topology:
             return f"{nodes} node{'s' * (nodes > 1)} x {ranks} rank{'s' * (ranks > 1)}"
         return f"{self.nodes} nodes, ranks per node {min(self.per_node)}-{max(self.per_node)}"
 
+    def summary(self) -> dict[str, Any]:
+        """The topology as the bench header and JSON show it, and as `auto` keys its tables."""
+        return {
+            "describe": self.describe(),
+            "nodes": self.nodes,
+            "ranks_per_node": list(self.per_node),
+            "two_level": self.two_level,
+            "ring_order": "node order" if self.order != tuple(range(self.size)) else "rank order",
+        }
+
     def channels(self, channel: Channel) -> tuple[Channel, Channel]:
-        """Channels on the node-local and cross-node communicators, for ``channel``'s backend and
+        """Channels on the node-local and cross-node communicators, for ``channel``'s arrays and
         device (scratch made on one GPU is not used on another, as for the main channel)."""
-        key = channel_key(channel.backend)
+        key = device_key(channel.adapter)
         made = self._channels.get(key)
         if made is None:
             if self.local is None or self.cross is None:
                 raise RuntimeError("hpcring.topology: no sub-communicators (not a two-level topology)")
-            made = self._channels[key] = (
-                Channel(self.local, channel.backend),
-                Channel(self.cross, channel.backend),
-            )
-            parent = channel.comm.Get_group()
-            for sub in made:  # one communicator, one snapshot: the one its algorithms run under
-                sub.config = channel.config
-                group = sub.comm.Get_group()
-                sub.names = group.Translate_ranks(list(range(sub.size)), parent)  # StallError names
-                group.Free()
-            parent.Free()
+            made = self._channels[key] = (channel.on(self.local), channel.on(self.cross))
         return made
 
     def close(self) -> None:
@@ -138,12 +140,12 @@ def _delete(comm: MPI.Comm, keyval: int, topo: Topology) -> None:
     topo.close()
 
 
-def of(comm: MPI.Intracomm, channel: Channel | None = None) -> Topology:
+def of(comm: MPI.Intracomm, waiter: Waiter | None = None, timeout: float | None = None) -> Topology:
     """The cached topology of ``comm`` (collective the first time: every rank must call it then).
 
-    With ``channel`` (on ``comm``), the discovery is preceded by a bounded barrier on its
-    waiter and timeout: MPI_Comm_split_type has no non-blocking form, so every rank is first
-    known to be there, or every rank that is raises StallError.
+    With ``waiter`` (on ``comm``), the discovery is preceded by a bounded barrier on it, within
+    ``timeout`` seconds (None: no limit): MPI_Comm_split_type has no non-blocking form, so every
+    rank is first known to be there, or every rank that is raises StallError.
 
     Cached as an attribute of ``comm`` itself, so a warm call makes no communicator and
     freeing ``comm`` (hpcring's private duplicate, freed with the user's) frees the
@@ -155,22 +157,11 @@ def of(comm: MPI.Intracomm, channel: Channel | None = None) -> Topology:
             _keyval = MPI.Comm.Create_keyval(delete_fn=_delete)
     topo = comm.Get_attr(_keyval)
     if topo is None:
-        if channel is not None and channel.size > 1:
-            arrive(channel.waiter, channel.timeout, "hpcring's topology discovery")
+        if waiter is not None:
+            arrive(waiter, timeout, "hpcring's topology discovery")
         topo = discover(comm)
         comm.Set_attr(_keyval, topo)
     return topo
 
 
-def summary(topo: Topology) -> dict[str, Any]:
-    """The topology as the bench header and JSON show it."""
-    return {
-        "describe": topo.describe(),
-        "nodes": topo.nodes,
-        "ranks_per_node": list(topo.per_node),
-        "two_level": topo.two_level,
-        "ring_order": "node order" if topo.order != tuple(range(topo.size)) else "rank order",
-    }
-
-
-__all__ = ["Topology", "discover", "of", "summary"]
+__all__ = ["Topology", "discover", "of"]

@@ -26,7 +26,7 @@ from mpi4py import MPI
 from . import training
 from .arrays import adapter_for
 from .comm import intracomm
-from .nonblocking import Request, engine_for, iallreduce
+from .nonblocking import Request, iallreduce, progress_for
 
 MiB = 1 << 20
 
@@ -72,7 +72,7 @@ def init_process_group(
     broadcasts them, so no launcher variables are needed under ``mpiexec`` or ``srun``. Does
     nothing where the group is up already. ``kwargs`` go to `torch.distributed.init_process_group`.
     """
-    comm = intracomm(comm, "torch.init_process_group")
+    comm = intracomm(comm, "hpcring.torch.init_process_group")
     if dist.is_initialized():
         return
     address = os.environ.get("MASTER_ADDR") or _rank0_address(comm)
@@ -120,7 +120,7 @@ def allreduce_hook(state: HookState | None, bucket: dist.GradBucket) -> torch.fu
     request = iallreduce(tensor, op="mean", algorithm=state.algorithm, comm=state.comm, check=state.check)
     future: torch.futures.Future[torch.Tensor] = torch.futures.Future()
     # The engine runs its jobs in submission order, so this one runs once the all-reduce is done.
-    engine_for(state.comm).submit(lambda: _complete(future, request, tensor))
+    progress_for(state.comm).submit(lambda: _complete(future, request, tensor))
     return future
 
 

@@ -44,7 +44,7 @@ class NullTracer:
 
     on = False
 
-    def begin(self, algorithm: str, channel: Any, src: Any, dst: Any) -> None:
+    def begin(self, collective: str, algorithm: str, channel: Any, src: Any, dst: Any) -> None:
         pass
 
     def end(self) -> None:
@@ -74,11 +74,11 @@ class Tracer(NullTracer):
         """Microseconds (the trace-event unit) on this process's monotonic clock."""
         return time.perf_counter_ns() / 1000.0
 
-    # --- per call context, set by api.allreduce -------------------------------------------
+    # --- per call context, set by the engine ------------------------------------------------
 
-    def begin(self, algorithm: str, channel: Any, src: Any, dst: Any) -> None:
+    def begin(self, collective: str, algorithm: str, channel: Any, src: Any, dst: Any) -> None:
         self.calls += 1
-        backend = channel.backend
+        backend = channel.adapter
         self._pointer = backend.data_pointer
         n = src.nbytes
         if dst is src:
@@ -88,6 +88,7 @@ class Tracer(NullTracer):
                 (("src", backend.data_pointer(src), n), ("dst", backend.data_pointer(dst), n)) if n else ()
             )
         self._context = {
+            "called": collective,
             "algorithm": algorithm,
             "call": self.calls,
             "count": int(src.size),
@@ -102,7 +103,9 @@ class Tracer(NullTracer):
 
     def end(self) -> None:
         start = self._call_start
-        self._emit(f"allreduce {self._context.get('algorithm')}", "call", start, self.now() - start, TID_SEND)
+        context = self._context
+        name = f"{context.get('called')} {context.get('algorithm')}"
+        self._emit(name, "call", start, self.now() - start, TID_SEND)
         # Channel use outside a call (none in hpcring today) must not borrow this call's labels.
         self._context, self._bases = {}, ()
 
@@ -323,14 +326,14 @@ def from_environment() -> None:
 # Other modules call these functions (never ``TRACER`` itself); each reads the global at call time.
 
 
-def call_begin(algorithm: str, channel: Any, src: Any, dst: Any) -> None:
-    """api.allreduce, before the algorithm runs: which call, which algorithm, where the buffers are."""
+def call_begin(collective: str, algorithm: str, channel: Any, src: Any, dst: Any) -> None:
+    """The engine, before the algorithm runs: which call, which algorithm, where the buffers are."""
     if TRACER.on:
-        TRACER.begin(algorithm, channel, src, dst)
+        TRACER.begin(collective, algorithm, channel, src, dst)
 
 
 def call_end() -> None:
-    """api.allreduce, after the algorithm (and mean): one span for the whole call."""
+    """The engine, after the algorithm (and mean): one span for the whole call."""
     if TRACER.on:
         TRACER.end()
 
@@ -384,8 +387,14 @@ def _bcast(tracer: Tracer, start: float, ch: Any, buf: Any, root: int) -> None:
         tracer.transfer("recv", start, buf, root, collective="bcast")
 
 
-def _allreduce(tracer: Tracer, start: float, ch: Any, src: Any, dst: Any, op: Any) -> None:
-    tracer._emit("MPI_Allreduce", "mpi", start, tracer.now() - start, TID_SEND, **tracer.where(dst))
+def _library(name: str, result: int) -> Callable[..., None]:
+    """A recorder of one library collective (`mpi`'s): one span, on the buffer argument
+    ``result`` (the output) of the Channel method."""
+
+    def record(tracer: Tracer, start: float, ch: Any, *args: Any) -> None:
+        tracer._emit(name, "mpi", start, tracer.now() - start, TID_SEND, **tracer.where(args[result]))
+
+    return record
 
 
 _RECORDERS: dict[str, Callable[..., None]] = {
@@ -395,7 +404,10 @@ _RECORDERS: dict[str, Callable[..., None]] = {
     "recv": _recv,
     "gather": _gather,
     "bcast": _bcast,
-    "allreduce": _allreduce,
+    "allreduce": _library("MPI_Allreduce", 1),
+    "reduce_scatter": _library("MPI_Reduce_scatter", 1),
+    "allgather": _library("MPI_Allgather", 1),
+    "broadcast": _library("MPI_Bcast", 0),
 }
 
 

@@ -32,9 +32,10 @@ from mpi4py import MPI
 
 from . import config
 from . import wire as wire_dtypes
+from .agreement import by_value
 from .arrays import NUMPY, Adapter, adapter_for
 from .comm import state_of
-from .nonblocking import Engine, engine_for, iallreduce
+from .nonblocking import Progress, iallreduce, progress_for
 from .ops import DTYPES, op_name
 from .persistent import plan
 from .polling import arrive
@@ -133,7 +134,9 @@ class GradientSync:
         error_feedback: bool = False,
     ) -> None:
         comm = MPI.COMM_WORLD if comm is None else comm
-        self.engine: Engine = engine_for(comm)  # collective: every rank reaches it
+        self.engine: Progress = progress_for(
+            comm, "hpcring.GradientSync"
+        )  # collective: every rank reaches it
         self.comm = comm
         self.op, self.algorithm, self.check = op, algorithm, check
         self.reproducible = reproducible  # hpcring.allreduce(reproducible=...) for every bucket
@@ -416,11 +419,5 @@ def _agree(rows: list[Any]) -> None:
     for index in range(counts[0]):
         entries = [grads[index] for grads in lists]
         if any(e != entries[0] for e in entries):
-            groups: dict[tuple[Any, ...], list[int]] = {}
-            for r, (shape, dtype) in enumerate(entries):
-                groups.setdefault((shape, dtype), []).append(r)
-            detail = "; ".join(
-                f"shape {shape} dtype {dtype} on rank{'s' if len(rs) > 1 else ''} {', '.join(map(str, rs))}"
-                for (shape, dtype), rs in groups.items()
-            )
+            detail = by_value(entries, lambda entry: f"shape {entry[0]} dtype {entry[1]}")
             raise ValueError(f"hpcring.GradientSync: gradient {index} differs between ranks: {detail}")

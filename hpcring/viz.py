@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import algorithms
 from .partition import segment_bounds
 
 Key = tuple[str, int]
@@ -68,7 +69,7 @@ def calls(events: list[dict[str, Any]]) -> dict[str, dict[int, list[dict[str, An
     for event in events:
         args = event["args"]
         key = (args.get("algorithm", ""), event["pid"])
-        if "call" in args and first.get(key) == args["call"] and event["name"] != f"allreduce {key[0]}":
+        if "call" in args and first.get(key) == args["call"] and event["cat"] != "call":  # not the span
             chosen[key[0]][args["rank"]].append(event)
     return chosen
 
@@ -239,32 +240,34 @@ def _scratch_rows(replay_: Replay, memory: dict[Key, int]) -> list[int]:
 
 
 def describe(replay_: Replay, index: int) -> str:
-    """A title for step ``index`` (0 is the state before any message)."""
+    """A title for step ``index`` (0 is the state before any message): the algorithm's own
+    picture of it where its Spec draws one (`Spec.picture`), else what the trace shows."""
     name, size, steps = replay_.algorithm, replay_.size, len(replay_.steps) - 1
     if index == 0:
         last = size - 1
         return f"{name}, before: rank r holds its own a_r, b_r, ... (green: Σa = a_0+...+a_{last})"
     step = replay_.steps[index]
-    if name == "ring":
-        phase = "reduce-scatter" if index <= size - 1 else "all-gather"
-        what = "adds it in" if phase == "reduce-scatter" else "keeps it"
-        return f"ring {phase}, step {index}/{steps}: each rank sends one segment right, the receiver {what}"
-    if name == "rabenseifner" and size & (size - 1) == 0:
-        halving = index <= steps // 2
-        what = (
-            "recursive halving: swap half the range with a partner, add the half kept"
-            if halving
-            else "recursive doubling: swap the complete ranges back"
-        )
-        return f"rabenseifner step {index}/{steps}, {what}"
+    spec = algorithms.table(algorithms.ALLREDUCE).get(name)
+    title = spec.picture(index, steps, size) if spec is not None and spec.picture else None
+    if title is not None:
+        return title
     if step.collective:
         return f"{name} step {index}/{steps}: {step.collective}" + (
             " (then the root sums the rows)" if step.collective == "gather" else ""
         )
-    if name == "naive":
-        extra = "; then each rank sums all copies" if index == steps else ""
-        return f"naive step {index}/{steps}: rank r sends its whole buffer to r+{index}{extra}"
     return f"{name} step {index}/{steps}"
+
+
+def _scratch_depth(replay_: Replay) -> int:
+    """The most scratch rows any rank shows at any step (the panel grows to hold them)."""
+    return max(
+        (
+            len(_scratch_rows(replay_, step.state[rank]))
+            for step in replay_.steps
+            for rank in range(replay_.size)
+        ),
+        default=0,
+    )
 
 
 def draw(ax: Any, replay_: Replay, index: int) -> None:
@@ -425,18 +428,16 @@ def render(trace_path: str | Path, out: str | Path, algorithms: list[str] | None
             continue
         result = replay(algorithm, per_rank)
         panel = (1.0 + 1.25 * result.size, 0.9 + 0.45 * result.size)
-        scratch = 1.0 if algorithm in ("naive", "ps") else 0.0
+        extra = 0.35 * _scratch_depth(result)
         for index in range(len(result.steps)):
-            fig, ax = plt.subplots(figsize=(panel[0], panel[1] + scratch * result.size * 0.35))
+            fig, ax = plt.subplots(figsize=(panel[0], panel[1] + extra))
             draw(ax, result, index)
             path = out / f"{algorithm}-step{index}.png"
             fig.savefig(path, dpi=110, bbox_inches="tight")
             plt.close(fig)
             written.append(path)
         rows = len(result.steps)
-        fig, axes = plt.subplots(
-            rows, 1, figsize=(panel[0], rows * (panel[1] + scratch * result.size * 0.35))
-        )
+        fig, axes = plt.subplots(rows, 1, figsize=(panel[0], rows * (panel[1] + extra)))
         for index, ax in enumerate(axes if rows > 1 else [axes]):
             draw(ax, result, index)
         path = out / f"{algorithm}.png"

@@ -1,12 +1,13 @@
-"""The one wait hpcring leaves to MPI, watched: the `mpi` algorithm's blocking MPI_Allreduce.
+"""The waits hpcring leaves to a library, watched: the blocking collectives (`Spec.blocking`).
 
 Every other wait of a call polls against its timeout (`hpcring.polling`). `mpi` keeps MPI's
-blocking call because its non-blocking form measured up to 50% slower (docs/reliability.md),
+blocking calls because the non-blocking all-reduce measured up to 50% slower (docs/reliability.md),
 and the agreement before it catches a rank that skips the call or comes late. A rank frozen
 *inside* it (a debugger, SIGSTOP, a node that stops) would still leave the others blocked there
 for good, in C, where no Python code of theirs runs. So a watchdog thread reads each
 communicator's flight record (`hpcring.flight`) a few times a second, at no cost to the calls:
-one that has been inside MPI_Allreduce longer than its timeout plus GRACE tells the other ranks
+one whose algorithm declares itself blocking and that has been inside it longer than its
+timeout plus GRACE tells the other ranks
 it stopped waiting (a stall notice, as any wait does), listens a moment for theirs, prints
 which ranks did not answer, writes the flight record where ``HPCRING_FLIGHT_RECORDER`` asks,
 and ends the job with MPI_Abort: the one way out of a blocking collective. The thread runs only
@@ -23,11 +24,9 @@ import time
 from mpi4py import MPI
 
 from . import flight
-from .polling import ALGORITHM
 
 PERIOD = 0.25  # seconds between looks at the records
 GRACE = 0.25  # seconds past a call's timeout before the watchdog acts (then it listens 1 s)
-BLOCKING = frozenset({"mpi"})  # algorithms whose data exchange is one blocking MPI call
 
 _started = False
 _lock = threading.Lock()
@@ -48,16 +47,23 @@ def watch() -> None:
 def _run() -> None:
     while not MPI.Is_finalized():
         time.sleep(PERIOD)
-        for ref in list(flight._recorders):
-            recorder = ref()
-            if recorder is not None:
-                stuck = overdue(recorder, flight.clock())
-                if stuck is not None:
-                    end_the_job(recorder, stuck)
+        _look()
+
+
+def _look() -> None:
+    """One look at every live record. A function of its own, so that no record stays referenced
+    from this thread while it sleeps: a freed communicator's calls, channels and scratch must go
+    when the garbage collector finds them, not when the watchdog next wakes."""
+    for ref in list(flight._recorders):
+        recorder = ref()
+        if recorder is not None:
+            stuck = overdue(recorder, flight.clock())
+            if stuck is not None:
+                end_the_job(recorder, stuck)
 
 
 def overdue(recorder: flight.Recorder, now: float) -> flight.Slot | None:
-    """The call of ``recorder`` that has been inside a blocking MPI_Allreduce past its timeout
+    """The call of ``recorder`` that has been inside a blocking library collective past its timeout
     plus GRACE, if there is one (a done call has its end after its start)."""
     slot = recorder.current()
     if slot is None or slot.phase != flight.MOVING or slot.end >= slot.start:
@@ -66,7 +72,7 @@ def overdue(recorder: flight.Recorder, now: float) -> flight.Slot | None:
     timeout = getattr(call.channel, "timeout", None)
     if not timeout or now - slot.start <= timeout + GRACE:
         return None
-    if flight.facts(call).get("ran") not in BLOCKING:
+    if not call.spec.blocking:  # what runs (auto: its choice) declares it (`Spec.blocking`)
         return None
     return slot
 
@@ -74,17 +80,19 @@ def overdue(recorder: flight.Recorder, now: float) -> flight.Slot | None:
 def end_the_job(recorder: flight.Recorder, slot: flight.Slot) -> None:
     """Name the ranks that did not say they were waiting too, keep the record, and abort."""
     call, number = slot.call, slot.number
-    what = f"the MPI_Allreduce of call {number} ({flight.summary(flight.facts(call))})"
-    error = call.channel.waiter.stall(recorder.rank, what, call.channel.timeout, number, -1, ALGORITHM)
+    what = f"the blocking {call.row.collective} of call {number} ({flight.summary(flight.facts(call))})"
+    error = call.channel.waiter.stall(
+        recorder.rank, what, call.channel.timeout, number, -1, flight.Where.ALGORITHM
+    )
     waited = flight.clock() - slot.start
     sys.stderr.write(
         f"rank {recorder.rank}: {error}\n"
-        f"rank {recorder.rank}: blocked in MPI_Allreduce for {waited:.1f} s, which hpcring cannot "
-        "interrupt (algorithm 'mpi'): it ends the job (MPI_Abort)\n"
+        f"rank {recorder.rank}: blocked in the library's own collective for {waited:.1f} s, which "
+        f"hpcring cannot interrupt (algorithm {call.ran!r}): it ends the job (MPI_Abort)\n"
     )
     sys.stderr.flush()
     flight.dump_on_error(error)
     MPI.COMM_WORLD.Abort(1)
 
 
-__all__ = ["BLOCKING", "GRACE", "overdue", "watch"]
+__all__ = ["GRACE", "overdue", "watch"]

@@ -1,23 +1,23 @@
 """Wire compression: what travels is narrowed (bfloat16 or float16), every reduction stays wide.
 
 ``hpcring.allreduce(x, wire="bfloat16")`` runs the algorithm it names on a `WireChannel`: the
-same schedule, neighbours and reductions, but every payload the Channel hands to MPI is first
+same schedule, neighbours and reductions, but every payload the channel hands to MPI is first
 narrowed to the wire dtype, and every payload received is widened back to ``x``'s dtype before
 the algorithm reads it. So a received chunk is widened, added to the local partial in the input
 dtype, and narrowed only when it is sent on: each hop rounds a partial sum once.
 
-Bitwise identity across ranks: the rank that finishes a segment (the owner, after the
-reduce-scatter) rounds it to the wire dtype in place (`round_owned`) before passing it on, so
-what it keeps is exactly what the others receive (narrowing a value that is already
-representable is exact). Algorithms with no owner (naive, ps) round each rank's own contribution
-the same way. Numerics live here and nowhere else: `narrow`, `widen`, `round_owned`, and the
-error bound (`narrowings`, `error_bound`, docs/compression.md).
+Bitwise identity across ranks: an algorithm tells its channel when this rank has finished a
+piece it will only send on from then (`Channel.as_sent`: the owner of a segment after the
+reduce-scatter, or each rank's own contribution where there is no owner); a `WireChannel`
+rounds that piece to the wire dtype in place, so what it keeps is exactly what the others
+receive (narrowing a value that is already representable is exact). Numerics live here and
+nowhere else: `narrow`, `widen`, `round_trip`, and the error bound (`narrowings`, from each
+algorithm's Spec, and `error_bound`; docs/compression.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
@@ -25,6 +25,8 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from . import algorithms
+from .algorithms.base import Spec
 from .channel import Channel
 from .errors import StallError
 
@@ -36,27 +38,29 @@ WIDE = (np.dtype(np.float32), np.dtype(np.float64))
 UNIT_ROUNDOFF = {"bfloat16": 2.0**-8, "float16": 2.0**-11}
 
 
-def check(wire: Any, dtype: np.dtype, algorithm: str, reproducible: bool, device: bool) -> np.dtype | None:
-    """The wire dtype for this call (None: no wire), or TypeError/ValueError saying why not."""
+def check(wire: Any, dtype: np.dtype, spec: Spec, reproducible: bool, device: bool) -> np.dtype | None:
+    """The wire dtype for this call of ``spec`` (None: no wire), or TypeError/ValueError saying
+    why not."""
     if wire is None:
         return None
     if not isinstance(wire, str) or wire not in WIRES:
         names = ", ".join(WIRES)
-        raise ValueError(f"hpcring.allreduce: unknown wire {wire!r}; choose one of {names} or None")
-    if algorithm in ("mpi", "nccl"):
+        raise ValueError(f"unknown wire {wire!r}; choose one of {names} or None")
+    if spec.narrowings is None:
+        able = ", ".join(name for name, s in algorithms.table(spec.collective).items() if s.narrowings)
         raise ValueError(
-            f"hpcring.allreduce: algorithm={algorithm!r} moves data inside the library and cannot "
-            f"narrow it; wire={wire!r} needs naive, ps, ring, rabenseifner, hierarchical or auto"
+            f"algorithm={spec.name!r} moves data inside the library and cannot narrow it; "
+            f"wire={wire!r} needs {able}"
         )
     if dtype not in WIDE:
         raise TypeError(
-            f"hpcring.allreduce: wire={wire!r} applies to float32 and float64 arrays, got {dtype.name}"
+            f"wire={wire!r} applies to float32 and float64 arrays, got {dtype.name}"
             + (" (integers would be rounded)" if dtype.kind in "iu" else "")
         )
     if reproducible:
-        raise ValueError("hpcring.allreduce: reproducible=True and wire= cannot be combined")
+        raise ValueError("reproducible=True and wire= cannot be combined")
     if device:
-        raise TypeError(f"hpcring.allreduce: wire={wire!r} needs host arrays (NumPy, CPU torch, JAX)")
+        raise TypeError(f"wire={wire!r} needs host arrays (NumPy, CPU torch, JAX)")
     return WIRES[wire]
 
 
@@ -185,56 +189,49 @@ def round_trip(array: Any, scratch: Any) -> None:
         widen(scratch, array)
 
 
-@contextlib.contextmanager
-def gathering(ch: Any) -> Iterator[None]:
-    """Within it, what ``ch`` sends is on the wire's grid already (an all-gather after the owners
-    rounded: owned or received values only), so a `WireChannel` narrows by truncation, exact for
-    them and 3x faster; on a plain Channel, nothing. Left on any exit, exceptions included: a
-    value off the grid truncated would differ from the owner's rounding."""
-    if not isinstance(ch, WireChannel):
-        yield
-        return
-    ch.__dict__["on_grid"] = True
-    try:
-        yield
-    finally:
-        ch.__dict__["on_grid"] = False
-
-
-def round_owned(ch: Any, piece: Any) -> None:
-    """On a `WireChannel`, round the piece this rank finished to the wire dtype, so it keeps the
-    very value it sends (bitwise identity); on a plain Channel, nothing."""
-    if isinstance(ch, WireChannel) and piece.size:
-        scratch = ch.buffer(piece.size)
-        try:
-            round_trip(piece, scratch)
-        finally:
-            ch.release(scratch)  # back to the pool: a warm call allocates nothing
-
-
-class WireChannel:
-    """A `Channel` whose payloads travel narrowed: every other attribute is the inner channel's.
+class WireChannel(Channel):
+    """A `Channel` whose payloads travel narrowed: the twin of a plain channel (the same
+    communicator, scratch, schedules and byte counter) whose data calls narrow what they send
+    and widen what they receive, so the algorithms run unchanged and reduce in the input dtype.
 
     Sends narrow into a pooled wire buffer (kept until the send completes); receives land in a
     pooled wire buffer and are widened into the caller's array when they complete (blocking
-    calls at once, non-blocking ones in `wait`/`waitall`). The inner channel counts the bytes,
-    so what it counts is what travels.
+    calls at once, non-blocking ones in `wait`/`waitall`). The shared counter counts what travels.
     """
 
-    def __init__(self, inner: Channel, wire: np.dtype) -> None:
-        self.__dict__["inner"] = inner
-        self.__dict__["wire"] = wire
-        self.__dict__["_free"] = {}  # element count -> wire buffers not in use
-        self.__dict__["_pending"] = {}  # id(request) -> (request, buffer, widen target or None)
-        self.__dict__["on_grid"] = False  # sends hold wire values already (`gathering`)
-        self.__dict__["_abandoned"] = []  # (request, buffer, target) of a failed call still in flight
-        self.__dict__["_nested"] = {}  # id -> WireChannel over another channel (`nested`)
+    def __init__(self, base: Channel, wire: np.dtype) -> None:
+        self.__dict__.update(base.__dict__)  # the twin: shared scratch, schedules, traffic, waiter
+        self.wire = wire
+        self._free: dict[int, list[Any]] = {}  # element count -> wire buffers not in use
+        self._pending: dict[int, tuple[Any, Any, Any]] = {}  # id(request) -> (request, buffer, target)
+        self._abandoned: list[tuple[Any, Any, Any]] = []  # those of a failed call still in flight
+        self._nested: dict[int, WireChannel] = {}  # id -> WireChannel over a sub-channel
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
+    # -- what the algorithms ask of a channel that narrows --
 
-    def __setattr__(self, name: str, value: Any) -> None:
-        setattr(self.inner, name, value)  # bytes_sent += ... reaches the counter MPI's calls use
+    def as_sent(self, piece: Any) -> None:
+        """Round the piece this rank finished to the wire dtype, so it keeps the very value it
+        sends on (narrowing a value on the wire's grid is exact): bitwise identity across ranks."""
+        if piece.size:
+            scratch = self.buffer(piece.size)
+            try:
+                round_trip(piece, scratch)
+            finally:
+                self.release(scratch)  # back to the pool: a warm call allocates nothing
+
+    def travel_itemsize(self, itemsize: int) -> int:
+        return self.wire.itemsize
+
+    def sub_channels(self, topo: Any) -> tuple[Channel, Channel]:
+        """Only the network carries narrowed data: inside the node the channel stays wide (shared
+        memory moves it faster than it can be narrowed, and the node's sum is then rounded once),
+        across nodes it narrows."""
+        local, cross = super().sub_channels(topo)
+        wide = cross
+        cross = cross.resource(f"wire-{self.wire.name}", lambda: WireChannel(wide, self.wire))
+        cross.timeout = self.timeout
+        self._nested[id(cross)] = cross
+        return local, cross
 
     # -- pooled wire buffers: grow-only, so a warm call allocates nothing --
 
@@ -242,7 +239,7 @@ class WireChannel:
         free = self._free.get(count)
         if free:
             return free.pop()
-        return self.inner.backend.empty(count, self.wire)
+        return self.adapter.empty(count, self.wire)
 
     def release(self, buf: Any) -> None:
         self._free.setdefault(buf.size, []).append(buf)
@@ -275,24 +272,24 @@ class WireChannel:
     def sendrecv(self, send: Any, dest: int, recv: Any, source: int) -> None:
         out, into = self.buffer(send.size), self.buffer(recv.size)
         with self._lent(out, into):
-            self.inner.sendrecv(narrow(send, out, self.on_grid), dest, into, source)
+            super().sendrecv(narrow(send, out), dest, into, source)
             widen(into, recv)
 
     def send(self, send: Any, dest: int) -> None:
         out = self.buffer(send.size)
         with self._lent(out):
-            self.inner.send(narrow(send, out, self.on_grid), dest)
+            super().send(narrow(send, out), dest)
 
     def recv(self, recv: Any, source: int) -> None:
         into = self.buffer(recv.size)
         with self._lent(into):
-            self.inner.recv(into, source)
+            super().recv(into, source)
             widen(into, recv)
 
     def isend(self, send: Any, dest: int, tag: int = 0) -> Any:
         out = self.buffer(send.size)
         try:
-            request = self.inner.isend(narrow(send, out, self.on_grid), dest, tag)
+            request = super().isend(narrow(send, out), dest, tag)
         except BaseException:
             self.release(out)
             raise
@@ -302,19 +299,12 @@ class WireChannel:
     def irecv(self, recv: Any, source: int, tag: int = 0) -> Any:
         into = self.buffer(recv.size)
         try:
-            request = self.inner.irecv(into, source, tag)
+            request = super().irecv(into, source, tag)
         except BaseException:
             self.release(into)
             raise
         self._pending[id(request)] = (request, into, recv)
         return request
-
-    def nested(self, ch: Channel) -> WireChannel:
-        """The `WireChannel` over another channel this call uses (hierarchical's across nodes),
-        settled with this one (`settle`)."""
-        made = channel(ch, self.wire)
-        self._nested[id(made)] = made
-        return made
 
     def settle(self) -> None:
         """After a failed call: the buffers of requests that completed go back to the pool; those
@@ -344,12 +334,12 @@ class WireChannel:
             self.release(buf)
 
     def wait(self, request: Any, nap: float = 0.0) -> None:
-        self.inner.wait(request, nap)
+        super().wait(request, nap)
         self._finish(request)
 
     def waitall(self, requests: Iterable[Any], nap: float = 0.0) -> None:
         pending = list(requests)
-        self.inner.waitall(pending, nap)
+        super().waitall(pending, nap)
         for request in pending:
             self._finish(request)
 
@@ -359,19 +349,19 @@ class WireChannel:
             with self._lent(flat):
                 rows = flat.reshape(stack.shape)
                 narrow(stack[root], rows[root])  # the root's own row: rounded like every other
-                self.inner.gather(None, rows, root)
+                super().gather(None, rows, root)
                 widen(rows, stack)
         else:
             out = self.buffer(send.size)
             with self._lent(out):
-                self.inner.gather(narrow(send, out), None, root)
+                super().gather(narrow(send, out), None, root)
 
     def bcast(self, buf: Any, root: int) -> None:
         words = self.buffer(buf.size)
         with self._lent(words):
             if self.rank == root:
                 narrow(buf, words)
-            self.inner.bcast(words, root)
+            super().bcast(words, root)
             widen(words, buf)  # the root too: it keeps what it sent
 
 
@@ -386,33 +376,27 @@ def pool_bytes(count: int, wire: np.dtype) -> int:
     return count * wire.itemsize
 
 
+def _spec(algorithm: str) -> Spec:
+    """The all-reduce Spec of ``algorithm``, where it can narrow (ValueError otherwise)."""
+    spec = algorithms.spec("allreduce", algorithm)
+    if spec.narrowings is None:
+        raise ValueError(f"algorithm {algorithm!r} moves data inside the library and cannot narrow it")
+    return spec
+
+
 def bytes_sent(
     algorithm: str, count: int, itemsize: int, wire: np.dtype, size: int, rank: int, per_node: int = 1
 ) -> int | None:
-    """Bytes rank ``rank`` hands to MPI for one call with ``wire``: the algorithm's formula in the
-    wire's itemsize, except inside the node for `hierarchical`, which narrows only across nodes."""
-    from . import algorithms  # the algorithms import this module
-
-    if algorithm == "hierarchical":
-        return algorithms.hierarchical.bytes_sent(count, itemsize, size, rank, per_node, wire.itemsize)
-    return algorithms.bytes_sent(algorithm, count, wire.itemsize, size, rank, per_node)
+    """Bytes rank ``rank`` hands to MPI for one all-reduce with ``wire``: the algorithm's formula
+    with every element that travels narrowed costing the wire's itemsize (a two-level algorithm
+    narrows only across nodes: its Spec is topology-aware)."""
+    return _spec(algorithm).sent(count, itemsize, size, rank, per_node, wire.itemsize)
 
 
 def narrowings(algorithm: str, size: int, per_node: int = 1) -> int:
     """How many times the value of one element is rounded to the wire dtype on its way to the
-    result (its longest path), for ``size`` ranks: the k in the error bound."""
-    if size <= 1:
-        return 0
-    if algorithm == "naive":
-        return 1  # each input once; the sum is done wide, in rank order, on every rank
-    if algorithm == "ps":
-        return 2  # each input once on its way to the root, the root's sum once on the way back
-    if algorithm == "rabenseifner":
-        core = 1 << (size.bit_length() - 1)
-        return int(math.log2(core)) + 1 + (size != core)  # halving steps, the owner, a fold
-    if algorithm == "hierarchical" and per_node > 1 and size % per_node == 0 and size > per_node:
-        return size // per_node  # the ring across nodes, owner included (the node's sum stays wide)
-    return size  # ring: G-1 hops of partial sums, then the owner's rounding
+    result (its longest path), for ``size`` ranks: the k in the error bound (the Spec says)."""
+    return _spec(algorithm).narrowings(size, per_node) if size > 1 else 0  # type: ignore[misc]
 
 
 def error_bound(algorithm: str, size: int, wire: str, input_unit_roundoff: float, per_node: int = 1) -> float:

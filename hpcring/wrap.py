@@ -36,7 +36,8 @@ from typing import Any, Literal
 import numpy as np
 from mpi4py import MPI
 
-from . import algorithms, api, nonblocking
+from . import algorithms, nonblocking
+from .collectives import allreduce
 from .ops import OPS, mpi_op_name
 
 # What gives MPI's speed today: the library's own all-reduce behind hpcring's checks. The latency
@@ -281,11 +282,10 @@ class Intracomm(MPI.Intracomm):
             return MPI.Intracomm.__new__(cls)
         if not isinstance(comm, MPI.Intracomm) or comm == MPI.COMM_NULL:
             raise TypeError(f"hpcring.Intracomm: comm must be an mpi4py intracommunicator, got {comm!r}")
-        if algorithm not in algorithms.MODULES:
-            raise ValueError(
-                f"hpcring.Intracomm: unknown algorithm {algorithm!r}; choose one of "
-                f"{', '.join(algorithms.MODULES)}"
-            )
+        try:
+            algorithms.spec(algorithms.ALLREDUCE, algorithm)
+        except ValueError as error:
+            raise ValueError(f"hpcring.Intracomm: {error}") from None
         for topology in (MPI.Cartcomm, MPI.Graphcomm, MPI.Distgraphcomm):
             if isinstance(comm, topology) and not issubclass(cls, topology):  # keep Get_coords & co.
                 if (cls, topology) not in _TOPOLOGIES:
@@ -331,7 +331,7 @@ class Intracomm(MPI.Intracomm):
         if route is None:
             return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
         x, out, name = route
-        api.allreduce(
+        allreduce(
             x,
             op=name,
             algorithm=self._hpcring_algorithm,
@@ -379,7 +379,7 @@ class Intracomm(MPI.Intracomm):
             return MPI.Intracomm.allreduce(self, sendobj, op)
         out = np.empty_like(array)
         # check=False: the row above has just compared count, dtype, shape and op on every rank.
-        api.allreduce(
+        allreduce(
             array, op=name, algorithm=self._hpcring_algorithm, comm=MPI.Intracomm(self), out=out, check=False
         )
         if row[0] == _ARRAY:

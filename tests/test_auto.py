@@ -12,10 +12,12 @@ from helpers import everywhere, identical_everywhere
 from mpi4py import MPI
 
 import hpcring
-from hpcring import algorithms, config
+from hpcring import algorithms, config, engine
 from hpcring.algorithms import auto, tuning
 from hpcring.arrays import adapter_for
 from hpcring.comm import channel_for
+
+CHOICES = [name for name in algorithms.portable() if name != "auto"]  # what auto may choose
 
 
 def write(path, tables, fmt=tuning.FORMAT) -> None:
@@ -75,7 +77,7 @@ def test_a_baseline_is_never_a_tuned_choice(tmp_path) -> None:
     path = tmp_path / "t.json"
     write(path, {"4": [[None, "nccl"]]})  # NCCL cannot run on NumPy arrays: not auto's to pick
     with pytest.warns(UserWarning, match="unknown algorithms"):
-        assert tuning.load(4, path) == tuning.DEFAULT
+        assert tuning.load(4, path, known=CHOICES) == tuning.DEFAULT
 
 
 @pytest.mark.parametrize(
@@ -93,7 +95,7 @@ def test_unusable_file_warns_once_and_falls_back(tmp_path, content: str, match: 
     path = tmp_path / "t.json"
     path.write_text(content)
     with pytest.warns(UserWarning, match=match) as caught:
-        assert tuning.load(4, path) == tuning.DEFAULT
+        assert tuning.load(4, path, known=CHOICES) == tuning.DEFAULT
     assert len(caught) == 1
 
 
@@ -180,12 +182,22 @@ def test_a_size_auto_has_chosen_runs_and_is_priced_as_its_choice(tmp_path_factor
     config.reload()
     private = comm.Dup()
     x = np.full(100_000, comm.rank + 1, dtype=np.float64)  # the default table runs the ring here
-    channel = channel_for(private, adapter_for(x))
-    ok = algorithms.prepare("auto", channel, x.size, x.itemsize, False).name == "auto"  # nothing chosen yet
+
+    def runs(in_place: bool) -> str | None:
+        """What the engine prices and runs for this call (None: auto has not chosen yet)."""
+        made, _ = engine.prepare(
+            engine.Options("allreduce", "sum", "auto"),
+            x,
+            None if in_place else np.empty_like(x),
+            private,
+            True,
+        )
+        return made.ran
+
+    ok = runs(False) is None  # nothing chosen yet
     hpcring.allreduce(x, algorithm="auto", comm=private, out=np.empty_like(x))
-    ok &= algorithms.prepare("auto", channel, x.size, x.itemsize, False).name == "mpi"
-    # In place has a choice of its own, not made yet:
-    ok &= algorithms.prepare("auto", channel, x.size, x.itemsize, True).name == "auto"
+    ok &= runs(False) == "mpi"
+    ok &= runs(True) is None  # in place has a choice of its own, not made yet
     monkeypatch.setenv("HPCRING_MEMORY_LIMIT", "1")
     config.reload()
     out = hpcring.allreduce(x, algorithm="auto", comm=private, out=np.empty_like(x))

@@ -21,8 +21,8 @@ from mpi4py import MPI
 
 import hpcring
 from hpcring import config, flight
+from hpcring.agreement import Row
 from hpcring.comm import state_of
-from hpcring.ops import DTYPES
 
 WORLD = MPI.COMM_WORLD
 ROOT = Path(__file__).resolve().parents[1]
@@ -186,16 +186,10 @@ def test_handler_chains_the_previous_one(monkeypatch: pytest.MonkeyPatch, tmp_pa
 
 
 def fake_call(count: int, dtype: str = "float64", op: str = "sum", algorithm: str = "ring") -> Any:
-    """What the recorder reads of an api._Call."""
-    index = [d.name for d in DTYPES].index(dtype)
-    channel = SimpleNamespace(step=3)
+    """What the recorder reads of an engine Call: its agreed row, what ran, its Spec's traits."""
+    row = Row("allreduce", count, np.dtype(dtype), op, algorithm, "numpy.ndarray", True, 0, 0, None)
     return SimpleNamespace(
-        row=[count, index, 0, 0, 0, 1, 0],
-        name=algorithm,
-        op=op,
-        algorithm=algorithm,
-        adapter=None,
-        channel=channel,
+        row=row, ran=algorithm, spec=SimpleNamespace(stepped=True), channel=SimpleNamespace(step=3)
     )
 
 
@@ -231,7 +225,8 @@ def test_stall_detail_from_the_local_record_alone() -> None:
 
 def test_stall_detail_with_what_the_waiting_ranks_said() -> None:
     recorder = recorded(0, 4, [(fake_call(5), flight.DONE), (fake_call(8), flight.MOVING)])
-    text = flight.stall_detail(recorder, [3], 2, {0: [0, 2, 3, flight.MOVING], 1: [1, 2, 0, flight.MOVING]})
+    where = flight.Where.ALGORITHM
+    text = flight.stall_detail(recorder, [3], 2, {0: [0, 2, 3, where], 1: [1, 2, 0, where]})
     assert "rank 3: last known at call 2 (allreduce sum float64 x 8" in text
     assert "its agreement completed, its data exchange did not" in text
     assert "rank 0: waits in call 2, in the data exchange, for rank 3" in text

@@ -125,7 +125,7 @@ def test_ring_across_nodes_streams_in_network_chunks(forced: MPI.Intracomm) -> N
     hpcring.allreduce(x, algorithm="ring", comm=forced)
     spans = _topology(forced).nodes > 1  # 2 ranks are one node of 2
     chunk = ring.NETWORK_CHUNK_BYTES // 4 if spans else ring.UNCHUNKED
-    plans = [p for key, p in ch._plans.items() if key[0] == "ring" and key[2] == n]
+    plans = [p for key, p in ch._schedules.items() if key[0] == "ring" and key[1] == n]
     if forced.size > 1:  # one rank copies: no plan
         assert everywhere(forced, len(plans) == 1 and plans[0].chunk == chunk)
         assert everywhere(forced, plans[0].pipelined == spans)
@@ -156,5 +156,5 @@ def test_node_channels_are_per_device(forced: MPI.Intracomm) -> None:
     second = topo.channels(Channel(parent, _OnDevice(1)))
     again = topo.channels(Channel(parent, _OnDevice(0)))
     ok = again is first and second[0] is not first[0] and second[1] is not first[1]
-    ok &= second[0].backend.current_device() == 1 and first[0].backend.current_device() == 0
+    ok &= second[0].adapter.current_device() == 1 and first[0].adapter.current_device() == 0
     assert everywhere(forced, ok)

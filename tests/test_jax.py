@@ -9,13 +9,13 @@ from helpers import everywhere, identical_everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
-from hpcring.algorithms import MODULES
+from hpcring.algorithms import PORTABLE
 
 jax = pytest.importorskip("jax", reason="needs JAX: pip install -e '.[jax]' in hpcring's clone")
 jnp = pytest.importorskip("jax.numpy")
 
 WORLD = MPI.COMM_WORLD
-ALGORITHMS = [name for name in MODULES if name != "nccl"]
+ALGORITHMS = list(PORTABLE)
 OPS = ["sum", "mean", "max", "min", "prod"]
 DTYPES = ["float32", "float64", "bfloat16"]
 N = 37

@@ -255,7 +255,7 @@ def test_the_cost_model_imports_without_mpi() -> None:
     code = (
         "import sys, hpcring.model.costs, hpcring.model.params; "
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('mpi4py', 'numpy') "
-        "or m in ('hpcring.api', 'hpcring.model.calibrate')))"
+        "or m in ('hpcring.engine', 'hpcring.model.calibrate')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr

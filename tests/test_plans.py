@@ -23,12 +23,12 @@ WORLD = MPI.COMM_WORLD
 def test_plan_cache_is_bounded_lru() -> None:
     ch = Channel(MPI.COMM_SELF, adapter_for(np.empty(0)))
     built = []
-    for key in range(Channel.PLANS):
-        ch.plan((key,), lambda key=key: built.append(key) or key)
-    assert ch.plan((0,), lambda: built.append("again")) == 0  # a hit; 0 is now the most recent
-    ch.plan(("new",), lambda: "new")  # evicts the least recently used: key 1
-    assert len(ch._plans) == Channel.PLANS and (1,) not in ch._plans and (0,) in ch._plans
-    assert built == list(range(Channel.PLANS))
+    for key in range(Channel.SCHEDULES):
+        ch.schedule((key,), lambda key=key: built.append(key) or key)
+    assert ch.schedule((0,), lambda: built.append("again")) == 0  # a hit; 0 is now the most recent
+    ch.schedule(("new",), lambda: "new")  # evicts the least recently used: key 1
+    assert len(ch._schedules) == Channel.SCHEDULES and (1,) not in ch._schedules and (0,) in ch._schedules
+    assert built == list(range(Channel.SCHEDULES))
 
 
 @pytest.mark.mpi
@@ -63,9 +63,9 @@ def test_plans_go_with_the_communicator() -> None:
     """The Channel (and its plans and scratch) lives in the communicator's attribute: Free drops it."""
     comm = WORLD.Dup()
     x = np.ones(1000)
-    hpcring.allreduce(x, comm=comm, algorithm="rabenseifner")
+    hpcring.allreduce(x, comm=comm, algorithm="ring")
     channel = weakref.ref(channel_for(comm, adapter_for(x)))
-    built = channel() is not None and len(channel()._plans) == (WORLD.size > 1)
+    built = channel() is not None and len(channel()._schedules) == (WORLD.size > 1)
     comm.Free()
     gc.collect()
     assert everywhere(WORLD, built and channel() is None)

@@ -351,7 +351,7 @@ def test_staged_loop_over_mpi(chunk: str, dtype: str, monkeypatch: pytest.Monkey
                 where = f"n={n} in_place={in_place}"
                 assert everywhere(MPI.COMM_WORLD, g == 1 or np.array_equal(out, want)), where
                 assert everywhere(MPI.COMM_WORLD, in_place or np.array_equal(x, before)), where
-        plans = [p for key, p in ch._plans.items() if key[0] == "ring-staged"]
+        plans = [p for key, p in ch._schedules.items() if key[0] == "ring-staged"]
         ran_once = len(plans) == 8 and all(p.staging.begun == 1 for p in plans)  # 4 sizes x in/out
         assert everywhere(MPI.COMM_WORLD, g == 1 or ran_once)
     finally:

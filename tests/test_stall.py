@@ -65,7 +65,7 @@ def test_first_call_on_a_split_communicator_waits_for_a_late_rank() -> None:
 
 
 def test_timeout_from_environment(monkeypatch) -> None:
-    from hpcring.api import default_timeout
+    from hpcring.engine import default_timeout
 
     monkeypatch.setenv("HPCRING_TIMEOUT", "7.5")
     config.reload()
@@ -141,7 +141,7 @@ def test_rank_frozen_inside_mpi_allreduce(ranks: int) -> None:
     status, output, seconds = _job("freeze", "1", "mpi", ranks=ranks)
     assert status != 0, output
     assert seconds < 30, f"the job took {seconds:.0f} s to end"
-    assert "rank 1 did not arrive at the MPI_Allreduce of call 2" in output, output
+    assert "rank 1 did not arrive at the blocking allreduce of call 2" in output, output
     assert "it ends the job (MPI_Abort)" in output, output
     # (The launcher sends SIGCONT before it kills, so the frozen rank may still finish the call
     # and print a result while the job is ending: what counts is the diagnosis and the end.)

@@ -17,14 +17,14 @@ from helpers import everywhere, identical_everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
-from hpcring.algorithms import MODULES
+from hpcring.algorithms import PORTABLE
 from hpcring.arrays import adapter_for, available
 
 torch = pytest.importorskip("torch", reason="needs PyTorch: pip install -e '.[torch]' in hpcring's clone")
 import hpcring.torch  # noqa: E402  (after the skip: it imports torch)
 
 WORLD = MPI.COMM_WORLD
-ALGORITHMS = [name for name in MODULES if name != "nccl"]  # nccl: CuPy arrays on GPUs
+ALGORITHMS = list(PORTABLE)
 OPS = ["sum", "mean", "max", "min", "prod"]
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "bfloat16": torch.bfloat16}
 N = 37  # odd, more than the ranks: uneven ring chunks
@@ -112,7 +112,7 @@ def test_iallreduce_and_a_parameters_grad() -> None:
 
 CPU_MISTAKES = {
     "requires grad": (lambda: torch.ones(8, requires_grad=True), "x requires grad"),
-    "non-contiguous": (lambda: torch.ones(4, 4).t(), "C-contiguous (reduce x.contiguous()"),
+    "non-contiguous": (lambda: torch.ones(4, 4).t(), "C-contiguous (pass x.contiguous()"),
     "conjugate view": (lambda: torch.ones(8, dtype=torch.complex64).conj(), "lazy conjugate view"),
     "negative view": (lambda: torch._neg_view(torch.ones(8)), "lazy negative view"),
     "sparse": (lambda: torch.ones(8).to_sparse(), "sparse_coo tensor cannot be reduced"),
@@ -162,11 +162,11 @@ def test_bad_out_tensors_fail_everywhere() -> None:
 def test_warm_tensor_calls_skip_the_full_path_yet_refuse_a_bad_tensor(monkeypatch) -> None:
     """A CPU tensor's repeated call is a warm one (the full path runs once per kind of call), and
     a tensor of the same shape and dtype that the full path would refuse is still refused."""
-    import hpcring.api
+    from hpcring import engine
 
     full: list[int] = []
-    examine = hpcring.api.examine
-    monkeypatch.setattr(hpcring.api, "examine", lambda *a, **k: full.append(1) or examine(*a, **k))
+    prepare = engine.prepare
+    monkeypatch.setattr(engine, "prepare", lambda *a, **k: full.append(1) or prepare(*a, **k))
     comm = WORLD.Dup()
     x, out = tensor(WORLD.rank, torch.float64, (4, 4)), torch.empty(4, 4, dtype=torch.float64)
     expected = np.max([values(r, 16) for r in range(WORLD.size)], axis=0).reshape(4, 4)

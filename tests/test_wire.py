@@ -44,7 +44,9 @@ def test_identical_within_the_bound_and_half_the_bytes(
     channel = channel_for(WORLD, adapter_for(np.empty(0, np.float32)))
     nodes = topology.of(channel.comm)
     per_node = nodes.per_node[0] if nodes.two_level else 1
-    position = nodes.order.index(WORLD.rank) if algorithms.entry(algorithm).ring_order else WORLD.rank
+    position = (
+        nodes.order.index(WORLD.rank) if algorithms.spec("allreduce", algorithm).ring_order else WORLD.rank
+    )
     for n in SIZES:
         x = inputs(n)
         kept = x.copy()

@@ -2,8 +2,9 @@
 
 Written once, valid at any rank count. With algorithm ``mpi`` underneath, every routed call must
 give the bits `MPI.COMM_WORLD.Allreduce` gives on the same data; the other algorithms get small
-integers, exact in any order, checked against the exact reduction. A spy on `hpcring.api.allreduce`
-tells the calls hpcring ran from the ones passed to MPI.
+integers, exact in any order, checked against the exact reduction. A spy on the engine's entry
+(`hpcring.engine.call`, as the front ends reach it) tells the calls hpcring ran from the ones
+passed to MPI.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from helpers import everywhere, identical_everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
-from hpcring import api, wrap
+from hpcring import collectives, engine, nonblocking, wrap
 
 pytestmark = pytest.mark.mpi
 
@@ -29,15 +30,16 @@ DTYPES = [np.float64, np.float32, np.int32, np.int64, np.complex128]
 
 @pytest.fixture
 def routed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The ops of the calls that went through hpcring.allreduce (the wrapper's, and iallreduce's)."""
+    """The ops of the calls that went through hpcring's engine (the wrapper's, and iallreduce's)."""
     calls: list[str] = []
-    real = api.allreduce
+    real = engine.call
 
-    def spy(*args: Any, **kwargs: Any) -> Any:
-        calls.append(kwargs.get("op", "sum"))
-        return real(*args, **kwargs)
+    def spy(collective: str, x: Any, out: Any, op: Any, *args: Any) -> Any:
+        calls.append(op)
+        return real(collective, x, out, op, *args)
 
-    monkeypatch.setattr(api, "allreduce", spy)
+    monkeypatch.setattr(collectives, "call", spy)
+    monkeypatch.setattr(nonblocking, "call", spy)
     yield calls
 
 

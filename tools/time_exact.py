@@ -57,7 +57,7 @@ def main() -> None:
 def row(comm: MPI.Intracomm, channel: Any, dtype: np.dtype, mib: float, runs: int, calls: int) -> str:
     """One line of the table: every variant timed ``runs`` times, interleaved."""
     size, rank = comm.size, comm.rank
-    ring, fmt = algorithms.get("ring"), exact.FORMATS[dtype]
+    ring, fmt = algorithms.spec(algorithms.ALLREDUCE, "ring").run, exact.FORMATS[dtype]
     alone = _Alone(channel)
     n = int(mib * (1 << 20)) // dtype.itemsize
     x = np.random.default_rng(rank).standard_normal(n).astype(dtype)
@@ -69,7 +69,7 @@ def row(comm: MPI.Intracomm, channel: Any, dtype: np.dtype, mib: float, runs: in
         "exact": lambda: hpcring.allreduce(x, out=work, algorithm="ring", reproducible=True),
         "words": lambda: ring(channel, words, words, OPS["sum"]),
         "more": lambda: ring(channel, more, more, OPS["sum"]),
-        "convert": lambda: exact.run(alone, "ring", [x], work, "sum"),
+        "convert": lambda: exact.run(alone, lambda buf, op: None, [x], work, "sum"),
     }
     times: dict[str, list[float]] = {k: [] for k in variants}
     for _ in range(runs):

@@ -19,7 +19,7 @@ import numpy as np
 from mpi4py import MPI
 
 from hpcring import config
-from hpcring.algorithms import ENTRIES, PORTABLE
+from hpcring.algorithms import ALLREDUCE, PORTABLE, spec
 from hpcring.arrays import adapter_for
 from hpcring.channel import Channel
 from hpcring.comm import channel_for
@@ -57,7 +57,7 @@ def main() -> None:
     args = parser.parse_args()
     comm = MPI.COMM_WORLD
     ch = channel_for(comm, adapter_for(np.empty(0)))
-    algs = {name: ENTRIES[name].allreduce for name in PORTABLE}
+    algs = {name: spec(ALLREDUCE, name).run for name in PORTABLE if name != "auto"}
     algs["ring-old"] = old_ring
     variants = [(name, None) for name in args.algorithms.split(",")]
     for chunk in filter(None, args.chunks.split(",")):

@@ -1,113 +1,160 @@
-"""All-reduce algorithms, one module each, registered here by name.
+"""The algorithms, one module each, and each collective's table of them.
 
-Every module has the same three functions, ``allreduce``, ``bytes_sent`` and
-``scratch_bytes``, and may define optional hooks (`hpcring.algorithms.base` names them all
-and says what each means). The table below is explicit: adding an algorithm is one module
-and one line here. The API asks one question per call, `prepare`: what runs, and the
-scratch it needs, or why it cannot run.
+A module declares a `Spec` for every collective it implements (`hpcring.algorithms.base` says
+what a Spec holds); the tables below list them, one line per (collective, algorithm). Adding an
+algorithm is one module and its lines here; nothing outside this package keeps a list of names,
+and a name a table does not hold is an error, never another algorithm's answer.
+
+Importing this package needs no MPI (the algorithms reach MPI only through the channel they
+are given), so the cost model and the trace viewer read the Specs too.
 """
 
 from __future__ import annotations
 
-import functools
-from collections.abc import Callable
-from types import ModuleType
-from typing import Any
+import dataclasses
+from collections.abc import Mapping
 
-from . import auto, hierarchical, mpi, naive, nccl, ps, rabenseifner, ring
-from .base import Algorithm, Entry, Prepared
+from . import auto, binomial, hierarchical, mpi, naive, nccl, ps, rabenseifner, ring
+from .base import Phase, Spec
 
-MODULES: dict[str, ModuleType] = {
-    "naive": naive,
-    "ps": ps,
-    "ring": ring,
-    "rabenseifner": rabenseifner,
-    "hierarchical": hierarchical,
-    "mpi": mpi,
-    "auto": auto,
-    "nccl": nccl,
+ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BROADCAST = "allreduce", "reduce_scatter", "allgather", "broadcast"
+COLLECTIVES = (ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BROADCAST)
+
+_TABLES: dict[str, dict[str, Spec]] = {
+    ALLREDUCE: {
+        "naive": naive.ALLREDUCE,
+        "ps": ps.ALLREDUCE,
+        "ring": ring.ALLREDUCE,
+        "rabenseifner": rabenseifner.ALLREDUCE,
+        "hierarchical": hierarchical.ALLREDUCE,
+        "mpi": mpi.ALLREDUCE,
+        "auto": auto.ALLREDUCE,
+        "nccl": nccl.ALLREDUCE,
+    },
+    REDUCE_SCATTER: {
+        "naive": naive.REDUCE_SCATTER,
+        "ring": ring.REDUCE_SCATTER,
+        "rabenseifner": rabenseifner.REDUCE_SCATTER,
+        "mpi": mpi.REDUCE_SCATTER,
+        "auto": auto.REDUCE_SCATTER,
+    },
+    ALLGATHER: {
+        "naive": naive.ALLGATHER,
+        "ring": ring.ALLGATHER,
+        "rabenseifner": rabenseifner.ALLGATHER,
+        "mpi": mpi.ALLGATHER,
+        "auto": auto.ALLGATHER,
+    },
+    BROADCAST: {
+        "naive": naive.BROADCAST,
+        "ring": ring.BROADCAST,
+        "binomial": binomial.BROADCAST,
+        "mpi": mpi.BROADCAST,
+        "auto": auto.BROADCAST,
+    },
 }
 # Baselines that only run on some machines (NCCL: CuPy, one GPU per rank). They can be named
-# in allreduce(algorithm=...) and the bench adds them on GPUs, but they are not in PORTABLE,
-# which is `hpcring.ALGORITHMS`: the algorithms that run everywhere.
-BASELINES = ("nccl",)
-PORTABLE: tuple[str, ...] = tuple(name for name in MODULES if name not in BASELINES)
-# Each module's functions and hooks, found once: a missing module attribute costs half a
-# microsecond per call to look for, and at 3 ranks on 2 cores each microsecond between MPI
-# calls costs several.
-ENTRIES: dict[str, Entry] = {name: Entry.of(name, module) for name, module in MODULES.items()}
+# as a collective's algorithm and the bench adds them on GPUs, but they are not in `portable`,
+# which `hpcring.ALGORITHMS` is for the all-reduce: the algorithms that run everywhere.
+BASELINES = frozenset({"nccl"})
 
 
-def entry(name: str) -> Entry:
-    """The algorithm called ``name``; ValueError listing the valid names otherwise."""
+def register(collective: str, name: str, spec: Spec) -> Spec:
+    """List ``spec`` under ``name`` in ``collective``'s table (a new algorithm's one line, for a
+    module outside this package); returns the Spec as the table holds it (named)."""
+    named = dataclasses.replace(spec, name=name, collective=collective)
+    table(collective)[name] = named
+    return named
+
+
+def unregister(collective: str, name: str) -> None:
+    """Take ``name`` out of ``collective``'s table again."""
+    table(collective).pop(name, None)
+
+
+def table(collective: str) -> dict[str, Spec]:
+    """The algorithms of ``collective``, by name; ValueError for a collective there is none of."""
     try:
-        return ENTRIES[name]
+        return _TABLES[collective]
     except (KeyError, TypeError):
         raise ValueError(
-            f"hpcring.allreduce: unknown algorithm {name!r}; choose one of {', '.join(MODULES)}"
+            f"unknown collective {collective!r}; choose one of {', '.join(COLLECTIVES)}"
         ) from None
 
 
-def get(name: str) -> Callable[..., None]:
-    """The all-reduce function of the algorithm called ``name``."""
-    return entry(name).allreduce
+def spec(collective: str, name: str) -> Spec:
+    """The algorithm called ``name`` of ``collective``; ValueError listing the valid names otherwise."""
+    specs = table(collective)
+    try:
+        return specs[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown algorithm {name!r}; choose one of {', '.join(specs)}") from None
 
 
-@functools.lru_cache(maxsize=256)
-def _scratch(name: str, count: int, itemsize: int, size: int, rank: int) -> int:
-    # A pure function of the call's shape, worked out once per shape: a warm call looks it up.
-    return ENTRIES[name].scratch_bytes(count, itemsize, size, rank)
+def portable(collective: str = ALLREDUCE) -> tuple[str, ...]:
+    """The names of ``collective``'s algorithms that run everywhere (no baselines)."""
+    return tuple(name for name in table(collective) if name not in BASELINES)
 
 
-def prepare(name: str, ch: Any, count: int, itemsize: int, in_place: bool) -> Prepared:
-    """What a call of algorithm ``name`` on ``ch`` for ``count`` elements runs, and the scratch
-    it needs (local: no communication).
-
-    ValueError for an unknown name, TypeError where the algorithm refuses this channel's arrays
-    (`nccl` without a GPU). `auto` answers with its choice once a call of this size and
-    placement has made it, so the memory guard prices what really runs and the call skips
-    auto's own dispatch; before that, with itself.
-    """
-    chosen = entry(name)
-    if chosen.refuses is not None:
-        refusal = chosen.refuses(ch.backend)
-        if refusal:
-            raise TypeError(f"hpcring.allreduce: {refusal}")
-    if chosen.resolve is not None:
-        resolved = chosen.resolve(ch, count * itemsize, in_place)
-        if resolved is not None:
-            chosen = ENTRIES[resolved]
-    return Prepared(chosen.name, chosen.allreduce, _scratch(chosen.name, count, itemsize, ch.size, ch.rank))
+def priced(s: Spec, count: int, itemsize: int, size: int) -> Spec:
+    """The Spec whose formulas stand for ``s``: a chooser's (auto's) untuned default choice for
+    ``count`` elements on ``size`` ranks, else ``s`` itself."""
+    return spec(s.collective, s.default(count * itemsize, size)) if s.default is not None else s
 
 
-def bytes_sent(name: str, count: int, itemsize: int, size: int, rank: int, per_node: int = 1) -> int | None:
-    """Bytes rank ``rank`` of ``size`` hands to MPI for one call, by the algorithm's formula.
+def bytes_sent(
+    name: str,
+    count: int,
+    itemsize: int,
+    size: int,
+    rank: int,
+    per_node: int = 1,
+    *,
+    collective: str = ALLREDUCE,
+    wire: int | None = None,
+    root: int | None = None,
+) -> int | None:
+    """Bytes rank ``rank`` of ``size`` hands to MPI for one call of ``name`` on ``count`` elements
+    (all-gather, broadcast: of one rank's buffer), by the algorithm's formula (`Spec.sent`);
+    None where the library's traffic is not visible. A chooser counts as its untuned default."""
+    chosen = priced(spec(collective, name), count, itemsize, size)
+    return chosen.sent(count, itemsize, size, rank, per_node, wire, root)
 
-    ``per_node`` (ranks per node, in blocks) reaches the modules whose traffic depends on
-    it (those with ``TOPOLOGY_AWARE``); the flat ones ignore it.
-    """
-    chosen = entry(name)
-    if chosen.topology_aware:
-        return chosen.bytes_sent(count, itemsize, size, rank, per_node=per_node)
-    return chosen.bytes_sent(count, itemsize, size, rank)
+
+def scratch_bytes(
+    name: str, count: int, itemsize: int, size: int, rank: int, collective: str = ALLREDUCE
+) -> int:
+    """Scratch rank ``rank`` of ``size`` needs for one call of ``name`` on ``count`` elements."""
+    chosen = priced(spec(collective, name), count, itemsize, size)
+    return chosen.scratch_bytes(count, itemsize, size, rank) if chosen.scratch_bytes else 0
 
 
-def scratch_bytes(name: str, count: int, itemsize: int, size: int, rank: int) -> int:
-    """Scratch memory rank ``rank`` of ``size`` needs for one call of ``count`` elements."""
-    return entry(name).scratch_bytes(count, itemsize, size, rank)
+def named(specs: Mapping[str, Spec], collective: str) -> dict[str, Spec]:
+    """``specs`` with each Spec carrying its name and collective (what the tables hold)."""
+    return {name: dataclasses.replace(s, name=name, collective=collective) for name, s in specs.items()}
 
+
+for _collective, _specs in _TABLES.items():
+    _TABLES[_collective] = named(_specs, _collective)
+
+PORTABLE: tuple[str, ...] = portable(ALLREDUCE)
 
 __all__ = [
+    "ALLGATHER",
+    "ALLREDUCE",
     "BASELINES",
-    "ENTRIES",
-    "MODULES",
+    "BROADCAST",
+    "COLLECTIVES",
     "PORTABLE",
-    "Algorithm",
-    "Entry",
-    "Prepared",
+    "REDUCE_SCATTER",
+    "Phase",
+    "Spec",
     "bytes_sent",
-    "entry",
-    "get",
-    "prepare",
+    "portable",
+    "priced",
+    "register",
     "scratch_bytes",
+    "spec",
+    "table",
+    "unregister",
 ]

@@ -1,88 +1,147 @@
-"""What an algorithm module provides: three functions, and optional hooks with their meaning.
+"""What an algorithm declares: one `Spec` per collective it implements, and the cost model's `Phase`.
 
 Each module in this package is one algorithm (gloo's one algorithm, one file; nccl-tests'
-small contract per collective). `Algorithm` names the contract as a typing Protocol, which a
-module satisfies by defining these names at top level; `Entry` is what the package makes of a
-module once, at import, so the hot path reads attributes instead of probing for hooks.
+small contract per collective). For every collective it implements it defines a module-level
+`Spec` (``ALLREDUCE``, ``REDUCE_SCATTER``, ``ALLGATHER``, ``BROADCAST``): the function that runs
+it, its formulas, and its traits. `hpcring.algorithms` lists each Spec in its collective's table,
+one line each; everything outside this package asks a Spec, never an algorithm's name:
+
+- the engine runs ``run``, prices ``scratch_bytes`` before anything is allocated, and asks
+  ``choose`` (`auto`) which algorithm a call really runs;
+- the flight recorder reads the step counter of a ``stepped`` algorithm, and the watchdog
+  watches a ``blocking`` one;
+- ``wire=`` narrows only where ``narrowings`` is given (it also counts the roundings of the
+  error bound), and the bench checks ``bytes_sent``;
+- the cost model predicts from ``phases``, and `hpcring.viz` titles a traced step by ``picture``.
+
+The run functions take a `hpcring.channel.Channel` ``ch`` and flat arrays (NumPy or CuPy):
+
+- all-reduce ``run(ch, src, dst, op)``: ``dst`` (of ``src``'s length, maybe ``src`` itself: in
+  place) ends holding the reduction of every rank's ``src``;
+- reduce-scatter ``run(ch, src, dst, op)``: ``dst`` ends holding this rank's part of the
+  reduction (parts as `hpcring.partition.segment_bounds` cuts ``src``, as ``numpy.array_split``);
+  ``dst`` may be that part of ``src`` itself (in place, the rest of ``src`` is then scratch);
+- all-gather ``run(ch, src, dst)``: ``dst`` (G times ``src``'s length) ends holding every rank's
+  ``src`` in rank order; ``src`` may be this rank's row of ``dst`` itself (in place);
+- broadcast ``run(ch, buf, root)``: ``buf`` ends holding the root's ``buf`` on every rank.
+
+``op`` is a `hpcring.ops.Op` other than mean, which the engine divides afterwards. Every rank
+ends with bitwise the same result. A run function is called only with G > 1 and data to move:
+the engine handles the cases with nothing to exchange.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, NamedTuple, Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 
-class Algorithm(Protocol):
-    """The required functions. ``ch`` is a `hpcring.channel.Channel`; ``src`` and ``dst`` are
-    flat arrays of equal length (``dst`` may be ``src``: in place); ``op`` is a `hpcring.ops.Op`
-    other than mean, which `hpcring.api` divides afterwards."""
+class Run(Protocol):
+    """A collective's run function (module docstring: the four signatures)."""
 
-    def allreduce(self, ch: Any, src: Any, dst: Any, op: Any) -> None:
-        """On return ``dst`` holds the reduction of every rank's ``src``, bitwise identical on all
-        ranks. Only called with G > 1 and a non-empty buffer: the API handles the cases with
-        nothing to exchange."""
-
-    def bytes_sent(self, count: int, itemsize: int, size: int, rank: int) -> int | None:
-        """The bytes rank ``rank`` hands to MPI in one call, by the algorithm's formula (None where
-        the library's own traffic is not visible); the bench compares it with the Channel's count."""
-
-    def scratch_bytes(self, count: int, itemsize: int, size: int, rank: int) -> int:
-        """The scratch memory that rank needs, so an impossible allocation is refused before any
-        data moves."""
+    def __call__(self, ch: Any, *args: Any) -> None: ...
 
 
-# The optional hooks: a module defines them only where they apply.
-#
-# refuses(backend) -> str | None
-#     Why this rank's arrays cannot go to the algorithm (a local check that becomes a verdict of
-#     the agreement, so every rank raises it): `nccl` takes only CuPy arrays on a GPU.
-# resolve(ch, nbytes, in_place) -> str | None
-#     The algorithm a call will really run, where the channel already knows it without
-#     communicating (`auto`, for a size and placement it has chosen for); None before that.
-# persistent(ch, src, dst, op) -> MPI.Prequest | None
-#     A persistent request that runs the algorithm on these very buffers each time it is
-#     started (`hpcring.plan`; `mpi`: MPI-4's MPI_Allreduce_init), or None where there is none;
-#     without the hook a plan runs ``allreduce`` itself.
-# TOPOLOGY_AWARE = True
-#     ``bytes_sent`` takes ``per_node`` (ranks per node, in blocks) as a keyword as well.
-# RING_ORDER = True
-#     The algorithm runs in `hpcring.topology.Topology.order` (ranks grouped by node), so
-#     ``bytes_sent``'s rank is this rank's position in that order.
+@dataclass(frozen=True)
+class Phase:
+    """The cost model's step: ``messages`` messages of ``nbytes`` each, one after another, then
+    ``reduced`` bytes reduced.
+
+    ``distance`` is the rank distance of the partner (to find the link on a machine of
+    nodes); ``pattern`` says who sends at once: "shift" (every rank r to r+d), "xor" (every
+    rank r to r^d), "single" (one rank alone, as a root does), "local" (every rank computes,
+    no message), "root" (the root alone computes). ``partial``: some ranks sit out the
+    phase, waiting in MPI (Rabenseifner's fold, the first steps of a binomial tree).
+    """
+
+    messages: float
+    nbytes: float
+    reduced: float = 0.0
+    distance: int = 1
+    pattern: str = "shift"
+    partial: bool = False
 
 
 @dataclass(frozen=True, slots=True)
-class Entry:
-    """One algorithm as the package keeps it: its functions and hooks, looked up once."""
+class Spec:
+    """One algorithm of one collective, as its module declares it (module docstring).
 
-    name: str
-    allreduce: Callable[..., None]
-    bytes_sent: Callable[..., int | None]
-    scratch_bytes: Callable[..., int]
-    refuses: Callable[[Any], str | None] | None
-    resolve: Callable[[Any, int, bool], str | None] | None
-    persistent: Callable[..., Any] | None
-    topology_aware: bool
-    ring_order: bool
+    ``bytes_sent(count, itemsize, size, rank)`` is the payload this rank hands to MPI in one
+    call, by formula (None: the library's traffic, not visible); ``count`` is the elements of
+    the input (all-gather and broadcast: of one rank's buffer). With ``topology_aware`` it also
+    takes ``per_node`` (ranks per node, in blocks) and ``wire_itemsize`` (the bytes an element
+    costs across nodes, wire=), as keywords. ``scratch_bytes(count, itemsize, size, rank)`` is
+    the scratch it needs on that rank, so an allocation that cannot fit is refused first.
+    """
 
-    @classmethod
-    def of(cls, name: str, module: Any) -> Entry:
-        return cls(
-            name=name,
-            allreduce=module.allreduce,
-            bytes_sent=module.bytes_sent,
-            scratch_bytes=module.scratch_bytes,
-            refuses=getattr(module, "refuses", None),
-            resolve=getattr(module, "resolve", None),
-            persistent=getattr(module, "persistent", None),
-            topology_aware=getattr(module, "TOPOLOGY_AWARE", False),
-            ring_order=getattr(module, "RING_ORDER", False),
-        )
+    # A chooser (`auto`) has none of these three: the engine runs, counts and prices its choice.
+    run: Callable[..., None] | None = None
+    bytes_sent: Callable[..., int | None] | None = None
+    scratch_bytes: Callable[[int, int, int, int], int] | None = None
+    # The cost model: phases(nbytes, ranks) -> [Phase]; None: not modelled step by step
+    phases: Callable[[float, int], list[Phase]] | None = None
+    # ... or priced as the cheapest of these algorithms (a library's own choice among them)
+    modelled_as: tuple[str, ...] = ()
+    # ... or, on a machine of nodes, levels(nbytes, ranks, per_node) -> (the phases inside one
+    # node, those across nodes of one rank's share): a two-level algorithm
+    levels: Callable[[float, int, int], tuple[list[Phase], list[Phase]]] | None = None
+    # wire=: narrowings(size, per_node) -> how often one element's value is rounded to the wire
+    # dtype on its longest path (the error bound's k); None: it cannot narrow (the library moves
+    # the data) and wire= is refused
+    narrowings: Callable[[int, int], int] | None = None
+    stepped: bool = False  # counts its exchanges on ``ch.step`` (the flight record's step)
+    blocking: bool = False  # its data exchange is one blocking library call (the watchdog's)
+    ring_order: bool = False  # runs in the topology's node order: bytes_sent's rank is a position
+    topology_aware: bool = False  # bytes_sent takes per_node and wire_itemsize
+    # Why this rank's arrays cannot run it (a verdict of the agreement: every rank raises it)
+    refuses: Callable[[Any], str | None] | None = None
+    # auto: choose(ch, nbytes, in_place, known) -> the name (one of ``known``) this call runs
+    # (collective the first time for a size; every rank is inside the call then), and
+    # default(nbytes, size) -> the name untuned (the memory guard and the formulas, before the
+    # ranks agree)
+    choose: Callable[[Any, int, bool, Any], str] | None = None
+    default: Callable[[int, int], str] | None = None
+    # auto with wire=: whether the chosen Spec should narrow here, keep_wire(ch, chosen)
+    keep_wire: Callable[[Any, Spec], bool] | None = None
+    # hpcring.plan: persistent(ch, src, dst, op) -> a started-and-waited request on these
+    # buffers (MPI-4's MPI_Allreduce_init), or None
+    persistent: Callable[..., Any] | None = None
+    # hpcring.viz: picture(index, steps, size) -> the title of traced step ``index``, or None
+    picture: Callable[[int, int, int], str | None] | None = None
+    name: str = field(default="", compare=False)  # set by the table it is listed in
+    collective: str = field(default="", compare=False)
+
+    def sent(
+        self,
+        count: int,
+        itemsize: int,
+        size: int,
+        rank: int,
+        per_node: int = 1,
+        wire: int | None = None,
+        root: int | None = None,
+    ) -> int | None:
+        """``bytes_sent`` with what the call knows: ``per_node`` where it counts, ``wire`` (the
+        itemsize on the wire), which a flat algorithm sends every element in, and a broadcast's
+        ``root``."""
+        assert self.bytes_sent is not None, f"{self.name}: a chooser's bytes are its choice's"
+        if self.topology_aware:
+            return self.bytes_sent(count, itemsize, size, rank, per_node=per_node, wire_itemsize=wire)
+        if root is not None:
+            return self.bytes_sent(count, wire or itemsize, size, rank, root=root)
+        return self.bytes_sent(count, wire or itemsize, size, rank)
 
 
-class Prepared(NamedTuple):
-    """The answer to the one question the API asks before a call: what runs, and what it needs."""
+def same_memory(a: Any, b: Any) -> bool:
+    """Whether two flat arrays are the very same non-empty memory (a collective in place: the
+    engine hands an algorithm the user's own part or row as its output)."""
+    return bool(a.size and a.size == b.size and a.dtype == b.dtype and _address(a) == _address(b))
 
-    name: str  # the algorithm that runs (`auto`: its choice, once made for this size and placement)
-    run: Callable[..., None]  # its allreduce(ch, src, dst, op)
-    scratch: int  # bytes of scratch it needs on this rank, before what the channel already holds
+
+def _address(array: Any) -> int:
+    interface = getattr(array, "__array_interface__", None) or array.__cuda_array_interface__
+    return int(interface["data"][0])
+
+
+__all__ = ["Phase", "Run", "Spec", "same_memory"]

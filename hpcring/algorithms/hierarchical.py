@@ -35,15 +35,17 @@ from __future__ import annotations
 
 import bisect
 from types import ModuleType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .. import config, topology
-from ..channel import Channel
-from ..config import Config
-from ..ops import Op
+from .. import config
 from ..partition import chunk_bounds, segment_bounds
-from ..wire import WireChannel
 from . import rabenseifner, ring
+from .base import Phase, Spec
+
+if TYPE_CHECKING:
+    from ..channel import Channel
+    from ..config import Config
+    from ..ops import Op
 
 # The all-gather inside the node travels in batches of 1 MiB or more (at most about
 # MAX_BATCHES per shard, so the receives posted ahead stay few), each cut from one segment
@@ -51,8 +53,6 @@ from . import rabenseifner, ring
 BATCH_BYTES = 1 << 20
 MAX_BATCHES = 64
 TAG = 16  # batch i of a shard travels with tag TAG + i on the node communicator
-TOPOLOGY_AWARE = True  # bytes_sent takes per_node: the bench passes the ranks per node it found
-RING_ORDER = True  # bytes_sent's rank is the position in `Topology.order` (node, then local rank)
 
 
 def inter_module(settings: Config | None = None) -> ModuleType:
@@ -101,49 +101,46 @@ class _Forward:
 
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     """dst <- op over all ranks of src (dst may be src)."""
-    topo = topology.of(ch.comm, ch)
+    topo = ch.topology()
     if not topo.two_level:
         ring.allreduce(ch, src, dst, op)
         return
-    local, cross = topo.channels(ch)
-    local.timeout = cross.timeout = ch.timeout  # this call's, as `hpcring.api` set it
-    # wire=: only the network carries narrowed data. Inside the node the reduce-scatter stays
-    # in the input dtype (shared memory moves it faster than it can be narrowed, and the node's
-    # sum is then rounded once, not at every local hop); the ring across nodes narrows, and its
-    # owners round the shard, so the all-gather inside passes on values already on the wire grid.
-    if isinstance(ch, WireChannel):
-        cross = ch.nested(cross)
+    # wire=: the channel decides what its sub-channels narrow (`Channel.sub_channels`): only the
+    # network, so the node's sum is rounded once, not at every local hop; the ring across nodes
+    # narrows, and its owners round the shard, so the all-gather inside passes on values
+    # already on the wire grid.
+    local, cross = ch.sub_channels(topo)
     inter = inter_module(ch.config)
-    sent_before = local.bytes_sent + cross.bytes_sent
-    size, me, itemsize = local.size, local.rank, dst.dtype.itemsize
-    seg = ch.plan(
-        ("hierarchical", src.size, size), lambda: tuple(slice(*b) for b in segment_bounds(src.size, size))
+    sent_before = local.traffic.sent + cross.traffic.sent
+    size, me, itemsize, n = local.size, local.rank, dst.dtype.itemsize, src.size
+    # Reduce-scatter in the node, the ring's (rank order, whole segments): local rank j ends
+    # with shard j + 1 reduced over the node. Step 0 sends from src and every reduction writes
+    # dst, so out of place copies nothing.
+    plan = local.schedule(
+        ("hierarchical", n),
+        lambda: ring.build(size, me, segment_bounds(n, size), ring.successors(size), ring.UNCHUNKED),
     )
-    left, right = (me - 1) % size, (me + 1) % size
-    # Reduce-scatter in the node, the ring's: at step s local rank j sends its partial sum
-    # of shard j - s and reduces the one of shard j - s - 1 from its left neighbour. Step 0
-    # sends from src and every reduction writes dst, so out of place copies nothing.
-    incoming = None if dst is not src else ch.scratch("hierarchical", seg[0].stop - seg[0].start, dst.dtype)
-    ring.reduce_scatter(local, seg, me, left, right, src, dst, op, incoming)
+    ring.reduce_scatter_phase(local, plan, src, dst, op)
     # Shard j + 1 now holds this node's sum: all-reduce it with the same shard of every node.
     # Streamed in chunks below the TCP eager limit (ring.NETWORK_CHUNK_BYTES), so the link
     # keeps sending while a chunk is reduced; HPCRING_CHUNK_BYTES overrides it.
-    mine = dst[seg[(me + 1) % size]]
+    seg = plan.segments
+    mine = dst[plan.segment(0)]
     peers = [q for q in range(size) if q != me]
-    if inter is ring and ch.backend.direct:
+    if inter is ring and ch.adapter.direct:
         # All-gather in the node during the one across: receives for every other local
         # rank's batches go up first (straight into place: nothing else touches those
         # shards now), and this rank's batches leave as the ring finishes them.
-        plan = ch.plan(
-            ("hierarchical-batches", src.size, size, cross.size, itemsize),
+        shards = ch.schedule(
+            ("hierarchical-batches", n, size, cross.size, itemsize),
             lambda: tuple(batches(s.stop - s.start, cross.size, itemsize) for s in seg),
         )
         receives = [
             local.irecv(dst[seg[(q + 1) % size]][start:stop], q, TAG + i)
             for q in peers
-            for i, (start, stop) in enumerate(plan[(q + 1) % size])
+            for i, (start, stop) in enumerate(shards[(q + 1) % size])
         ]
-        forward = _Forward(local, mine, plan[(me + 1) % size], peers)
+        forward = _Forward(local, mine, shards[(me + 1) % size], peers)
         if mine.size:  # empty only where n < L, then on every node alike
             ring.allreduce(cross, mine, mine, op, chunk_bytes=ring.NETWORK_CHUNK_BYTES, on_final=forward)
         local.waitall(receives + forward.requests, ring.wait_nap(ch.config))
@@ -158,8 +155,8 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
         for step in range(1, size):
             to, frm = (me + step) % size, (me - step) % size
             local.sendrecv(mine, to, dst[seg[(frm + 1) % size]], frm)
-    ch.bytes_sent += local.bytes_sent + cross.bytes_sent - sent_before
-    ch.bytes_unknown |= local.bytes_unknown or cross.bytes_unknown
+    ch.traffic.sent += local.traffic.sent + cross.traffic.sent - sent_before
+    ch.traffic.unknown |= local.traffic.unknown or cross.traffic.unknown
 
 
 def bytes_sent(
@@ -179,7 +176,8 @@ def bytes_sent(
     nodes, local_rank = size // per_node, rank % per_node
     start, stop = segment_bounds(count, per_node)[(local_rank + 1) % per_node]
     wide = wire_itemsize or itemsize
-    across = inter_module().bytes_sent(stop - start, wide, nodes, rank // per_node) if stop > start else 0
+    inter = inter_module().ALLREDUCE
+    across = inter.sent(stop - start, wide, nodes, rank // per_node) or 0 if stop > start else 0
     # Inside: the reduce-scatter sends every segment but shard j+1; the all-gather sends
     # shard j+1 to each of the other L-1 local ranks.
     inside = (count - (stop - start)) + (per_node - 1) * (stop - start)
@@ -192,3 +190,29 @@ def scratch_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
     The guard runs before the topology is known, so it assumes the smallest node of two.
     """
     return -(-count // 2) * itemsize if size > 1 and count else 0
+
+
+def narrowings(size: int, per_node: int) -> int:
+    """The ring across nodes, owner included (the node's sum stays wide); the flat ring's otherwise."""
+    if per_node > 1 and size % per_node == 0 and size > per_node:
+        return size // per_node
+    return size
+
+
+def levels(n: float, p: int, per_node: int) -> tuple[list[Phase], list[Phase]]:
+    """On H nodes of L ranks: the ring's reduce-scatter and all-gather inside a node, and the
+    ring all-reduce of one rank's n/L shard across the H nodes (the cost model shares each
+    node's link among the L ranks that cross it at once)."""
+    return ring.allreduce_steps(n, per_node), ring.allreduce_steps(n / per_node, p // per_node)
+
+
+ALLREDUCE = Spec(
+    run=allreduce,
+    bytes_sent=bytes_sent,
+    scratch_bytes=scratch_bytes,
+    levels=levels,
+    narrowings=narrowings,
+    stepped=True,
+    ring_order=True,
+    topology_aware=True,
+)

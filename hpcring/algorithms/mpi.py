@@ -1,45 +1,78 @@
-"""The MPI library's own MPI_Allreduce: the baseline every other algorithm is measured against.
+"""The MPI library's own collectives: the baselines every other algorithm is measured against.
 
-Cost: the library's choice (recursive doubling, Rabenseifner, ring... by size and G).
-It needs a datatype the library knows. MPI has none for bfloat16: there the words travel
-as MPI_UINT16_T and a user-defined op (mpi4py's `MPI.Op.Create`) adds them as bfloat16,
-which is what an MPI program does for a type of its own.
+Cost: the library's choice (recursive doubling, Rabenseifner, ring, trees... by size and G).
+A reduction needs a datatype the library knows. MPI has none for bfloat16: there the words
+travel as MPI_UINT16_T and a user-defined op (mpi4py's `MPI.Op.Create`) applies the op to them
+as bfloat16, which is what an MPI program does for a type of its own. The all-gather and the
+broadcast move raw bytes, so every dtype travels. Each is one blocking library call, so the
+watchdog covers a rank frozen inside it (`hpcring.watchdog`).
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-from mpi4py import MPI
+from ..partition import segment_bounds
+from .base import Spec, same_memory
 
-from ..channel import Channel
-from ..ops import BFLOAT16, Op
+if TYPE_CHECKING:
+    from ..channel import Channel
+    from ..ops import Op
+
+
+def _typed(op: Op, src: Any, dst: Any) -> tuple[Any, Any, Any]:
+    """(src, dst, MPI op) as MPI reduces them: bfloat16 as 16-bit words under a user-defined op."""
+    if src.dtype.name != "bfloat16":
+        return src, dst, op.mpi_op()
+    words = src.view("uint16")
+    return words, words if dst is src else dst.view("uint16"), user_op(op, src.dtype)
 
 
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
-    """dst <- op over all ranks of src (dst may be src)."""
-    if src.dtype == BFLOAT16:
-        words = src.view(np.uint16)
-        ch.allreduce(words, words if dst is src else dst.view(np.uint16), user_op(op, BFLOAT16))
-        return
-    ch.allreduce(src, dst, op.mpi_op())
+    """dst <- op over all ranks of src (dst may be src), by MPI_Allreduce."""
+    ch.allreduce(*_typed(op, src, dst))
 
 
-def persistent(ch: Channel, src: Any, dst: Any, op: Op) -> MPI.Prequest | None:
+def reduce_scatter(ch: Channel, src: Any, dst: Any, op: Op) -> None:
+    """dst <- this rank's part of op over all ranks of src, by MPI_Reduce_scatter with the parts'
+    counts (the library may not alias its input and output: in place, through scratch)."""
+    counts = [stop - start for start, stop in segment_bounds(src.size, ch.size)]
+    start = sum(counts[: ch.rank])
+    into = dst
+    if same_memory(dst, src[start : start + counts[ch.rank]]):
+        into = ch.scratch("mpi", dst.size, dst.dtype)
+    send, recv, mpi_op = _typed(op, src, into)
+    ch.reduce_scatter(send, recv, counts, mpi_op)
+    if into is not dst:
+        dst[...] = into
+
+
+def allgather(ch: Channel, src: Any, dst: Any) -> None:
+    """dst <- every rank's src in rank order, by MPI_Allgather (MPI_IN_PLACE where src is this
+    rank's row of dst)."""
+    m = src.size
+    ch.allgather(None if same_memory(src, dst[ch.rank * m : (ch.rank + 1) * m]) else src, dst)
+
+
+def broadcast(ch: Channel, buf: Any, root: int) -> None:
+    """buf <- the root's buf, by MPI_Bcast."""
+    ch.broadcast(buf, root)
+
+
+def persistent(ch: Channel, src: Any, dst: Any, op: Op) -> Any:
     """MPI-4's persistent all-reduce on these buffers (`hpcring.plan`), where the library has it."""
-    if src.dtype == BFLOAT16:
-        words = src.view(np.uint16)
-        return ch.allreduce_init(words, words if dst is src else dst.view(np.uint16), user_op(op, BFLOAT16))
-    return ch.allreduce_init(src, dst, op.mpi_op())
+    return ch.allreduce_init(*_typed(op, src, dst))
 
 
 @functools.cache
-def user_op(op: Op, dtype: np.dtype) -> MPI.Op:
+def user_op(op: Op, dtype: Any) -> Any:
     """An MPI op over words of ``dtype``'s size that applies ``op`` to them read as ``dtype``
     (commutative: sum, max, min and prod all are): how an MPI program reduces a type the
     library has no datatype for (bfloat16 here; the bench's bare row uses it too)."""
+    import numpy as np
+    from mpi4py import MPI
+
     ufunc = getattr(np, op.ufunc)
 
     def apply(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
@@ -49,11 +82,44 @@ def user_op(op: Op, dtype: np.dtype) -> MPI.Op:
     return MPI.Op.Create(apply, commute=True)
 
 
-def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> None:
-    """Unknown: what MPI_Allreduce sends is the library's business."""
+def unknown(count: int, itemsize: int, size: int, rank: int, root: int = 0) -> None:
+    """Unknown: what the library's collectives send is its business."""
     return None
 
 
-def scratch_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
+def nothing(count: int, itemsize: int, size: int, rank: int) -> int:
     """hpcring allocates nothing for it (the library may)."""
     return 0
+
+
+def reduce_scatter_scratch(count: int, itemsize: int, size: int, rank: int) -> int:
+    """In place: this rank's part, received apart."""
+    return -(-count // size) * itemsize if size > 1 else 0
+
+
+# The cost model prices the library's all-reduce as the cheaper of the two it chooses between by size.
+ALLREDUCE = Spec(
+    run=allreduce,
+    bytes_sent=unknown,
+    scratch_bytes=nothing,
+    blocking=True,
+    persistent=persistent,
+    modelled_as=("ring", "rabenseifner"),
+)
+REDUCE_SCATTER = Spec(
+    run=reduce_scatter,
+    bytes_sent=unknown,
+    scratch_bytes=reduce_scatter_scratch,
+    blocking=True,
+    modelled_as=("ring", "rabenseifner"),
+)
+ALLGATHER = Spec(
+    run=allgather,
+    bytes_sent=unknown,
+    scratch_bytes=nothing,
+    blocking=True,
+    modelled_as=("ring", "rabenseifner"),
+)
+BROADCAST = Spec(
+    run=broadcast, bytes_sent=unknown, scratch_bytes=nothing, blocking=True, modelled_as=("binomial", "ring")
+)

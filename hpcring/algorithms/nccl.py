@@ -8,16 +8,18 @@ ranks) it refuses, and so does this module, on every rank, with the reason. It i
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..channel import Channel
-from ..ops import Op
-from ..polling import arrive
+from .base import Spec
+
+if TYPE_CHECKING:
+    from ..channel import Channel
+    from ..ops import Op
 
 
-def refuses(backend: Any) -> str | None:
+def refuses(adapter: Any) -> str | None:
     """Why this rank's arrays cannot go to NCCL (a local check, before the ranks agree)."""
-    return None if backend.device else "algorithm 'nccl' needs CuPy arrays on a GPU"
+    return None if adapter.device else "algorithm 'nccl' needs CuPy arrays on a GPU"
 
 
 def unavailable(comm: Any) -> str | None:
@@ -63,10 +65,10 @@ def _communicator(ch: Channel) -> Any:
     def build() -> Any:
         from cupy.cuda import nccl
 
-        arrive(ch.waiter, ch.timeout, "the NCCL communicator's setup")  # the allgather and bcast below
+        ch.arrive("the NCCL communicator's setup")  # the allgather and bcast below
         reason = unavailable(ch.comm)
         if reason:
-            raise RuntimeError(f"hpcring.allreduce: algorithm 'nccl' is unavailable: {reason}")
+            raise RuntimeError(f"algorithm 'nccl' is unavailable: {reason}")
         uid = ch.comm.bcast(nccl.get_unique_id() if ch.rank == 0 else None, root=0)
         return nccl.NcclCommunicator(ch.size, uid, ch.rank)
 
@@ -82,7 +84,7 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     count, dtype = src.size, src.dtype
     if dtype.kind == "c":  # a complex sum is the sum of its real and imaginary parts
         if op.ufunc != "add":
-            raise TypeError(f"hpcring.allreduce: nccl cannot apply op={op.name!r} to {dtype.name}")
+            raise TypeError(f"nccl cannot apply op={op.name!r} to {dtype.name}")
         count, dtype = 2 * count, src.real.dtype
     types = {
         "float16": nccl.NCCL_FLOAT16,
@@ -98,7 +100,7 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
         "maximum": nccl.NCCL_MAX,
         "minimum": nccl.NCCL_MIN,
     }
-    ch.bytes_unknown = True
+    ch.traffic.unknown = True
     stream = cupy.cuda.get_current_stream()
     comm.allReduce(src.data.ptr, dst.data.ptr, count, types[dtype.name], ops[op.ufunc], stream.ptr)
     stream.synchronize()  # like every algorithm: the result is complete on return
@@ -112,3 +114,8 @@ def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> None:
 def scratch_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
     """hpcring allocates nothing for it (NCCL has its own buffers)."""
     return 0
+
+
+ALLREDUCE = Spec(
+    run=allreduce, bytes_sent=bytes_sent, scratch_bytes=scratch_bytes, blocking=True, refuses=refuses
+)

@@ -6,13 +6,18 @@ linearly with G: 2(G-1)·n·beta + (G-1)·n·gamma at the root (with linear Gath
 
 from __future__ import annotations
 
-from typing import Any
+import math
+from typing import TYPE_CHECKING, Any
 
-from ..channel import Channel
-from ..ops import Op
 from ..tracing import local_copy
+from .base import Phase, Spec
+
+if TYPE_CHECKING:
+    from ..channel import Channel
+    from ..ops import Op
 
 ROOT = 0
+COPIES = 2  # whole-buffer copies the root makes besides reducing (into the stack, out of it)
 
 
 def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
@@ -42,3 +47,27 @@ def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> int:
 def scratch_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
     """Scratch this rank needs: the root holds all G rows, the others nothing."""
     return size * count * itemsize if rank == ROOT and size > 1 else 0
+
+
+def steps(n: float, p: int, bcast: str = "binomial") -> list[Phase]:
+    """Gather: the root receives p-1 buffers one at a time over its link; reduce; Bcast back
+    (``bcast``: the library's tree, "binomial", or "linear", one rank after another)."""
+    if p == 1:
+        return []
+    gather = [Phase(1, n, 0.0, d, "single") for d in range(1, p)]
+    reduce = [Phase(0, 0.0, (p - 1) * n + COPIES * n, 0, "root")]  # and the root's two copies
+    if bcast == "linear":
+        back = [Phase(1, n, 0.0, d, "single") for d in range(1, p)]
+    else:  # binomial tree: at step s every rank that has the data sends to r + 2^s, where there is one
+        rounds = range(math.ceil(math.log2(p)))
+        back = [Phase(1, n, 0.0, 1 << s, "xor", 2 * min(1 << s, p - (1 << s)) < p) for s in rounds]
+    return gather + reduce + back
+
+
+ALLREDUCE = Spec(
+    run=allreduce,
+    bytes_sent=bytes_sent,
+    scratch_bytes=scratch_bytes,
+    phases=steps,
+    narrowings=lambda size, per_node: 2,  # each input on its way to the root, the sum on the way back
+)

@@ -15,13 +15,15 @@ one measured on an H200 (docs/gpu.md). Its schedule is tested on every (G, n, pi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .. import config
-from ..channel import Channel
-from ..config import Config
-from ..ops import Op
 from ..partition import segment, segment_bounds
+
+if TYPE_CHECKING:
+    from ..channel import Channel
+    from ..config import Config
+    from ..ops import Op
 
 STAGING_CHUNK_BYTES: int | None = None
 
@@ -102,7 +104,7 @@ def build(
         items=tuple(items),
         piece=piece,
         slots=min(2, pieces),
-        staging=ch.backend.staging(piece * itemsize, pieces + 1),
+        staging=ch.adapter.staging(piece * itemsize, pieces + 1),
     )
 
 

@@ -33,6 +33,15 @@ DEFAULT_NOT_POWER_OF_TWO: tuple[tuple[int | None, str], ...] = ((64 << 10, "mpi"
 # (1.07-1.49x at 64-512 KiB and 8-16 MiB, 0.90x at 1-4 MiB); Rabenseifner's large early
 # exchanges across the network reached only 0.25-0.78x from 16 KiB up.
 DEFAULT_TWO_LEVEL: tuple[tuple[int | None, str], ...] = ((32 << 10, "mpi"), (None, "hierarchical"))
+# The other collectives, untuned: the library's own for latency-bound messages, then the
+# bandwidth-optimal schedules (the same halves of the same algorithms as the all-reduce's).
+DEFAULTS: dict[str, tuple[tuple[tuple[int | None, str], ...], ...]] = {
+    # collective: (power-of-two G, other G, two levels)
+    "allreduce": (DEFAULT, DEFAULT_NOT_POWER_OF_TWO, DEFAULT_TWO_LEVEL),
+    "reduce_scatter": (DEFAULT, DEFAULT_NOT_POWER_OF_TWO, ((32 << 10, "mpi"), (None, "ring"))),
+    "allgather": (DEFAULT, DEFAULT_NOT_POWER_OF_TWO, ((32 << 10, "mpi"), (None, "ring"))),
+    "broadcast": (((64 << 10, "mpi"), (None, "ring")),) * 3,
+}
 FORMAT = 1
 
 
@@ -48,13 +57,18 @@ def table_key(size: int, nodes: int = 1, per_node: int = 1) -> str:
     return f"{nodes}x{per_node}" if nodes > 1 and per_node > 1 else str(size)
 
 
-def key_for(size: int, shape: dict[str, Any] | None, in_place: bool = False) -> str:
-    """The key of the table that calls of ``size`` ranks read (in place or not), where
-    ``shape`` is their `topology.summary` (None: one node): "HxL" only where `hierarchical`
-    applies. `bench --tune` writes under the same key."""
+def key_for(
+    size: int, shape: dict[str, Any] | None, in_place: bool = False, collective: str = "allreduce"
+) -> str:
+    """The key of the table that calls of ``collective`` on ``size`` ranks read (in place or
+    not), where ``shape`` is their `Topology.summary` (None: one node): "HxL" only where the
+    two-level algorithms apply; "COLLECTIVE:" in front for all but the all-reduce (whose keys
+    came first). `bench --tune` writes under the same key."""
     key = str(size)
     if shape and shape["two_level"]:
         key = table_key(size, shape["nodes"], shape["ranks_per_node"][0])
+    if collective != "allreduce":
+        key = f"{collective}:{key}"
     return key + IN_PLACE if in_place else key
 
 
@@ -69,13 +83,14 @@ def tuning_path() -> Path:
 
 
 def load(
-    size: int | str, path: Path | None = None, fallback: str | None = None
+    size: int | str,
+    path: Path | None = None,
+    fallback: str | None = None,
+    known: Sequence[str] | None = None,
 ) -> tuple[tuple[int | None, str], ...]:
-    """The thresholds for ``size`` ranks (or a `table_key`) from the tuning file, else those of
-    the key ``fallback`` (quietly: the in-place table falls back to the out-of-place one),
-    else the defaults."""
-    from . import BASELINES, MODULES  # late: hpcring.algorithms imports auto, which imports this
-
+    """The thresholds for ``size`` ranks (or a `key_for` key) from the tuning file, else those
+    of the key ``fallback`` (quietly: the in-place table falls back to the out-of-place one),
+    else the defaults. ``known``: the names auto may choose (a table naming another is unusable)."""
     path = tuning_path() if path is None else path
     default = default_table(size)
     try:
@@ -85,12 +100,12 @@ def load(
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
         if fallback is not None and str(size) not in data["tables"]:
-            return load(fallback, path)
+            return load(fallback, path, known=known)
         rows = data["tables"][str(size)]
         table = tuple((None if limit is None else int(limit), str(name)) for limit, name in rows)
         if not table or table[-1][0] is not None:
             raise ValueError("the last threshold must be open-ended (null)")
-        unknown = [name for _, name in table if name not in MODULES or name in ("auto", *BASELINES)]
+        unknown = [name for _, name in table if known is not None and name not in known]
         if unknown:
             raise ValueError(f"unknown algorithms {unknown}")
         return table
@@ -108,11 +123,12 @@ def load(
 def default_table(key: int | str) -> tuple[tuple[int | None, str], ...]:
     """The built-in table for a `table_key` (a rank count, or "HxL" for nodes): what an untuned
     machine runs."""
-    text = str(key).removesuffix(IN_PLACE)
+    collective, _, text = str(key).removesuffix(IN_PLACE).rpartition(":")
+    power_of_two, other, two_level = DEFAULTS[collective or "allreduce"]
     if "x" in text:
-        return DEFAULT_TWO_LEVEL
+        return two_level
     ranks = int(text) if text.isdigit() else 0
-    return DEFAULT if ranks & (ranks - 1) == 0 else DEFAULT_NOT_POWER_OF_TWO
+    return power_of_two if ranks & (ranks - 1) == 0 else other
 
 
 def choose(nbytes: int, table: tuple[tuple[int | None, str], ...] = DEFAULT) -> str:
@@ -144,7 +160,7 @@ class Measured(Protocol):
 TUNING_TIE = 0.05
 
 
-def tuning_table(rows: Sequence[Measured], tie: float = TUNING_TIE) -> list[list[Any]]:
+def tuning_table(rows: Sequence[Measured], known: Sequence[str], tie: float = TUNING_TIE) -> list[list[Any]]:
     """Thresholds for `auto` from measured rows: per size the fastest algorithm, runs merged.
 
     Each entry is [largest size in bytes, algorithm]; the last one is open-ended (None),
@@ -152,14 +168,12 @@ def tuning_table(rows: Sequence[Measured], tie: float = TUNING_TIE) -> list[list
     algorithm chosen for the size below is within ``tie`` (a fraction) of the fastest, it
     stays: a band ends only where another algorithm is ahead by more than the noise.
     """
-    from . import BASELINES, MODULES  # late, as in load
-
-    # Only what auto can run: not auto itself, not the GPU-only baselines, and not the bench's
-    # bare MPI_Allreduce row (no hpcring algorithm; auto cannot run the library call without
+    # Only what auto can run (``known``): not auto itself, not the GPU-only baselines, and not
+    # the bench's bare MPI row (no hpcring algorithm; auto cannot run the library call without
     # its own dispatch). Where the bare call is fastest, `mpi`, the same call through
-    # hpcring.allreduce, is its stand-in. The tie is a ratio of two times, so it is the same
-    # whether both are read against the bare call (the footer's busbw ratios) or not.
-    rows = [r for r in rows if r.algorithm in MODULES and r.algorithm not in ("auto", *BASELINES)]
+    # hpcring, is its stand-in. The tie is a ratio of two times, so it is the same whether
+    # both are read against the bare call (the footer's busbw ratios) or not.
+    rows = [r for r in rows if r.algorithm in known]
     table: list[list[Any]] = []
     for nbytes in sorted({r.size for r in rows}):
         times = {r.algorithm: r.time_us for r in rows if r.size == nbytes}
@@ -175,11 +189,16 @@ def tuning_table(rows: Sequence[Measured], tie: float = TUNING_TIE) -> list[list
 
 
 def write_tuning(
-    rows: Sequence[Measured], *, size: int, header: dict[str, Any], in_place: bool = False
+    rows: Sequence[Measured],
+    *,
+    size: int,
+    header: dict[str, Any],
+    known: Sequence[str],
+    in_place: bool = False,
+    collective: str = "allreduce",
 ) -> tuple[Path, str]:
-    """Merge this rank count's thresholds into the tuning file (other rank counts are kept);
-    returns the file and the table's key (the rank count, or "HxL" on nodes; "-in-place"
-    added for calls in place)."""
+    """Merge this rank count's thresholds for ``collective`` into the tuning file (other keys are
+    kept); returns the file and the table's key (`key_for`)."""
     path = tuning_path()
     try:
         data = json.loads(path.read_text())
@@ -187,8 +206,8 @@ def write_tuning(
             raise ValueError
     except (OSError, ValueError):
         data = {"format": FORMAT, "tables": {}, "measured": {}}
-    key = key_for(size, header.get("topology"), in_place)
-    data["tables"][key] = tuning_table(rows)
+    key = key_for(size, header.get("topology"), in_place, collective)
+    data["tables"][key] = tuning_table(rows, known)
     data.setdefault("measured", {})[key] = {
         k: header[k] for k in ("mpi_library", "hosts", "device", "dtype", "op") if k in header
     }

@@ -92,7 +92,7 @@ def _search(obj: Any) -> Adapter:
     _load_all()
     names = [adapter.type_name for adapter in _registered.values()]
     kinds = names[0] if len(names) == 1 else f"{', '.join(names[:-1])} or {names[-1]}"
-    raise TypeError(f"hpcring.allreduce: x must be a {kinds}, got {type(obj).__name__}")
+    raise TypeError(f"x must be a {kinds}, got {type(obj).__name__}")
 
 
 def _load(module: str) -> bool:
@@ -122,6 +122,15 @@ def available() -> list[str]:
     return [kind for kind, adapter in _registered.items() if not adapter.problem()]
 
 
+def device_key(adapter: Adapter) -> Any:
+    """What tells apart the places a call's arrays live: the adapter, and the device for one that
+    has several. Scratch, schedules and NCCL's communicator live on the GPU they were made on,
+    and a rank may switch GPUs between calls (``with cupy.cuda.Device(i):``), so channels are
+    kept per key."""
+    device = adapter.current_device()
+    return adapter.name if device is None else (adapter.name, device)
+
+
 def adapter_named(kind: str) -> Adapter:
     """The adapter of ``kind`` (one of `available`), for code that has no array yet."""
     usable = available()
@@ -133,4 +142,4 @@ def adapter_named(kind: str) -> Adapter:
 NUMPY: Adapter = NumpyAdapter()  # host memory: also the fallback where a call's array was refused
 register("numpy", NUMPY)
 
-__all__ = ["NAMES", "NUMPY", "Adapter", "adapter_for", "adapter_named", "available", "register"]
+__all__ = ["NAMES", "NUMPY", "Adapter", "adapter_for", "adapter_named", "available", "device_key", "register"]

@@ -142,10 +142,17 @@ class Adapter(Protocol):
         ``x``). False sends the call through the full validation, which says what is wrong."""
         ...
 
-    def result(self, dst: Any, x: Any) -> Any:
-        """What `allreduce` returns for an immutable kind, from ``dst`` reduced and ``x`` (``out``
-        where one was given): a new array of ``x``'s shape (JAX), or ``x`` itself once the work
-        the reduction queued is ordered before the user's (a CUDA tensor, whose stream is not CuPy's)."""
+    def result(self, dst: Any, x: Any, shape: tuple[int, ...] | None = None) -> Any:
+        """What a collective returns for an immutable kind, from its native result ``dst`` and ``x``
+        (``out`` where there is one): a new array of ``shape`` (default ``x``'s; JAX), or ``x``
+        itself once the work the collective queued is ordered before the user's (a CUDA tensor,
+        whose stream is not CuPy's)."""
+        ...
+
+    def allocate(self, x: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
+        """The output a collective makes where no ``out`` was given: (an array of ``x``'s kind,
+        dtype and device, of ``shape``, or None where the kind cannot be written (JAX: `result`
+        makes it), its flat native array)."""
         ...
 
     # -- the compute side: native arrays -------------------------------------------------

@@ -83,7 +83,7 @@ class CupyAdapter(NumpyAdapter):
         current = cupy.cuda.Device().id
         if array.device.id != current:
             raise ValueError(
-                f"hpcring.allreduce: {name} is on GPU {array.device.id} but this rank's current device "
+                f"{name} is on GPU {array.device.id} but this rank's current device "
                 f"is GPU {current}; call hpcring.select_device() once at start-up and allocate after it, "
                 "or enter `with cupy.cuda.Device(i):` around the call"
             )

@@ -54,26 +54,25 @@ class JaxAdapter(NumpyAdapter):
         """A concrete array on one CPU device; ``out`` never (JAX arrays are immutable)."""
         if isinstance(array, jax.core.Tracer):
             raise ValueError(
-                f"hpcring.allreduce: {name} is a JAX tracer: hpcring runs outside jax.jit (and grad, "
+                f"{name} is a JAX tracer: hpcring runs outside jax.jit (and grad, "
                 "vmap), on concrete arrays; call it between jitted steps, or use mpi4jax inside jit"
             )
         if name == "out":
             raise ValueError(
-                "hpcring.allreduce: out= cannot be a jax.Array: JAX arrays are immutable; "
-                "use the returned array (x = hpcring.allreduce(x))"
+                "out= cannot be a jax.Array: JAX arrays are immutable; use the array the collective returns"
             )
         if array.is_deleted():
-            raise ValueError(f"hpcring.allreduce: {name} was deleted (donated to a jitted call)")
+            raise ValueError(f"{name} was deleted (donated to a jitted call)")
         devices = array.devices()
         if len(devices) != 1:
             raise ValueError(
-                f"hpcring.allreduce: {name} is sharded over {len(devices)} devices; hpcring takes an "
+                f"{name} is sharded over {len(devices)} devices; hpcring takes an "
                 "array on one device (each MPI rank holds its own)"
             )
         (device,) = devices
         if device.platform != "cpu":
             raise ValueError(
-                f"hpcring.allreduce: {name} is on {device}; hpcring takes JAX arrays on the CPU "
+                f"{name} is on {device}; hpcring takes JAX arrays on the CPU "
                 f"(jax.device_put({name}, jax.devices('cpu')[0]))"
             )
 
@@ -98,10 +97,14 @@ class JaxAdapter(NumpyAdapter):
         """A writable 1-D NumPy copy: the algorithms reduce it (JAX's own buffer is read-only)."""
         return np.array(array, copy=True).reshape(-1)
 
-    def result(self, dst: Any, x: Any) -> Any:
-        """A new ``jax.Array`` of ``x``'s shape on ``x``'s device, from the reduced copy."""
+    def result(self, dst: Any, x: Any, shape: tuple[int, ...] | None = None) -> Any:
+        """A new ``jax.Array`` of ``shape`` (default ``x``'s) on ``x``'s device, from the result."""
         (device,) = x.devices()
-        return jax.device_put(dst.reshape(x.shape), device)
+        return jax.device_put(dst.reshape(x.shape if shape is None else shape), device)
+
+    def allocate(self, x: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
+        """No JAX array can be written: the output is a NumPy buffer, wrapped by `result`."""
+        return None, np.empty(int(np.prod(shape, dtype=np.int64)), dtype=self.dtype(x))
 
 
 register("jax", JaxAdapter())

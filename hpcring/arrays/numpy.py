@@ -75,8 +75,14 @@ class NumpyAdapter:
         """Whether ``a`` and ``b`` are the same non-empty bytes (another view of them: in place)."""
         return bool(a.nbytes == b.nbytes > 0 and self.data_pointer(a) == self.data_pointer(b))
 
-    def result(self, dst: Any, x: Any) -> Any:
-        raise AssertionError("NumPy arrays are written in place: allreduce returns x or out")
+    def result(self, dst: Any, x: Any, shape: tuple[int, ...] | None = None) -> Any:
+        raise AssertionError("NumPy arrays are written in place: a collective returns x or out")
+
+    def allocate(self, x: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
+        """A new array of ``x``'s kind, dtype and device, of ``shape``, and its flat native view:
+        the output a collective makes where no ``out`` was given."""
+        made = self.xp.empty(shape, dtype=x.dtype)
+        return made, made.reshape(-1)
 
     # -- the compute side ----------------------------------------------------------------
 

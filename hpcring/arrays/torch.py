@@ -110,8 +110,7 @@ class TorchAdapter(NumpyAdapter):
         if dtype is None:
             names = ", ".join(d.name for d in DTYPES)
             raise TypeError(
-                f"hpcring.allreduce: dtype {str(array.dtype).removeprefix('torch.')} is not supported; "
-                f"use one of {names}"
+                f"dtype {str(array.dtype).removeprefix('torch.')} is not supported; use one of {names}"
             )
         return dtype
 
@@ -119,7 +118,7 @@ class TorchAdapter(NumpyAdapter):
         """Contiguous as torch says; writeable always (what cannot be written is refused by name)."""
         if array.layout is not torch.strided:  # is_contiguous() would raise a RuntimeError
             raise ValueError(
-                f"hpcring.allreduce: a {str(array.layout).removeprefix('torch.')} tensor cannot be "
+                f"a {str(array.layout).removeprefix('torch.')} tensor cannot be "
                 "reduced; pass a dense one (.to_dense())"
             )
         return Flags(array.is_contiguous(), True)
@@ -137,23 +136,20 @@ class TorchAdapter(NumpyAdapter):
         """The refusals common to every tensor: autograd and lazy bits (a layout: `flags`)."""
         if array.requires_grad:
             raise ValueError(
-                f"hpcring.allreduce: {name} requires grad; reduce a tensor outside autograd, such as "
+                f"{name} requires grad; reduce a tensor outside autograd, such as "
                 f"p.grad or {name}.detach() (which shares its memory)"
             )
         if array.is_conj() or array.is_neg():
             bit, fix = ("conjugate", "resolve_conj") if array.is_conj() else ("negative", "resolve_neg")
             raise ValueError(
-                f"hpcring.allreduce: {name} is a lazy {bit} view, whose memory does not hold its values, "
+                f"{name} is a lazy {bit} view, whose memory does not hold its values, "
                 f"so hpcring cannot write through it; pass {name}.{fix}()"
             )
 
     def check_device(self, array: Any, name: str) -> None:
         """A CPU tensor outside autograd; an ``out`` elsewhere is refused (x is on the CPU here)."""
         if not array.is_cpu:  # is_cpu: a fifth of the time of device.type
-            raise ValueError(
-                f"hpcring.allreduce: {name} is on {array.device} but x is on the CPU; "
-                "pass x and out on one device"
-            )
+            raise ValueError(f"{name} is on {array.device} but x is on the CPU; pass x and out on one device")
         self._refuse(array, name)
 
     def ready(self, x: Any, out: Any) -> bool:
@@ -180,6 +176,11 @@ class TorchAdapter(NumpyAdapter):
         return bool(
             a.device == b.device and self.nbytes(a) == self.nbytes(b) > 0 and a.data_ptr() == b.data_ptr()
         )
+
+    def allocate(self, x: Any, shape: tuple[int, ...]) -> tuple[Any, Any]:
+        """A new tensor of ``x``'s dtype and device, of ``shape``, and its flat native view."""
+        made = torch.empty(shape, dtype=x.dtype, device=x.device)
+        return made, self.flat(made)
 
     def flat(self, array: Any) -> np.ndarray:
         """A 1-D NumPy view of the tensor's memory (bfloat16: through int16, NumPy has no torch twin)."""
@@ -234,16 +235,14 @@ class TorchCudaAdapter(TorchAdapter, _CudaSide):  # type: ignore[misc,valid-type
     def check_device(self, array: Any, name: str) -> None:
         """A tensor on this rank's current GPU (CuPy's), outside autograd, in a dtype CuPy has."""
         if array.device.type != "cuda":
-            raise ValueError(
-                f"hpcring.allreduce: {name} is on {array.device}; hpcring takes CPU and CUDA tensors"
-            )
+            raise ValueError(f"{name} is on {array.device}; hpcring takes CPU and CUDA tensors")
         problem = self.problem()
         if problem:
-            raise ValueError(f"hpcring.allreduce: {name} is a CUDA tensor, but this process {problem}")
+            raise ValueError(f"{name} is a CUDA tensor, but this process {problem}")
         self._refuse(array, name)
         if array.dtype is torch.bfloat16:
             raise ValueError(
-                f"hpcring.allreduce: {name} is a bfloat16 CUDA tensor, and CuPy has no bfloat16; "
+                f"{name} is a bfloat16 CUDA tensor, and CuPy has no bfloat16; "
                 f"reduce {name}.float() (or a bfloat16 tensor on the CPU)"
             )
         import cupy
@@ -252,7 +251,7 @@ class TorchCudaAdapter(TorchAdapter, _CudaSide):  # type: ignore[misc,valid-type
         current = cupy.cuda.Device().id
         if array.device.index != current:
             raise ValueError(
-                f"hpcring.allreduce: {name} is on {array.device} but this rank's current device is GPU "
+                f"{name} is on {array.device} but this rank's current device is GPU "
                 f"{current}; call hpcring.select_device() once at start-up and allocate after it "
                 "(torch.cuda.set_device(hpcring.select_device()))"
             )
@@ -264,8 +263,8 @@ class TorchCudaAdapter(TorchAdapter, _CudaSide):  # type: ignore[misc,valid-type
         _order(cupy.cuda.get_current_stream(), _stream_of(array))
         return cupy.from_dlpack(array.detach().reshape(-1))
 
-    def result(self, dst: Any, x: Any) -> Any:
-        """The reduced tensor (``x``, or ``out`` when given), once its stream waits for the reduction."""
+    def result(self, dst: Any, x: Any, shape: tuple[int, ...] | None = None) -> Any:
+        """The result's tensor (``x``, or ``out``), once its stream waits for the collective."""
         import cupy
 
         _order(_stream_of(x), cupy.cuda.get_current_stream())

@@ -23,7 +23,6 @@ from ..wire import WIDE
 from .data import sweep
 from .measure import (
     BARE,
-    NO_WIRE,
     REPRODUCIBLE,
     WIRE_TAGS,
     Device,
@@ -291,7 +290,8 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         names = [BARE, *(f"{a}{tag}" for a in args.algorithms for tag in ("", REPRODUCIBLE))]
     if args.wire is not None:  # each algorithm's wire row right after its plain one
         tag = WIRE_TAGS[args.wire]
-        names = [BARE, *(f"{a}{t}" for a in args.algorithms for t in ("", tag) if not t or a not in NO_WIRE)]
+        narrows = [a for a in args.algorithms if algorithms.spec(algorithms.ALLREDUCE, a).narrowings]
+        names = [BARE, *(f"{a}{t}" for a in args.algorithms for t in ("", tag) if not t or a in narrows)]
     progress = Progress(len(sizes) * len(names) * args.passes, enabled=rank == 0)
     passes: list[list[Row]] = []
     for done in range(args.passes):
@@ -333,7 +333,10 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         if args.plot:
             plot(args.plot, header, rows)
         if args.tune:
-            path, key = write_tuning(rows, size=comm.Get_size(), header=header, in_place=args.in_place)
+            known = [a for a in algorithms.portable() if a != "auto"]  # what auto may choose
+            path, key = write_tuning(
+                rows, size=comm.Get_size(), header=header, known=known, in_place=args.in_place
+            )
             print(f"# tuning for {comm.Get_size()} ranks (table {key}) written to {path}", flush=True)
         if failed:
             sys.stderr.write(

@@ -30,8 +30,8 @@ from mpi4py import MPI
 from .. import __version__, algorithms, exact, info, topology
 from ..algorithms import auto, ring_staged, tuning
 from ..algorithms.mpi import user_op
-from ..api import allreduce
 from ..arrays import adapter_for
+from ..collectives import allreduce
 from ..comm import channel_for
 from ..gpu import copyto_bandwidth, gpu_identity, gpu_problem_anywhere, pinned_d2h_bandwidth, select_device
 from ..model.costs import ModelError, Params, predict
@@ -194,7 +194,6 @@ class Row:
 
 REPRODUCIBLE = "+rep"  # the suffix of a reproducible row's algorithm (fits the table's column)
 WIRE_TAGS = {"bfloat16": "+bf16", "float16": "+f16"}  # suffix of a wire= row: "ring+bf16"
-NO_WIRE = ("mpi", "nccl")  # algorithms that refuse wire=: no wire row for them
 
 
 def wire_of(label: str) -> str | None:
@@ -208,7 +207,10 @@ def exact_bytes_sent(dtype: np.dtype) -> Any:
     def formula(
         algorithm: str, nbytes: int, size: int, rank: int, itemsize: int = 1, per_node: int = 1
     ) -> Any:
-        return exact.bytes_sent(algorithm, nbytes // itemsize, dtype, size, rank, per_node)
+        def sent(count: int, wordsize: int) -> int | None:
+            return algorithms.bytes_sent(algorithm, count, wordsize, size, rank, per_node)
+
+        return exact.bytes_sent(sent, nbytes // itemsize, dtype)
 
     return formula
 
@@ -240,7 +242,7 @@ def measure_row(
     channel = None if bare else channel_for(comm, adapter_for(x))
     # A reproducible auto row chooses for the sizes that travel there: named auto+rep, no choice
     plain_auto = algorithm == "auto" and not reproducible
-    chosen = auto.chosen(channel, nbytes, args.in_place) if plain_auto else None
+    chosen = auto.chosen(channel, nbytes, args.in_place) if plain_auto else None  # collective
 
     if bare:
         call = bare_call(comm, dev, x, out, args.op)
@@ -303,7 +305,8 @@ def measure_row(
     # The reproducible rows' formula is exact.bytes_sent's; auto's may choose again for the sizes
     # that travel there (codes and words), so that row is not counted against one.
     formula_of = exact_bytes_sent(dtype) if reproducible else expected_bytes_sent
-    if wire is not None and (chosen is None or auto.wire_pays(channel, chosen)):
+    spec = None if bare else algorithms.spec(algorithms.ALLREDUCE, ran)
+    if wire is not None and (chosen is None or auto.keep_wire(channel, spec)):
         narrowed = WIRES[wire]  # what travels: the formula in the wire's itemsize (auto: where it narrows)
 
         def formula_of(ran: str, nbytes: int, size: int, rank: int, itemsize: int, per_node: int = 1) -> Any:
@@ -323,7 +326,7 @@ def measure_row(
         per_node = nodes.per_node[0] if nodes.two_level else 1
         # Algorithms that run in node order (ranks placed round-robin, say) send what the rank
         # at that position of the order sends.
-        place = nodes.order.index if algorithms.entry(ran).ring_order else int
+        place = nodes.order.index if spec is not None and spec.ring_order else int
         formula = [
             formula_of(ran, nbytes, size, place(r), dtype.itemsize, per_node) or 0 for r in range(size)
         ]
@@ -383,7 +386,7 @@ def header_facts(
         "ranks": comm.Get_size(),
         "hosts": len(set(hosts)),
         "ranks_per_host": per_host[0] if len(per_host) == 1 else f"{per_host[0]}-{per_host[-1]}",
-        "topology": topology.summary(nodes),
+        "topology": nodes.summary(),
         "device": dev.name,
         "cuda_aware": facts["cuda_aware"],
         "cuda_aware_reason": facts["cuda_aware_reason"],

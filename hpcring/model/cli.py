@@ -19,7 +19,20 @@ from typing import Any
 from .. import units
 from ..units import busbw, format_size
 from .calibrate import calibrate, check_array, runnable, validate
-from .costs import BCAST_FORMS, GB, MODELLED, PRESETS, Link, ModelError, Nodes, Preset, log2_floor, predict
+from .costs import (
+    BCAST_FORMS,
+    GB,
+    MODELLED,
+    PRESETS,
+    TWO_LEVEL,
+    Link,
+    ModelError,
+    Nodes,
+    Preset,
+    log2_floor,
+    predict,
+    spec_of,
+)
 from .params import default_path, keep_busy, load_params, save_params
 
 
@@ -178,7 +191,7 @@ def _predictions(args: argparse.Namespace, out: Any) -> None:
     ranks, sizes = parse_ranks(args.ranks), [parse_size(s) for s in args.bytes.split(",") if s.strip()]
     if not sizes:
         raise ModelError("--bytes needs at least one size")
-    known = [*MODELLED, "hierarchical"] if isinstance(machine, Nodes) else list(MODELLED)
+    known = [*MODELLED, *TWO_LEVEL] if isinstance(machine, Nodes) else list(MODELLED)
     algorithms = _names(args, known)
     if isinstance(machine, Nodes):
         for p in ranks:
@@ -194,7 +207,12 @@ def _predictions(args: argparse.Namespace, out: Any) -> None:
         for nbytes in sizes:
             wired = [(a, None) for a in algorithms]
             if args.wire:  # each algorithm's wire row right after its plain one
-                wired = [(a, w) for a in algorithms for w in (None, args.wire) if w is None or a != "mpi"]
+                wired = [
+                    (a, w)
+                    for a in algorithms
+                    for w in (None, args.wire)
+                    if w is None or spec_of(a).narrowings
+                ]
             for algorithm, wire in wired:
                 t = predict(algorithm, nbytes, p, machine, gamma=gamma, bcast=args.bcast, wire=wire)
                 name = algorithm if wire is None else f"{algorithm}+{wire}"
@@ -232,7 +250,7 @@ def _plot(
     fig, ax = plt.subplots(figsize=(8, 5))
     styles = ["-", "--", ":", "-."]
     for i, nbytes in enumerate(sizes):
-        for j, algorithm in enumerate(a for a in algorithms if a != "mpi"):
+        for j, algorithm in enumerate(a for a in algorithms if not spec_of(a).modelled_as):
             times = [predict(algorithm, nbytes, p, machine, gamma=gamma, bcast=bcast) for p in grid]
             ax.plot(
                 grid,

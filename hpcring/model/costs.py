@@ -1,21 +1,36 @@
-"""The pure cost model: links, machines, each algorithm as the phases it performs, predictions.
+"""The pure cost model: links, machines, the phases each algorithm declares, predictions.
 
 No MPI, no NumPy and nothing of hpcring's communication here: the bench and ``auto`` import
-this for `predict` on every rank, and predictions for 1000 ranks need no mpiexec. The
+this for `predict` on every rank, and predictions for 1000 ranks need no mpiexec. Each
+algorithm states what it does as phases in its own module (`hpcring.algorithms.base.Spec`:
+``phases``, ``modelled_as``, ``levels``); this module prices them on a machine. The
 formulas are in the package's docstring (`hpcring.model`).
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-# The algorithms the model has a formula for on any machine ("mpi": the cheaper of ring and
-# rabenseifner); hierarchical only on a machine of nodes. Not hpcring.ALGORITHMS, which
-# names what hpcring runs.
-MODELLED = ("naive", "ps", "ring", "rabenseifner", "mpi")
+from .. import algorithms
+from ..algorithms import ALLREDUCE, Spec
+from ..algorithms.base import Phase
+
+
+def _modelled(collective: str, two_level: bool = False) -> tuple[str, ...]:
+    """The algorithms of ``collective`` the model prices on any machine (``two_level``: those it
+    prices only on a machine of nodes)."""
+    specs = algorithms.table(collective).items()
+    if two_level:
+        return tuple(name for name, spec in specs if spec.levels)
+    return tuple(name for name, spec in specs if spec.phases or spec.modelled_as)
+
+
+# The all-reduces the model prices on any machine; the two-level ones only on a machine of
+# nodes. Not hpcring.ALGORITHMS, which names what hpcring runs.
+MODELLED = _modelled(ALLREDUCE)
+TWO_LEVEL = _modelled(ALLREDUCE, two_level=True)
 BCAST_FORMS = ("binomial", "linear")
 
 
@@ -139,96 +154,38 @@ class Nodes:
 # The algorithms, each written once as the phases it performs
 
 
-@dataclass(frozen=True)
-class Phase:
-    """``messages`` messages of ``nbytes`` each, one after another, then ``reduced`` bytes reduced.
-
-    ``distance`` is the rank distance of the partner (to find the link on a machine of
-    nodes); ``pattern`` says who sends at once: "shift" (every rank r to r+d), "xor" (every
-    rank r to r^d), "single" (one rank alone, as a root does), "local" (every rank computes,
-    no message), "root" (the root alone computes). ``partial``: some ranks sit out the
-    phase, waiting in MPI (Rabenseifner's fold, the first steps of a binomial tree).
-    """
-
-    messages: float
-    nbytes: float
-    reduced: float = 0.0
-    distance: int = 1
-    pattern: str = "shift"
-    partial: bool = False  # only some of the ranks work in it, the others wait in MPI
-
-
 def log2_floor(p: int) -> int:
     """floor(log2 p): 2**this is the power-of-two core of p ranks (Rabenseifner's)."""
     return p.bit_length() - 1
 
 
-def ring_reduce_scatter(n: float, p: int) -> list[Phase]:
-    """p-1 steps of one n/p segment to the right neighbour, each added into the local copy."""
-    return [Phase(p - 1, n / p, (p - 1) / p * n)] if p > 1 else []
+def spec_of(algorithm: str, collective: str = ALLREDUCE) -> Spec:
+    """The Spec the model prices; ModelError for a name it has no formula for."""
+    try:
+        spec = algorithms.spec(collective, algorithm)
+    except ValueError:
+        spec = None
+    if spec is None or not (spec.phases or spec.modelled_as or spec.levels):
+        known = ", ".join((*_modelled(collective), *_modelled(collective, True)))
+        raise ModelError(f"unknown algorithm {algorithm!r}; choose one of {known}")
+    return spec
 
 
-def ring_all_gather(n: float, p: int) -> list[Phase]:
-    """p-1 steps passing complete n/p segments to the right neighbour, no arithmetic."""
-    return [Phase(p - 1, n / p, 0.0)] if p > 1 else []
-
-
-def _rabenseifner(n: float, p: int) -> list[Phase]:
-    """Recursive halving reduce-scatter + recursive doubling all-gather, with the pre/post steps
-    for p not a power of two: the first 2r ranks (r = p - p') pair up, each even one sends
-    its whole buffer to its odd partner, which reduces it, works for both in the p' core,
-    and sends the whole result back. Then every step has ranks that only wait."""
-    if p == 1:
-        return []
-    k = log2_floor(p)
-    fold = (1 << k) != p
-    halving = [Phase(1, n / 2 ** (s + 1), n / 2 ** (s + 1), 1 << s, "xor", fold) for s in range(k)]
-    doubling = [Phase(1, n / 2 ** (s + 1), 0.0, 1 << s, "xor", fold) for s in reversed(range(k))]
-    if not fold:
-        return halving + doubling
-    return [Phase(1, n, n, 1, "xor", True), *halving, *doubling, Phase(1, n, 0.0, 1, "xor", True)]
-
-
-COPIES = 2  # whole-buffer copies naive (every rank) and ps (the root) make besides reducing
-
-
-def _naive(n: float, p: int) -> list[Phase]:
-    """Step s: every rank sends its whole buffer to r+s; then each rank reduces p copies.
-
-    Two copies of n on every rank as well (its own buffer into the p-row scratch, and row 0
-    into the result): a copy is one memory-bound pass like a reduction, so it costs gamma.
-    """
-    if p == 1:
-        return []
-    exchanges = [Phase(1, n, 0.0, s, "shift") for s in range(1, p)]
-    return [*exchanges, Phase(0, 0.0, (p - 1) * n + COPIES * n, 0, "local")]
-
-
-def _ps(n: float, p: int, bcast: str) -> list[Phase]:
-    """Gather: the root receives p-1 buffers one at a time over its link; reduce; Bcast back."""
-    if p == 1:
-        return []
-    gather = [Phase(1, n, 0.0, d, "single") for d in range(1, p)]
-    reduce = [Phase(0, 0.0, (p - 1) * n + COPIES * n, 0, "root")]  # and the root's two copies
-    if bcast == "linear":
-        back = [Phase(1, n, 0.0, d, "single") for d in range(1, p)]
-    else:  # binomial tree: at step s every rank that has the data sends to r + 2^s, where there is one
-        steps = range(math.ceil(math.log2(p)))
-        back = [Phase(1, n, 0.0, 1 << s, "xor", 2 * min(1 << s, p - (1 << s)) < p) for s in steps]
-    return gather + reduce + back
-
-
-def phases(algorithm: str, nbytes: float, ranks: int, *, bcast: str = "binomial") -> list[Phase]:
-    """What ``algorithm`` does for ``nbytes`` on ``ranks`` (not "mpi", which is a choice)."""
-    if algorithm == "ring":
-        return ring_reduce_scatter(nbytes, ranks) + ring_all_gather(nbytes, ranks)
-    if algorithm == "rabenseifner":
-        return _rabenseifner(nbytes, ranks)
-    if algorithm == "naive":
-        return _naive(nbytes, ranks)
-    if algorithm == "ps":
-        return _ps(nbytes, ranks, bcast)
-    raise ModelError(f"unknown algorithm {algorithm!r}; choose one of {', '.join(MODELLED)}")
+def phases(
+    algorithm: str, nbytes: float, ranks: int, *, bcast: str = "binomial", collective: str = ALLREDUCE
+) -> list[Phase]:
+    """What ``algorithm`` does for ``nbytes`` on ``ranks``, as its module declares it (not a
+    library's choice among several, which `predict` prices). ``bcast``: how a library's MPI_Bcast
+    inside it is modelled, where it has one (ps)."""
+    spec = spec_of(algorithm, collective)
+    if spec.phases is None:
+        raise ModelError(f"{algorithm!r} is priced as the cheapest of {', '.join(spec.modelled_as)}")
+    if bcast != "binomial":
+        try:
+            return spec.phases(nbytes, ranks, bcast=bcast)  # type: ignore[call-arg]
+        except TypeError:
+            pass  # no library broadcast inside it
+    return spec.phases(nbytes, ranks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -315,8 +272,9 @@ def predict(
     per_node: int | None = None,
     wire: str | None = None,
     itemsize: int = 4,
+    collective: str = ALLREDUCE,
 ) -> float:
-    """Predicted seconds of one all-reduce of ``nbytes`` per rank on ``ranks`` ranks.
+    """Predicted seconds of one ``collective`` (an all-reduce) of ``nbytes`` per rank on ``ranks`` ranks.
 
     ``wire`` ("bfloat16", "float16"; elements of ``itemsize`` bytes) makes every message that
     fraction of its size, as `hpcring.allreduce(wire=...)` sends; the conversions themselves are
@@ -328,10 +286,13 @@ def predict(
     hold the inter-node link too) predicts on nodes of that many ranks, ranks in blocks.
     """
     _check_size(nbytes, ranks)
+    spec = spec_of(algorithm, collective)
     ratio = 1.0
     if wire is not None:
-        if wire not in WIRE_ITEMSIZE or algorithm == "mpi":
-            raise ModelError(f"wire={wire!r}: choose one of {', '.join(WIRE_ITEMSIZE)}, not with mpi")
+        if wire not in WIRE_ITEMSIZE or spec.narrowings is None:
+            raise ModelError(
+                f"wire={wire!r}: choose one of {', '.join(WIRE_ITEMSIZE)}, with an algorithm that narrows"
+            )
         ratio = WIRE_ITEMSIZE[wire] / itemsize
     if bcast not in BCAST_FORMS:
         raise ModelError(f"unknown bcast form {bcast!r}; choose one of {', '.join(BCAST_FORMS)}")
@@ -350,16 +311,24 @@ def predict(
     call = 0.0  # the default call agrees first (check=True), and large ones start cold
     if busy is not None:
         call = busy.call + busy.cold * min(1.0, nbytes / COLD_FROM)
-    if algorithm == "mpi":
+    if spec.modelled_as:  # the library's choice: the cheaper of those it chooses between
         return call + min(
-            seconds(phases(a, nbytes, ranks), machine, gamma, ranks, slowdown, busy, partial)
-            for a in ("ring", "rabenseifner")
+            seconds(
+                phases(a, nbytes, ranks, collective=collective),
+                machine,
+                gamma,
+                ranks,
+                slowdown,
+                busy,
+                partial,
+            )
+            for a in spec.modelled_as
         )
-    if algorithm == "hierarchical":
+    if spec.levels is not None:
         if not isinstance(machine, Nodes):
-            raise ModelError("hierarchical needs a machine of nodes (--gpus-per-node)")
-        return _hierarchical(nbytes, ranks, machine, gamma, slowdown, ratio)
-    steps = on_wire(phases(algorithm, nbytes, ranks, bcast=bcast), ratio)
+            raise ModelError(f"{algorithm} needs a machine of nodes (--gpus-per-node)")
+        return _two_level(spec, nbytes, ranks, machine, gamma, slowdown, ratio)
+    steps = on_wire(phases(algorithm, nbytes, ranks, bcast=bcast, collective=collective), ratio)
     return call + seconds(steps, machine, gamma, ranks, slowdown, busy, partial)
 
 
@@ -373,10 +342,17 @@ def oversubscription(ranks: int, cores: int | None) -> float:
     return max(1.0, ranks / cores) if cores else 1.0
 
 
-def _hierarchical(
-    nbytes: float, ranks: int, machine: Nodes, gamma: float, slowdown: float = 1.0, ratio: float = 1.0
+def _two_level(
+    spec: Spec,
+    nbytes: float,
+    ranks: int,
+    machine: Nodes,
+    gamma: float,
+    slowdown: float = 1.0,
+    ratio: float = 1.0,
 ) -> float:
-    """Reduce-scatter in the node, all-reduce of n/L across nodes (L flows at once), all-gather.
+    """A two-level algorithm (`Spec.levels`): its phases inside a node on the node's link, those
+    across nodes on the network (L flows at once where the NIC is shared).
 
     ``slowdown`` (ranks sharing cores) applies inside the node; across, the ranks wait on the NIC."""
     per_node = machine.per_node
@@ -385,6 +361,8 @@ def _hierarchical(
     nodes = ranks // per_node
     share = per_node if machine.nic_shared else 1
     inter = Link(machine.inter.alpha, machine.inter.beta * share)
-    inside = on_wire(ring_reduce_scatter(nbytes, per_node) + ring_all_gather(nbytes, per_node), ratio)
-    across = on_wire(phases("ring", nbytes / per_node, nodes), ratio)
-    return seconds(inside, machine.intra, gamma, per_node, slowdown) + seconds(across, inter, gamma, nodes)
+    assert spec.levels is not None
+    inside, across = spec.levels(nbytes, ranks, per_node)
+    return seconds(on_wire(inside, ratio), machine.intra, gamma, per_node, slowdown) + seconds(
+        on_wire(across, ratio), inter, gamma, nodes
+    )

@@ -1,0 +1,128 @@
+"""The collectives: `allreduce`, `reduce_scatter`, `allgather` and `broadcast`.
+
+Each is a thin front end: it names its collective and hands its arguments to the engine
+(`hpcring.engine`), which validates them, agrees across ranks, runs the algorithm and
+records the call, the same way for all four. What each promises is in its docstring; what
+they share is here:
+
+- ``comm`` is any mpi4py intracommunicator (default COMM_WORLD); hpcring duplicates it once,
+  so its messages never meet the user's.
+- Arrays: NumPy or CuPy arrays, torch tensors, jax.Arrays (`hpcring.arrays`), C-contiguous, any
+  shape; float16, bfloat16, float32, float64, int32, int64, complex64, complex128.
+- With ``check`` (the default) the ranks first agree on what each one called (count, dtype,
+  op, algorithm, root, placement), so a mismatch or a bad argument on any rank raises on every
+  rank before any data moves, and a rank that does not arrive within ``timeout`` seconds
+  (default `HPCRING_TIMEOUT`, 300; 0 waits forever) makes the others raise `hpcring.StallError`
+  naming it. Without it nothing is compared, but every wait is still bounded.
+- Every rank ends with bitwise the same result (for the reduce-scatter: every rank's part is
+  the bits all-reduce would give there).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mpi4py import MPI
+
+from .algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER
+from .engine import call
+
+
+def allreduce(
+    x: Any,
+    *,
+    op: str | MPI.Op = "sum",
+    algorithm: str = "ring",
+    comm: MPI.Intracomm | None = None,
+    out: Any = None,
+    check: bool = True,
+    timeout: float | None = None,
+    reproducible: bool = False,
+    wire: str | None = None,
+) -> Any:
+    """Reduce ``x`` over all ranks of ``comm`` and return the result on every rank.
+
+    In place unless ``out`` is given (then ``x`` is left as it was); a jax.Array comes back as
+    a new array. ``op`` is one of sum, mean, max, min, prod (or mpi4py's MPI.SUM, MAX, MIN,
+    PROD); ``algorithm`` one of `hpcring.ALGORITHMS` (docs/choosing.md says which when).
+
+    ``reproducible=True`` (op sum or mean, float16, bfloat16, float32, float64): the result's
+    bits depend only on the multiset of the ranks' arrays, not on the rank count, their order,
+    the algorithm or its chunking (docs/reproducibility.md gives the error bound and the cost,
+    about 2.25x the bytes). With integers, max and min it changes nothing: those are
+    reproducible already.
+
+    ``wire="bfloat16"`` or ``"float16"`` (float32 and float64 ``x``; the algorithms that move
+    data themselves, and auto): what travels is narrowed to that dtype, half the bytes of
+    float32, while every reduction stays in ``x``'s dtype; every rank still ends with the same
+    bits (docs/compression.md gives the error bound and when it pays).
+    """
+    return call(ALLREDUCE, x, out, op, algorithm, comm, check, timeout, 0, reproducible, wire)
+
+
+def reduce_scatter(
+    x: Any,
+    *,
+    op: str | MPI.Op = "sum",
+    algorithm: str = "ring",
+    comm: MPI.Intracomm | None = None,
+    out: Any = None,
+    check: bool = True,
+    timeout: float | None = None,
+) -> Any:
+    """This rank's part of the reduction of ``x`` over all ranks: the ring's first phase.
+
+    The flattened ``x`` is cut into G parts as ``numpy.array_split`` cuts a range (the first
+    ``len % G`` parts one element longer), and rank r gets part r reduced over every rank: with
+    equal parts, MPI_Reduce_scatter_block. The result is a new 1-D array unless ``out`` (that
+    many elements, ``x``'s dtype) is given; ``out`` may be this rank's own part of ``x`` itself
+    (in place: ``x``'s other parts then hold partial sums). Sharded training reduces its
+    gradients so: each rank then updates only its own shard. Algorithms: ring, naive (every
+    part straight to its owner), rabenseifner (recursive halving), mpi (MPI_Reduce_scatter),
+    auto.
+    """
+    return call(REDUCE_SCATTER, x, out, op, algorithm, comm, check, timeout)
+
+
+def allgather(
+    x: Any,
+    *,
+    algorithm: str = "ring",
+    comm: MPI.Intracomm | None = None,
+    out: Any = None,
+    check: bool = True,
+    timeout: float | None = None,
+) -> Any:
+    """Every rank's ``x``, stacked in rank order: an array of shape ``(G, *x.shape)``, the ring's
+    second phase.
+
+    Every rank's ``x`` has the same shape and dtype. The result is a new array unless ``out``
+    (that shape and dtype) is given; ``x`` may be this rank's own row of ``out`` (in place).
+    Sharded training gathers its parameters so after each rank updated its shard.
+    Algorithms: ring, naive (every rank to every rank), rabenseifner (recursive doubling), mpi
+    (MPI_Allgather), auto.
+    """
+    return call(ALLGATHER, x, out, None, algorithm, comm, check, timeout)
+
+
+def broadcast(
+    x: Any,
+    *,
+    root: int = 0,
+    algorithm: str = "ring",
+    comm: MPI.Intracomm | None = None,
+    check: bool = True,
+    timeout: float | None = None,
+) -> Any:
+    """The root's ``x`` on every rank, in place; returns ``x`` (a jax.Array: a new array).
+
+    Every rank passes an array of the same shape and dtype. Algorithms: ring (a pipelined chain
+    from the root, in chunks: about the time of sending the buffer once, for large buffers),
+    binomial (a tree: ceil(log2 G) rounds of the whole buffer, for small ones), naive (the root
+    sends to each rank in turn, as the parameter server's second half does), mpi (MPI_Bcast),
+    auto.
+    """
+    return call(BROADCAST, x, None, None, algorithm, comm, check, timeout, root)
+
+
+__all__ = ["allgather", "allreduce", "broadcast", "reduce_scatter"]

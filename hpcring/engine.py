@@ -1,0 +1,725 @@
+"""The call engine: every collective hpcring runs goes through one `Call` per signature.
+
+A signature is what cannot change between two calls of a loop: the collective, the array kind,
+shape and dtype, the op, the algorithm, the placement, the root, the wire and reproducible=, on
+one communicator. The full path (`first`) validates the call once, through the array's adapter,
+asks `hpcring.algorithms` its one question (the Spec that runs), prices its scratch, and builds
+the `Call`; every later call of the signature finds it in the communicator's warm table (`call`)
+and only asks the adapter whether this array is one the full path would take (`ready`).
+
+The Call owns what a call needs on every run, each in one place: the timeout resolution, the
+exclusion (one collective at a time per communicator), the flight slot, the agreement row
+(`hpcring.agreement.Row`), and the transforms it applies around the algorithm: wire= runs it on
+a `hpcring.wire.WireChannel`, reproducible=True runs it on integer words (`hpcring.exact`).
+Error messages name the collective that was called. The front ends (`hpcring.collectives`,
+`hpcring.nonblocking`, `hpcring.persistent`, `hpcring.accumulator`, `hpcring.wrap`,
+`hpcring.training`) are thin: they say which collective and hand the arguments here.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from . import algorithms, config, exact
+from . import wire as wires
+from .agreement import REPRODUCIBLE, Row
+from .algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER, Spec
+from .arrays import NUMPY, Adapter, adapter_for, known_adapter
+from .channel import Channel
+from .comm import CommState, intracomm, known_state, state_of
+from .errors import StallError
+from .flight import AGREEMENT, MASK, MOVING, clock, dump_on_error
+from .ops import DTYPES, OPS, Op, check_op, op_name
+from .partition import segment
+from .polling import abandon
+from .tracing import call_begin, call_end, local_copy
+from .units import format_bytes
+
+WARM_CALLS = 256  # kinds of call remembered per communicator
+_WORLD = MPI.COMM_WORLD
+_serialized = threading.Lock()  # under MPI_THREAD_SERIALIZED, one MPI call at a time in all
+
+
+@dataclass(frozen=True)
+class Options:
+    """What a call was asked to do, beyond its arrays: fixed for its signature.
+
+    ``check`` and ``timeout`` are not here: they may change from call to call without changing
+    what runs, so each run takes them (a warm table keyed by them would split one signature)."""
+
+    collective: str
+    op: str | None  # None: a collective that reduces nothing
+    algorithm: str
+    root: int = 0
+    wire: str | None = None
+    reproducible: bool = False
+
+    @property
+    def caller(self) -> str:
+        return f"hpcring.{self.collective}"
+
+
+class Call:
+    """Everything about one kind of call that cannot change between calls: worked out by the
+    full path once, then reused by every warm call of its signature on the communicator."""
+
+    __slots__ = (
+        "adapter",
+        "channel",
+        "exact",
+        "flight",
+        "in_place",
+        "mean",
+        "options",
+        "out_shape",
+        "parts",
+        "ran",
+        "ready",
+        "reduction",
+        "row",
+        "serial",
+        "settled",
+        "single",
+        "spec",
+        "state",
+        "timeout",
+        "what",
+        "words",
+    )
+
+    def __init__(
+        self,
+        options: Options,
+        state: CommState,
+        channel: Channel,
+        adapter: Adapter,
+        spec: Spec,
+        row: Row,
+        reduction: Op | None,
+        in_place: bool | None,
+        out_shape: tuple[int, ...] | None,
+    ) -> None:
+        self.options, self.state, self.channel, self.adapter = options, state, channel, adapter
+        self.spec, self.row, self.reduction, self.in_place = spec, row, reduction, in_place
+        self.out_shape = out_shape  # the output a call makes where no out= is given (None: x itself)
+        self.words = row.words()  # the agreement's row, encoded once
+        self.flight = state.flight  # the communicator's recorder, one attribute away on every call
+        self.mean = reduction is not None and reduction.name == "mean"
+        self.ran: str | None = None if spec.choose else spec.name  # what runs (auto: once chosen)
+        self.settled = spec.choose is None  # auto: its choice for this size is made
+        self.exact = False  # reproducible=True: the sum runs on integer words (`hpcring.exact`)
+        self.parts: list[Any] | None = None  # an ExactSum's local contributions, where it calls
+        level = _thread_level()
+        self.single = level < MPI.THREAD_SERIALIZED  # MPI allows the main thread alone
+        self.serial = _serialized if level == MPI.THREAD_SERIALIZED else None
+        self.timeout = state.timeout  # HPCRING_TIMEOUT as the communicator took it (None: unread)
+        self.ready = _READY[options.collective](adapter)
+        args = [f"op={options.op!r}"] if options.op else []
+        args += [f"root={options.root}"] if options.collective == BROADCAST else []
+        # The call as a StallError names it: hpcring.allreduce(op='sum', algorithm='ring')
+        self.what = f"{options.caller}({', '.join([*args, f'algorithm={options.algorithm!r}'])})"
+
+    def _enter(self) -> None:
+        """One collective at a time per communicator, and none from threads MPI was not set up for:
+        two threads interleaving collectives on one communicator would match each other's
+        messages, so the second is refused instead of corrupting both."""
+        if self.single and threading.current_thread() is not threading.main_thread():
+            raise RuntimeError(
+                f"{self.options.caller}: called from a second thread, but MPI was initialized without "
+                "thread support; initialize MPI with MPI_THREAD_MULTIPLE (mpi4py's default) to use threads"
+            )
+        if not self.state.busy.acquire(blocking=False):
+            raise RuntimeError(
+                f"{self.options.caller}: another thread is running a collective on this communicator; "
+                "give each thread its own communicator (comm.Dup())"
+            )
+        if self.serial is not None:
+            self.serial.acquire()
+
+    def _leave(self) -> None:
+        if self.serial is not None:
+            self.serial.release()
+        self.state.busy.release()
+
+    def _agree(self, timeout: float, problem: Exception | None) -> None:
+        """The ranks' agreement on this call (nothing to agree on for one rank)."""
+        if self.channel.size > 1:
+            state = self.state
+            state.calls = number = state.calls + 1
+            state.agreement(
+                [number, *self.words],
+                self.row,
+                problem,
+                timeout=timeout,
+                what=self.what,
+                caller=self.options.caller,
+            )
+
+    def agree(
+        self, timeout: float | None, problem: Exception | None = None, nbytes: int | None = None
+    ) -> None:
+        """The agreement alone (a plan's, made once), or ``problem`` raised on every rank; with
+        ``nbytes``, auto then makes its choice for that size (every rank is here)."""
+        timeout = resolve_timeout(self.state, timeout)
+        self._enter()
+        try:
+            self.channel.timeout = timeout or None
+            self._agree(timeout, problem)
+            if problem is None and nbytes is not None and not self.settled:
+                self.settle(nbytes)
+        finally:
+            self._leave()
+        if problem is not None:
+            raise problem
+
+    def __call__(
+        self, x: Any, out: Any, check: bool, timeout: float | None, problem: Exception | None = None
+    ) -> Any:
+        """Agree (with ``check``), then move the data, or raise ``problem`` on every rank.
+
+        Each call is recorded in the communicator's flight recorder (`hpcring.flight`): a slot
+        reused every 64 calls, a few attribute stores and two clock reads."""
+        if timeout is None:  # the communicator's HPCRING_TIMEOUT (docs/configuration.md: fixed at first use)
+            timeout = self.timeout
+            if timeout is None:
+                timeout = config.current().timeout  # a bad value raises here, on every rank alike
+        self._enter()
+        try:
+            self.channel.timeout = timeout or None  # every wait of the call is bounded by it
+            flight = self.flight
+            seq = flight.seq = flight.seq + 1
+            slot = flight.slots[seq & MASK]
+            slot.call = self
+            slot.phase = AGREEMENT
+            slot.start = clock()
+            try:
+                if check:
+                    self._agree(timeout, problem)
+                slot.number = self.state.calls if check else 0  # 0: not agreed on
+                if problem is not None:  # a single rank: nothing to agree on
+                    raise problem
+                slot.phase = MOVING
+                dst, out = self.move(x, out)
+            except BaseException as error:
+                slot.number = self.state.calls if check else 0
+                flight.failed(slot, error)
+                if isinstance(error, StallError):  # MPI may still use what the frames hold
+                    abandon(error)
+                raise
+            slot.end = clock()  # done: an end after the start (a failed call negates its phase)
+        finally:
+            self._leave()
+        collective = self.options.collective
+        made = x if self.in_place and collective in (ALLREDUCE, BROADCAST) else out
+        if self.adapter.immutable:  # JAX: a new array of the result; CUDA torch: after its stream waits
+            like = x if made is None else made
+            if self.out_shape is None:  # the result has the shape of x (or out): every kind knows that
+                return self.adapter.result(dst, like)
+            return self.adapter.result(dst, like, self.out_shape)
+        return made
+
+    def move(self, x: Any, out: Any) -> tuple[Any, Any]:
+        """The collective itself, on flat native views; returns (the result's flat view, ``out``:
+        the user's output, made here where the collective makes one; for JAX, None)."""
+        adapter, channel, collective = self.adapter, self.channel, self.options.collective
+        src = adapter.flat(x)
+        if self.out_shape is not None:  # reduce_scatter, allgather without out=: a new array
+            out, dst = adapter.allocate(x, self.out_shape)
+        elif out is None or (self.in_place and collective == ALLREDUCE):  # x itself (out= a view of it)
+            dst = src
+        else:
+            dst = adapter.flat(out)
+        call_begin(collective, self.ran or self.options.algorithm, channel, src, dst)
+        if self.exact:  # ---- reproducible sums: integer words (hpcring/exact.py) ----
+            parts = [src] if self.parts is None else self.parts
+            exact.run(
+                channel, self.reduce_words, parts, dst, self.options.op, accumulated=self.parts is not None
+            )
+        elif channel.size > 1 and src.size > 0:
+            spec = self.spec if self.settled else self.settle(src.nbytes)
+            try:
+                if collective == BROADCAST:
+                    spec.run(self.channel, dst, self.options.root)
+                elif collective == ALLGATHER:
+                    spec.run(self.channel, src, dst)
+                else:
+                    spec.run(self.channel, src, dst, self.reduction)
+            except BaseException:
+                if isinstance(self.channel, wires.WireChannel):  # its wire buffers back to the pool
+                    self.channel.settle()
+                raise
+            if self.mean:
+                channel.xp.true_divide(dst, channel.size, out=dst)
+        elif dst is not src and collective != BROADCAST:  # nothing to exchange: only a local copy
+            start = segment(src.size, channel.size, channel.rank)[0] if collective == REDUCE_SCATTER else 0
+            dst[...] = src[start : start + dst.size]
+            local_copy(dst, src[start : start + dst.size])
+        call_end()
+        return dst, out
+
+    def settle(self, nbytes: int) -> Spec:
+        """auto's choice for this call, made now (collective the first time for a size on a
+        channel: every rank is inside this call, after the agreement), kept from now on; and
+        whether its wire narrows here (`Spec.keep_wire`)."""
+        chooser, collective = self.spec, self.options.collective
+        name = chooser.choose(self.channel, nbytes, bool(self.in_place), _choices(collective))
+        chosen = algorithms.spec(collective, name)
+        if isinstance(self.channel, wires.WireChannel) and not chooser.keep_wire(self.channel, chosen):
+            self.channel = self.state.channel(self.adapter)  # wire= where it does not pay: sent as it is
+        self.spec, self.ran, self.settled = chosen, name, True
+        return chosen
+
+    def reduce_words(self, buf: Any, op: str) -> None:
+        """reproducible=True: one all-reduce of ``buf`` in place by this call's algorithm (auto
+        chooses for what travels: the codes, then the words)."""
+        spec = self.spec
+        if spec.choose is not None:
+            name = spec.choose(self.channel, buf.nbytes, True, _choices(ALLREDUCE))
+            spec = algorithms.spec(ALLREDUCE, name)
+            self.ran = name
+        spec.run(self.channel, buf, buf, OPS[op])
+
+
+def _choices(collective: str) -> tuple[str, ...]:
+    """What auto may choose for ``collective``: every portable algorithm but itself."""
+    return tuple(name for name in algorithms.portable(collective) if name != "auto")
+
+
+# ---- the warm path ---------------------------------------------------------------------------
+
+
+def call(
+    collective: str,
+    x: Any,
+    out: Any,
+    op: Any,
+    algorithm: Any,
+    comm: Any,
+    check: bool,
+    timeout: float | None,
+    root: Any = 0,
+    reproducible: bool = False,
+    wire: Any = None,
+    parts: list[Any] | None = None,
+) -> Any:
+    """Run ``collective`` on ``x``: a warm call where this communicator has run its signature,
+    else the full path, which keeps its call for the next time. Anything a warm lookup cannot
+    take (an unhashable op, an array kind it does not know) takes the full path, whose
+    validation says what is wrong. (An `ExactSum`'s call, ``parts``, is never warm.)"""
+    key = None
+    adapter = known_adapter(x)
+    if adapter is not None:
+        try:  # an adapter's question that raises (a dtype it has no name for) is the full path's
+            device = adapter.current_device() if adapter.device else None
+            key = (
+                collective,
+                adapter,
+                adapter.shape(x),
+                adapter.dtype(x),
+                op,
+                algorithm,
+                out is None,
+                device,
+                root,
+                wire,
+                reproducible,
+            )
+            state = known_state(_WORLD if comm is None else comm)
+            made = None if state is None else state.warm.get(key)
+            ready = made is not None and made.ready(x, out)
+        except Exception:
+            key, ready = None, False
+        if ready:
+            return made(x, out, check, timeout)
+    if parts is not None:
+        key = None
+    return first(
+        Options(collective, op, algorithm, root, wire, reproducible), x, out, comm, check, timeout, key, parts
+    )
+
+
+# ---- the full path ---------------------------------------------------------------------------
+
+
+def first(
+    options: Options,
+    x: Any,
+    out: Any,
+    comm: Any,
+    check: bool,
+    timeout: float | None,
+    key: Any = None,
+    parts: list[Any] | None = None,
+) -> Any:
+    """Validate, build the Call, run it, and keep it under ``key`` (the front end's warm key:
+    None, not reusable) where its signature tells its placement."""
+    comm = intracomm(comm, options.caller)
+    try:
+        made, problem = prepare(options, x, out, comm, check, timeout, parts)
+    except Exception as error:  # check=False: this rank's own input error (check=True agrees on it)
+        dump_on_error(error)
+        raise
+    result = made(x, out, check, timeout, problem)
+    if key is not None and problem is None and _cacheable(made, out):
+        warm = made.state.warm
+        if len(warm) >= WARM_CALLS:  # a code that never repeats a shape: keep the table small
+            warm.clear()
+        warm[key] = made
+    return result
+
+
+def _cacheable(made: Call, out: Any) -> bool:
+    """Whether the warm key tells this call's placement: out= a view of x's own bytes (in place)
+    is not what ``out is None`` says; nor is an auto whose choice was priced before it was made."""
+    if made.exact or (not made.settled and made.channel.size > 1):
+        return False
+    collective = made.options.collective
+    if collective == ALLREDUCE:
+        return made.in_place == (out is None)
+    if collective in (REDUCE_SCATTER, ALLGATHER):
+        return not made.in_place
+    return True
+
+
+def prepare(
+    options: Options,
+    x: Any,
+    out: Any,
+    comm: MPI.Intracomm,
+    check: bool,
+    timeout: float | None = None,
+    parts: list[Any] | None = None,
+) -> tuple[Call, Exception | None]:
+    """The call to run and this rank's problem with it (with ``check``, the agreement makes it
+    every rank's error; without, it is raised here). Validation through the adapter, the
+    communicator's state (its first call duplicates it), the Spec that runs, the memory guard."""
+    caller, collective = options.caller, options.collective
+    problem: Exception | None = None
+    adapter: Adapter | None = None
+    reduction: Op | None = None
+    in_place: bool | None = None
+    out_shape: tuple[int, ...] | None = None
+    dtype: np.dtype | None = None
+    op = options.op
+    try:
+        spec = algorithms.spec(collective, options.algorithm)
+        if op is not None:
+            op = op_name(op)  # mpi4py's MPI.SUM, MAX, MIN, PROD -> their names
+        adapter, reduction, in_place, dtype, out_shape = validate(options, x, out, op, comm)
+    except (TypeError, ValueError) as error:
+        error = type(error)(f"{caller}: {error}")
+        if not check:
+            raise error from None
+        problem, adapter = error, None
+        try:  # the Spec only names the call in the flight record now: the agreement will raise
+            spec = algorithms.spec(collective, options.algorithm)
+        except ValueError:
+            spec = algorithms.spec(collective, "ring")
+    state = state_of(comm, timeout)
+    channel = state.channel(NUMPY if adapter is None else adapter)
+    state.agreement.settings = channel.config  # what a settings mismatch names
+    exact_path = False
+    if adapter is not None and dtype is not None:
+        try:
+            count = adapter.size(x)
+            if options.reproducible:  # ---- reproducible sums: hpcring/exact.py ----
+                exact_path = exact.check(op, dtype, accumulated=parts is not None)
+            narrowed = wires.check(options.wire, dtype, spec, options.reproducible, bool(adapter.device))
+            if narrowed is not None:  # ---- wire compression: hpcring/wire.py ----
+                channel = wires.channel(channel, narrowed)
+            if spec.refuses is not None and (refusal := spec.refuses(adapter)):
+                raise TypeError(refusal)
+            if spec.choose is not None:  # auto, where it has chosen for this size already
+                name = _chosen(spec, channel, count * dtype.itemsize, bool(in_place))
+                if name is not None:
+                    spec = algorithms.spec(collective, name)
+            check_memory(options, channel, spec, count, dtype, exact_path, parts is not None)
+        except (MemoryError, TypeError, ValueError) as error:
+            error = type(error)(f"{caller}: {error}")
+            if not check:
+                raise error from None
+            problem = error
+    row = Row(
+        collective=collective,
+        count=None if adapter is None else adapter.size(x),
+        dtype=dtype if adapter is not None else None,
+        op=None if op is None else op + REPRODUCIBLE if options.reproducible else op,
+        algorithm=options.algorithm,
+        array=None if adapter is None else adapter.type_name,
+        placement=in_place,
+        root=options.root if isinstance(options.root, int) else -1,
+        settings=channel.config.digest(),
+        wire=options.wire if isinstance(options.wire, str) else None,
+    )
+    made = Call(options, state, channel, adapter or NUMPY, spec, row, reduction, in_place, out_shape)
+    if spec.choose is None or spec.name != options.algorithm:  # a Spec chosen already: what runs
+        made.settled, made.ran = True, spec.name
+    made.exact, made.parts = exact_path, parts
+    return made, problem
+
+
+def _chosen(spec: Spec, channel: Channel, nbytes: int, in_place: bool) -> str | None:
+    """auto's choice for a size on this channel where a call has made it (local: no communication)."""
+    return channel.cached(("auto", spec.collective, nbytes, in_place))
+
+
+_READY: dict[str, Callable[[Adapter], Callable[[Any, Any], bool]]] = {
+    ALLREDUCE: lambda adapter: adapter.ready,
+    BROADCAST: lambda adapter: lambda x, out: out is None and adapter.ready(x, None),
+}
+
+
+def _ready_gathered(adapter: Adapter) -> Callable[[Any, Any], bool]:
+    """reduce_scatter and allgather: ``x`` contiguous on this rank's device (it is only read),
+    ``out`` either absent (a new one is made) or the full path is asked again."""
+
+    def ready(x: Any, out: Any) -> bool:
+        if out is not None:
+            return False
+        try:
+            adapter.check_device(x, "x")
+        except ValueError:
+            return False
+        return bool(adapter.flags(x).c_contiguous)
+
+    return ready
+
+
+_READY[REDUCE_SCATTER] = _READY[ALLGATHER] = _ready_gathered
+
+
+# ---- validation: one place, through the adapter ----------------------------------------------
+
+
+def validate(
+    options: Options, x: Any, out: Any, op: str | None, comm: MPI.Intracomm
+) -> tuple[Adapter, Op | None, bool, np.dtype, tuple[int, ...] | None]:
+    """Local checks, no communication: (adapter, op, in place, x's dtype, the shape of the output
+    the call makes where no out= is given) or TypeError/ValueError (the caller adds its name).
+
+    Every question about ``x`` and ``out`` goes to the adapter that owns ``x``."""
+    collective = options.collective
+    adapter = adapter_for(x)
+    dtype = adapter.dtype(x)
+    if dtype not in DTYPES:
+        names = ", ".join(d.name for d in DTYPES)
+        raise TypeError(f"dtype {dtype} is not supported; use one of {names}")
+    reduction = None
+    if collective in (ALLREDUCE, REDUCE_SCATTER):
+        if op not in OPS:
+            raise ValueError(f"unknown op {op!r}; choose one of {', '.join(OPS)}")
+        reduction = OPS[op]
+        check_op(reduction, dtype)
+    if collective == BROADCAST:
+        root = options.root
+        if not isinstance(root, int) or isinstance(root, bool) or not 0 <= root < comm.Get_size():
+            raise ValueError(
+                f"root must be a rank of the communicator, 0 to {comm.Get_size() - 1}; got {root!r}"
+            )
+    flags = adapter.flags(x)
+    if not flags.c_contiguous:
+        fix = getattr(adapter, "contiguous_fix", "xp.ascontiguousarray(x)")
+        raise ValueError(
+            f"x must be C-contiguous (pass {fix}, and copy the result back where it is in place)"
+        )
+    adapter.check_device(x, "x")
+    size, rank, shape, count = comm.Get_size(), comm.Get_rank(), adapter.shape(x), adapter.size(x)
+    if collective in (ALLREDUCE, BROADCAST):
+        if collective == BROADCAST and out is not None:
+            raise TypeError("broadcast works in place: it takes no out=")
+        in_place = _in_place(adapter, x, out, shape, dtype, flags)
+        return adapter, reduction, in_place, dtype, None
+    if collective == REDUCE_SCATTER:
+        start, stop = segment(count, size, rank)
+        made: tuple[int, ...] = (stop - start,)
+        in_place = _output(adapter, x, out, made, dtype, own=(start, stop))
+    else:
+        made = (size, *shape)
+        in_place = _output(adapter, x, out, made, dtype, own=None, row=rank * count)
+    return adapter, reduction, in_place, dtype, made if out is None else None
+
+
+def _in_place(adapter: Adapter, x: Any, out: Any, shape: Any, dtype: np.dtype, flags: Any) -> bool:
+    """Whether an all-reduce (or a broadcast) writes ``x`` itself; raises for an ``out`` it cannot take."""
+    if out is None or out is x:
+        in_place = True
+    else:
+        # Another view of x's very bytes (C-contiguous, x's dtype, any shape) is in place; any
+        # other overlap is refused below. The overlap test runs once, and only where it finds
+        # one are the data pointers read.
+        owned = adapter.owns(out)
+        overlaps = owned and adapter.shares_memory(x, out)
+        in_place = (
+            overlaps
+            and adapter.dtype(out) == dtype
+            and adapter.flags(out).c_contiguous
+            and adapter.same_memory(out, x)
+        )
+    if in_place:
+        if not flags.writeable:
+            raise ValueError("x is read-only; pass out= for an out-of-place result")
+        return True
+    if not owned:
+        raise TypeError(
+            f"out must be a {type(x).__module__}.{type(x).__name__} like x, "
+            f"got {type(out).__module__}.{type(out).__name__}"
+        )
+    out_shape, out_dtype = adapter.shape(out), adapter.dtype(out)
+    if out_shape != shape or out_dtype != dtype:
+        raise ValueError(
+            f"out must have x's shape {shape} and dtype {dtype}, got {out_shape} and {out_dtype}"
+        )
+    _writable_output(adapter, out)
+    if overlaps:
+        raise ValueError("out overlaps x; pass out=None (or out=x) for in place")
+    return False
+
+
+def _output(
+    adapter: Adapter,
+    x: Any,
+    out: Any,
+    shape: tuple[int, ...],
+    dtype: np.dtype,
+    own: tuple[int, int] | None,
+    row: int = 0,
+) -> bool:
+    """Whether a reduce-scatter (``own``: this rank's part of x) or an all-gather (x is the row
+    starting at element ``row`` of out) runs in place; raises for an ``out`` it cannot take."""
+    if out is None:
+        return False
+    if not adapter.owns(out):
+        raise TypeError(
+            f"out must be a {type(x).__module__}.{type(x).__name__} like x, "
+            f"got {type(out).__module__}.{type(out).__name__}"
+        )
+    out_shape, out_dtype = adapter.shape(out), adapter.dtype(out)
+    count = int(np.prod(shape, dtype=np.int64))
+    if adapter.size(out) != count or out_dtype != dtype or (own is None and out_shape != shape):
+        want = f"{count} elements" if own is not None else f"shape {shape}"
+        raise ValueError(f"out must have {want} and dtype {dtype}, got shape {out_shape} and {out_dtype}")
+    _writable_output(adapter, out)
+    if not adapter.shares_memory(x, out):
+        return False
+    flat_x, flat_out = adapter.flat(x), adapter.flat(out)
+    if own is not None and algorithms.base.same_memory(flat_out, flat_x[own[0] : own[1]]):
+        return True  # out is x's own part: in place (x's other parts are then scratch)
+    if own is None and algorithms.base.same_memory(flat_x, flat_out[row : row + flat_x.size]):
+        return True  # x is this rank's row of out: in place
+    raise ValueError("out overlaps x other than as " + ("x's own part" if own else "x's row of out"))
+
+
+def _writable_output(adapter: Adapter, out: Any) -> None:
+    flags = adapter.flags(out)
+    if not flags.c_contiguous:
+        raise ValueError("out must be C-contiguous")
+    adapter.check_device(out, "out")
+    if not flags.writeable:
+        raise ValueError("out is read-only")
+
+
+# ---- the memory guard ------------------------------------------------------------------------
+
+
+def check_memory(
+    options: Options,
+    channel: Channel,
+    spec: Spec,
+    count: int,
+    dtype: np.dtype,
+    exact_path: bool = False,
+    accumulated: bool = False,
+) -> None:
+    """MemoryError, before anything is allocated, when the call's scratch cannot fit.
+
+    The limit is the memory the adapter still has (HPCRING_MEMORY_LIMIT caps it, for a job that
+    shares its node or device with other work). A chooser (auto) not yet chosen for this size
+    is priced as its untuned default."""
+    size, rank, itemsize = channel.size, channel.rank, dtype.itemsize
+    priced = spec
+    if spec.default is not None:
+        priced = algorithms.spec(spec.collective, spec.default(count * itemsize, size))
+
+    def scratch_of(n: int, nbytes: int) -> int:
+        return priced.scratch_bytes(n, nbytes, size, rank) if priced.scratch_bytes else 0
+
+    scratch = scratch_of(count, itemsize)
+    if exact_path:
+        scratch = exact.scratch_bytes(channel, dtype, count, scratch_of, accumulated)
+    need = scratch - channel.scratch_held()
+    pool = 0
+    if isinstance(channel, wires.WireChannel):  # wire=: its pool holds about one narrowed copy in flight
+        pool = max(wires.pool_bytes(count, channel.wire) - channel.pool_held(), 0)
+        need = max(need, 0) + pool
+    if need <= 0:
+        return
+    available = channel.adapter.available_bytes()
+    limit = config.current().memory_limit
+    if limit is not None:
+        available = limit if available is None else min(available, limit)
+    if available is None or need <= available:
+        return
+    ring = algorithms.spec(options.collective, "ring")
+    least = ring.scratch_bytes(count, itemsize, size, rank) if ring.scratch_bytes else 0
+    name, have = options.algorithm, format_bytes(available)
+    if exact_path:
+        raise MemoryError(
+            f"reproducible=True with algorithm {name!r} needs {format_bytes(need)} more scratch on rank "
+            f"{rank} for {count} elements (its integer words: {exact.WORD_BYTES[itemsize]} bytes per "
+            f"element), but only {have} is available; without reproducible=True, algorithm='ring' "
+            f"needs {format_bytes(least)}"
+        )
+    if pool:
+        raise MemoryError(
+            f"algorithm {name!r} with wire={channel.wire.name!r} needs {format_bytes(need)} more on "
+            f"rank {rank} for {count} elements (scratch, and {format_bytes(pool)} of wire buffers), but "
+            f"only {have} is available; without wire=, algorithm='ring' needs {format_bytes(least)}"
+        )
+    raise MemoryError(
+        f"algorithm {name!r} needs {format_bytes(need)} more scratch on rank {rank} for {count} "
+        f"elements on {size} ranks, but only {have} is available; algorithm='ring' needs "
+        f"{format_bytes(least)}"
+    )
+
+
+# ---- timeouts and thread levels ----------------------------------------------------------------
+
+
+def default_timeout() -> float:
+    """Seconds to wait for every rank to arrive: HPCRING_TIMEOUT, else 300; 0 waits forever."""
+    return config.current().timeout
+
+
+def resolve_timeout(state: CommState, timeout: float | None) -> float:
+    """The timeout of one run on ``state``'s communicator: ``timeout``, else HPCRING_TIMEOUT as
+    the communicator took it (a bad value raises, on every rank alike)."""
+    if timeout is not None:
+        return timeout
+    return state.timeout if state.timeout is not None else default_timeout()
+
+
+_level: list[int] = []  # MPI's thread level, fixed once MPI is initialized
+
+
+def _thread_level() -> int:
+    if not _level:
+        _level.append(MPI.Query_thread())
+    return _level[0]
+
+
+__all__ = [
+    "Call",
+    "Options",
+    "call",
+    "check_memory",
+    "default_timeout",
+    "first",
+    "prepare",
+    "resolve_timeout",
+]
