@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import algorithms, config, exact
+from . import algorithms, config, exact, tracing
 from . import wire as wires
 from .agreement import REPRODUCIBLE, Row
 from .algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER, Spec
@@ -38,10 +38,14 @@ from .flight import AGREEMENT, MASK, MOVING, clock, dump_on_error
 from .ops import DTYPES, OPS, Op, check_op, op_name
 from .partition import segment
 from .polling import abandon
-from .tracing import call_begin, call_end, local_copy
+from .tracing import local_copy
 from .units import format_bytes
 
 WARM_CALLS = 256  # kinds of call remembered per communicator
+# How a collective's run function is called (`hpcring.algorithms.base`): (ch, src, dst, op),
+# (ch, src, dst) or (ch, buf, root).
+REDUCING, GATHERING, ROOTED = "reducing", "gathering", "rooted"
+FORMS = {ALLREDUCE: REDUCING, REDUCE_SCATTER: REDUCING, ALLGATHER: GATHERING, BROADCAST: ROOTED}
 _WORLD = MPI.COMM_WORLD
 _serialized = threading.Lock()  # under MPI_THREAD_SERIALIZED, one MPI call at a time in all
 
@@ -74,6 +78,7 @@ class Call:
         "channel",
         "exact",
         "flight",
+        "form",
         "in_place",
         "mean",
         "options",
@@ -82,6 +87,7 @@ class Call:
         "ran",
         "ready",
         "reduction",
+        "returns_x",
         "row",
         "serial",
         "settled",
@@ -107,7 +113,10 @@ class Call:
     ) -> None:
         self.options, self.state, self.channel, self.adapter = options, state, channel, adapter
         self.spec, self.row, self.reduction, self.in_place = spec, row, reduction, in_place
-        self.out_shape = out_shape  # the output a call makes where no out= is given (None: x itself)
+        self.out_shape = out_shape  # the output a call makes where no out= is given
+        # An all-reduce in place and a broadcast hand back x itself (out= a view of x's bytes is x)
+        self.returns_x = bool(in_place) and options.collective in (ALLREDUCE, BROADCAST)
+        self.form = FORMS[options.collective]
         self.words = row.words()  # the agreement's row, encoded once
         self.flight = state.flight  # the communicator's recorder, one attribute away on every call
         self.mean = reduction is not None and reduction.name == "mean"
@@ -189,7 +198,14 @@ class Call:
             timeout = self.timeout
             if timeout is None:
                 timeout = config.current().timeout  # a bad value raises here, on every rank alike
-        self._enter()
+        # The exclusion (`_enter`, `_leave`), written out: this runs on every call.
+        if self.single and threading.current_thread() is not threading.main_thread():
+            self._enter()  # raises, saying why
+        busy, serial = self.state.busy, self.serial
+        if not busy.acquire(False):
+            self._enter()  # raises, saying why
+        if serial is not None:
+            serial.acquire()
         try:
             self.channel.timeout = timeout or None  # every wait of the call is bounded by it
             flight = self.flight
@@ -214,9 +230,10 @@ class Call:
                 raise
             slot.end = clock()  # done: an end after the start (a failed call negates its phase)
         finally:
-            self._leave()
-        collective = self.options.collective
-        made = x if self.in_place and collective in (ALLREDUCE, BROADCAST) else out
+            if serial is not None:
+                serial.release()
+            busy.release()
+        made = x if self.returns_x else out
         if self.adapter.immutable:  # JAX: a new array of the result; CUDA torch: after its stream waits
             like = x if made is None else made
             if self.out_shape is None:  # the result has the shape of x (or out): every kind knows that
@@ -227,15 +244,17 @@ class Call:
     def move(self, x: Any, out: Any) -> tuple[Any, Any]:
         """The collective itself, on flat native views; returns (the result's flat view, ``out``:
         the user's output, made here where the collective makes one; for JAX, None)."""
-        adapter, channel, collective = self.adapter, self.channel, self.options.collective
+        adapter, channel = self.adapter, self.channel
         src = adapter.flat(x)
         if self.out_shape is not None:  # reduce_scatter, allgather without out=: a new array
             out, dst = adapter.allocate(x, self.out_shape)
-        elif out is None or (self.in_place and collective == ALLREDUCE):  # x itself (out= a view of it)
+        elif self.returns_x:  # x itself (out= a view of x's bytes is x too)
             dst = src
         else:
             dst = adapter.flat(out)
-        call_begin(collective, self.ran or self.options.algorithm, channel, src, dst)
+        tracer = tracing.TRACER
+        if tracer.on:
+            tracer.begin(self.options.collective, self.ran or self.options.algorithm, channel, src, dst)
         if self.exact:  # ---- reproducible sums: integer words (hpcring/exact.py) ----
             parts = [src] if self.parts is None else self.parts
             exact.run(
@@ -244,23 +263,24 @@ class Call:
         elif channel.size > 1 and src.size > 0:
             spec = self.spec if self.settled else self.settle(src.nbytes)
             try:
-                if collective == BROADCAST:
-                    spec.run(self.channel, dst, self.options.root)
-                elif collective == ALLGATHER:
+                form = self.form  # how the collective's run function is called (`Spec`)
+                if form is REDUCING:
+                    spec.run(self.channel, src, dst, self.reduction)
+                elif form is GATHERING:
                     spec.run(self.channel, src, dst)
                 else:
-                    spec.run(self.channel, src, dst, self.reduction)
+                    spec.run(self.channel, dst, self.options.root)
             except BaseException:
                 if isinstance(self.channel, wires.WireChannel):  # its wire buffers back to the pool
                     self.channel.settle()
                 raise
             if self.mean:
                 channel.xp.true_divide(dst, channel.size, out=dst)
-        elif dst is not src and collective != BROADCAST:  # nothing to exchange: only a local copy
-            start = segment(src.size, channel.size, channel.rank)[0] if collective == REDUCE_SCATTER else 0
-            dst[...] = src[start : start + dst.size]
-            local_copy(dst, src[start : start + dst.size])
-        call_end()
+        elif dst is not src:  # one rank, or no data: nothing to exchange, only x to copy where it goes
+            dst[...] = src[: dst.size]
+            local_copy(dst, src[: dst.size])
+        if tracer.on:
+            tracer.end()
         return dst, out
 
     def settle(self, nbytes: int) -> Spec:
