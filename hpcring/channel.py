@@ -363,12 +363,12 @@ class Channel:
     @channel_call
     def allgather(self, src: Any, dst: Any) -> None:
         """MPI_Allgather of raw bytes: every rank's ``src`` into its row of ``dst``, in rank order
-        (``src`` may be this rank's row of ``dst``: MPI_IN_PLACE)."""
+        (``src`` None: this rank's row of ``dst`` holds it already, MPI_IN_PLACE)."""
         self.traffic.unknown = True
         view = self.adapter.mpi_view
-        if self._host:
-            send = MPI.IN_PLACE if _is_row(src, dst, self.rank) else _raw(src)
-            self.comm.Allgather(send, _raw(dst))
+        if src is None:
+            with view(dst, copy_in=True, copy_out=True) as d:
+                self.comm.Allgather(MPI.IN_PLACE, _raw(d))
             return
         with (
             view(src, copy_in=True, copy_out=False, slot=0) as s,
@@ -382,16 +382,6 @@ class Channel:
         self.traffic.unknown = True
         with self.adapter.mpi_view(buf, copy_in=self.rank == root, copy_out=self.rank != root) as b:
             self.comm.Bcast(_raw(b), root)
-
-
-def _is_row(src: Any, dst: Any, rank: int) -> bool:
-    """Whether ``src`` is row ``rank`` of ``dst`` (an all-gather in place)."""
-    n = src.nbytes
-    return bool(
-        n
-        and src.__array_interface__["data"][0] == dst.__array_interface__["data"][0] + rank * n
-        and dst.nbytes >= (rank + 1) * n
-    )
 
 
 def _raw(array: Any) -> Any:

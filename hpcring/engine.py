@@ -288,7 +288,8 @@ class Call:
         channel: every rank is inside this call, after the agreement), kept from now on; and
         whether its wire narrows here (`Spec.keep_wire`)."""
         chooser, collective = self.spec, self.options.collective
-        name = chooser.choose(self.channel, nbytes, bool(self.in_place), _choices(collective))
+        in_place = bool(self.in_place) and collective == ALLREDUCE  # auto's tables tell only its placement
+        name = chooser.choose(self.channel, nbytes, in_place, algorithms.choices(collective))
         chosen = algorithms.spec(collective, name)
         if isinstance(self.channel, wires.WireChannel) and not chooser.keep_wire(self.channel, chosen):
             self.channel = self.state.channel(self.adapter)  # wire= where it does not pay: sent as it is
@@ -300,15 +301,10 @@ class Call:
         chooses for what travels: the codes, then the words)."""
         spec = self.spec
         if spec.choose is not None:
-            name = spec.choose(self.channel, buf.nbytes, True, _choices(ALLREDUCE))
+            name = spec.choose(self.channel, buf.nbytes, True, algorithms.choices(ALLREDUCE))
             spec = algorithms.spec(ALLREDUCE, name)
             self.ran = name
         spec.run(self.channel, buf, buf, OPS[op])
-
-
-def _choices(collective: str) -> tuple[str, ...]:
-    """What auto may choose for ``collective``: every portable algorithm but itself."""
-    return tuple(name for name in algorithms.portable(collective) if name != "auto")
 
 
 # ---- the warm path ---------------------------------------------------------------------------
@@ -456,7 +452,8 @@ def prepare(
             if spec.refuses is not None and (refusal := spec.refuses(adapter)):
                 raise TypeError(refusal)
             if spec.choose is not None:  # auto, where it has chosen for this size already
-                name = _chosen(spec, channel, count * dtype.itemsize, bool(in_place))
+                placed = bool(in_place) and collective == ALLREDUCE
+                name = _chosen(spec, channel, count * dtype.itemsize, placed)
                 if name is not None:
                     spec = algorithms.spec(collective, name)
             check_memory(options, channel, spec, count, dtype, exact_path, parts is not None)
@@ -472,7 +469,7 @@ def prepare(
         op=None if op is None else op + REPRODUCIBLE if options.reproducible else op,
         algorithm=options.algorithm,
         array=None if adapter is None else adapter.type_name,
-        placement=in_place,
+        placement=in_place if collective == ALLREDUCE else None,  # what MPI_IN_PLACE asks to agree
         root=options.root if isinstance(options.root, int) else -1,
         settings=channel.config.digest(),
         wire=options.wire if isinstance(options.wire, str) else None,

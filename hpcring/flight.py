@@ -257,11 +257,16 @@ def stall_detail(
 # --- the dump ------------------------------------------------------------------------------
 
 
+def live() -> list[Recorder]:
+    """Every live recorder of this process, oldest first."""
+    with _lock:
+        found = [ref() for ref in _recorders]
+    return [recorder for recorder in found if recorder is not None]
+
+
 def records() -> list[dict[str, Any]]:
     """Every live recorder of this process, as plain data."""
-    with _lock:
-        live = [ref() for ref in _recorders]
-    return [recorder.as_dict() for recorder in live if recorder is not None]
+    return [recorder.as_dict() for recorder in live()]
 
 
 def dump(directory: str | os.PathLike[str], reason: str) -> Path:

@@ -36,6 +36,7 @@ ENV = config.Config.trace.name  # HPCRING_TRACE
 # Rows inside one rank's process in the viewer: MPI sends (and the whole call), receives
 # and waits, local work. Overlapping non-blocking calls thus stay readable.
 TID_SEND, TID_RECV, TID_COMPUTE = 0, 1, 2
+MPI_CALLS = "mpi"  # the category of the events that are MPI calls (a reader such as `hpcring.viz` asks it)
 _THREAD_NAMES = {TID_SEND: "call / send", TID_RECV: "receive / wait", TID_COMPUTE: "reduce / copy"}
 
 
@@ -149,7 +150,7 @@ class Tracer(NullTracer):
         """One send (kind "send") or receive ("recv") of ``array`` to or from ``peer``."""
         tid = TID_SEND if kind == "send" else TID_RECV
         duration = (self.now() if end is None else end) - start
-        self._emit(kind, "mpi", start, duration, tid, peer=peer, **self.where(array), **extra)
+        self._emit(kind, MPI_CALLS, start, duration, tid, peer=peer, **self.where(array), **extra)
 
     def reduce(self, start: float, left: Any, right: Any, out: Any) -> None:
         self._emit(
@@ -178,7 +179,7 @@ class Tracer(NullTracer):
 
     def waited(self, start: float, requests: list[Any]) -> None:
         done = [self._requests.pop(id(r), {}) for r in requests]
-        self._emit("wait", "mpi", start, self.now() - start, TID_RECV, requests=done)
+        self._emit("wait", MPI_CALLS, start, self.now() - start, TID_RECV, requests=done)
 
     # --- merging -------------------------------------------------------------------------
 
@@ -392,7 +393,7 @@ def _library(name: str, result: int) -> Callable[..., None]:
     ``result`` (the output) of the Channel method."""
 
     def record(tracer: Tracer, start: float, ch: Any, *args: Any) -> None:
-        tracer._emit(name, "mpi", start, tracer.now() - start, TID_SEND, **tracer.where(args[result]))
+        tracer._emit(name, MPI_CALLS, start, tracer.now() - start, TID_SEND, **tracer.where(args[result]))
 
     return record
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from . import algorithms
 from .partition import segment_bounds
+from .tracing import MPI_CALLS
 
 Key = tuple[str, int]
 
@@ -98,7 +99,7 @@ def replay(algorithm: str, per_rank: dict[int, list[dict[str, Any]]]) -> Replay:
         groups: list[list[dict[str, Any]]] = [[]]
         last_ts = None
         for event in events:
-            mpi = event["cat"] == "mpi" and event["name"] in ("send", "recv", "MPI_Allreduce")
+            mpi = event["cat"] == MPI_CALLS and event["name"] in ("send", "recv", "MPI_Allreduce")
             if mpi and (last_ts != event["ts"] or not groups[-1]):
                 groups.append([])
             if mpi:

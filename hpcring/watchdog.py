@@ -54,12 +54,10 @@ def _look() -> None:
     """One look at every live record. A function of its own, so that no record stays referenced
     from this thread while it sleeps: a freed communicator's calls, channels and scratch must go
     when the garbage collector finds them, not when the watchdog next wakes."""
-    for ref in list(flight._recorders):
-        recorder = ref()
-        if recorder is not None:
-            stuck = overdue(recorder, flight.clock())
-            if stuck is not None:
-                end_the_job(recorder, stuck)
+    for recorder in flight.live():
+        stuck = overdue(recorder, flight.clock())
+        if stuck is not None:
+            end_the_job(recorder, stuck)
 
 
 def overdue(recorder: flight.Recorder, now: float) -> flight.Slot | None:

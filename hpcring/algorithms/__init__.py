@@ -96,6 +96,12 @@ def portable(collective: str = ALLREDUCE) -> tuple[str, ...]:
     return tuple(name for name in table(collective) if name not in BASELINES)
 
 
+def choices(collective: str = ALLREDUCE) -> tuple[str, ...]:
+    """What a chooser (`auto`) may choose for ``collective``: every portable algorithm that runs
+    itself (not a chooser)."""
+    return tuple(name for name in portable(collective) if table(collective)[name].choose is None)
+
+
 def priced(s: Spec, count: int, itemsize: int, size: int) -> Spec:
     """The Spec whose formulas stand for ``s``: a chooser's (auto's) untuned default choice for
     ``count`` elements on ``size`` ranks, else ``s`` itself."""

@@ -86,6 +86,8 @@ class Spec:
     # ... or, on a machine of nodes, levels(nbytes, ranks, per_node) -> (the phases inside one
     # node, those across nodes of one rank's share): a two-level algorithm
     levels: Callable[[float, int, int], tuple[list[Phase], list[Phase]]] | None = None
+    # ... and what it runs where its structure does not apply (a two-level one on one node)
+    fallback: str | None = None
     # wire=: narrowings(size, per_node) -> how often one element's value is rounded to the wire
     # dtype on its longest path (the error bound's k); None: it cannot narrow (the library moves
     # the data) and wire= is refused

@@ -211,6 +211,7 @@ ALLREDUCE = Spec(
     bytes_sent=bytes_sent,
     scratch_bytes=scratch_bytes,
     levels=levels,
+    fallback="ring",
     narrowings=narrowings,
     stepped=True,
     ring_order=True,

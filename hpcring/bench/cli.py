@@ -333,9 +333,8 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         if args.plot:
             plot(args.plot, header, rows)
         if args.tune:
-            known = [a for a in algorithms.portable() if a != "auto"]  # what auto may choose
             path, key = write_tuning(
-                rows, size=comm.Get_size(), header=header, known=known, in_place=args.in_place
+                rows, size=comm.Get_size(), header=header, known=algorithms.choices(), in_place=args.in_place
             )
             print(f"# tuning for {comm.Get_size()} ranks (table {key}) written to {path}", flush=True)
         if failed:

@@ -240,9 +240,12 @@ def measure_row(
     agree = not args.no_agree
     bare = algorithm == BARE
     channel = None if bare else channel_for(comm, adapter_for(x))
-    # A reproducible auto row chooses for the sizes that travel there: named auto+rep, no choice
-    plain_auto = algorithm == "auto" and not reproducible
-    chosen = auto.chosen(channel, nbytes, args.in_place) if plain_auto else None  # collective
+    # A chooser's row (auto) says what it chose for this size; a reproducible one chooses for the
+    # sizes that travel there (named auto+rep, no choice)
+    chooser = not bare and algorithms.spec(algorithms.ALLREDUCE, algorithm).choose is not None
+    chosen = (
+        auto.chosen(channel, nbytes, args.in_place) if chooser and not reproducible else None
+    )  # collective
 
     if bare:
         call = bare_call(comm, dev, x, out, args.op)
@@ -313,9 +316,7 @@ def measure_row(
             return wire_bytes_sent(ran, nbytes // itemsize, itemsize, narrowed, size, rank, per_node)
 
     if (
-        bare
-        or (reproducible and algorithm == "auto")
-        or formula_of(ran, nbytes, size, rank, dtype.itemsize) is None
+        bare or (reproducible and chooser) or formula_of(ran, nbytes, size, rank, dtype.itemsize) is None
     ):  # MPI's: not visible
         measured: list[int] | None = None
         formula: list[int] | None = None
@@ -473,8 +474,9 @@ def predicted_us(
     """The cost model's time in us, on the nodes hpcring found (None where it cannot say)."""
     nodes = topology.of(channel_for(comm, adapter_for(np.empty(0))).comm)
     per_node = nodes.per_node[0] if nodes.two_level else None
-    if algorithm == "hierarchical" and per_node is None:
-        algorithm = "ring"  # what it runs without a second level
+    fallback = algorithms.spec(algorithms.ALLREDUCE, algorithm).fallback
+    if per_node is None and fallback:
+        algorithm = fallback  # what a two-level algorithm runs without a second level
     try:
         return (
             predict(

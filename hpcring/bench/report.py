@@ -187,7 +187,7 @@ def format_footer(rows: list[Row], summary: list[dict[str, Any]]) -> str:
 def ceiling_line(header: dict[str, Any], rows: list[Row]) -> str:
     """The ring's busbw at the largest size against what bounds it on this device: the pinned
     copy bandwidth of host staging on a GPU, one process's np.copyto on the CPU."""
-    ring = [r for r in rows if r.algorithm == "ring"]
+    ring = [r for r in rows if r.algorithm == "ring"]  # by name: this line reports the ring itself
     if not ring:
         return "# ring not run: no figure against the copy bandwidth"
     top = max(ring, key=lambda r: r.size)

@@ -180,7 +180,7 @@ def phases(
     spec = spec_of(algorithm, collective)
     if spec.phases is None:
         raise ModelError(f"{algorithm!r} is priced as the cheapest of {', '.join(spec.modelled_as)}")
-    if bcast != "binomial":
+    if bcast != BCAST_FORMS[0]:  # not the default form
         try:
             return spec.phases(nbytes, ranks, bcast=bcast)  # type: ignore[call-arg]
         except TypeError:

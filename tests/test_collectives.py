@@ -1,0 +1,338 @@
+"""reduce_scatter, allgather and broadcast against MPI's own on the same buffers, written once for
+any rank count: every algorithm, dtype and op, sizes 0, 1, below G and not divisible by G, on
+world, split, dup and self communicators, in place and out of place; and a mismatch or a bad
+argument on one rank raising on every rank with the buffers untouched.
+
+Inputs are small integers, exact in every dtype and in any order of summation, so the result
+of every algorithm must equal the library's bit for bit. MPI has no float16 or bfloat16 for a
+reduction: there the reference is NumPy's over every rank's input (gathered as bytes).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+from helpers import everywhere, identical_everywhere, raises_everywhere
+from mpi4py import MPI
+
+import hpcring
+from hpcring import algorithms
+from hpcring.ops import DTYPES, OPS, kind
+from hpcring.partition import segment, segment_bounds
+
+pytestmark = pytest.mark.mpi
+WORLD = MPI.COMM_WORLD
+NAMES = {collective: algorithms.portable(collective) for collective in algorithms.COLLECTIVES}
+MPI_OPS = {"sum": MPI.SUM, "mean": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
+
+
+@pytest.fixture(scope="module")
+def comms() -> Iterator[dict[str, MPI.Intracomm]]:
+    """The communicators every case runs on: made once for the module, freed at its end."""
+    made = {
+        "world": WORLD,
+        "split": WORLD.Split(WORLD.rank % 2, -WORLD.rank),  # reversed order within each half
+        "dup": WORLD.Dup(),
+        "self": MPI.COMM_SELF,
+    }
+    yield made
+    made["split"].Free()
+    made["dup"].Free()
+
+
+def sizes(comm: MPI.Intracomm) -> list[int]:
+    """0, 1, below G, and not divisible by G."""
+    g = comm.Get_size()
+    return sorted({0, 1, max(g - 1, 0), 2 * g + 1, 101})
+
+
+def inputs(rank: int, n: int, dtype: np.dtype, op: str) -> np.ndarray:
+    """Small integers: any sum or product of a few ranks' is exact in every dtype."""
+    i = np.arange(n)
+    if op == "prod":
+        values = 1 + (i + rank) % 2
+    elif op in ("max", "min"):
+        values = (7 * i + 3 * rank) % 11
+    else:
+        values = (i % 5) + rank + 1
+    x = values.astype(np.float64).astype(dtype)
+    if kind(dtype) == "c":
+        x = x + (1j * (values % 3)).astype(dtype)
+    return x
+
+
+def gathered(comm: MPI.Intracomm, x: np.ndarray) -> np.ndarray:
+    """Every rank's ``x``, stacked: MPI_Allgather of the raw bytes (any dtype travels)."""
+    table = np.empty((comm.Get_size(), x.size), dtype=x.dtype)
+    comm.Allgather(x.view(np.uint8), table.view(np.uint8))
+    return table
+
+
+def reduced(comm: MPI.Intracomm, x: np.ndarray, op: str) -> np.ndarray:
+    """The reduction of every rank's ``x`` as the library gives it (NumPy's where it has no type)."""
+    if x.dtype.name in ("float16", "bfloat16"):
+        table = gathered(comm, x)
+        result = getattr(np, OPS[op].ufunc).reduce(table, axis=0).astype(x.dtype) if x.size else x.copy()
+    else:
+        result = np.empty_like(x)
+        comm.Allreduce(x, result, MPI_OPS[op])
+    if op == "mean":
+        np.true_divide(result, comm.Get_size(), out=result)
+    return result
+
+
+def cases() -> Iterator[tuple[np.dtype, str]]:
+    for dtype in DTYPES:
+        for op in OPS:
+            if kind(dtype) in OPS[op].kinds:
+                yield dtype, op
+
+
+@pytest.mark.parametrize("algorithm", NAMES["reduce_scatter"])
+def test_reduce_scatter_is_mpi_reduce_scatter(comms: dict[str, MPI.Intracomm], algorithm: str) -> None:
+    bad = []
+    for label, comm in comms.items():
+        g, rank = comm.Get_size(), comm.Get_rank()
+        for dtype, op in cases():
+            for n in sizes(comm):
+                x = inputs(rank, n, dtype, op)
+                start, stop = segment(n, g, rank)
+                want = reduced(comm, x, op)[start:stop]
+                if dtype.name not in ("float16", "bfloat16") and op != "mean":  # MPI's own, too
+                    own = np.empty(stop - start, dtype)
+                    counts = [b - a for a, b in segment_bounds(n, g)]
+                    comm.Reduce_scatter(x, own, counts, MPI_OPS[op])
+                    if own.tobytes() != want.tobytes():
+                        bad.append(("reference", label, dtype.name, op, n))
+                kept = x.copy()
+                got = hpcring.reduce_scatter(x, op=op, algorithm=algorithm, comm=comm)
+                if (
+                    got.tobytes() != want.tobytes()
+                    or got.shape != (stop - start,)
+                    or x.tobytes() != kept.tobytes()
+                ):
+                    bad.append(("new", label, dtype.name, op, n))
+                out = np.full(stop - start, 99, dtype)
+                if hpcring.reduce_scatter(x, op=op, algorithm=algorithm, comm=comm, out=out) is not out:
+                    bad.append(("out is returned", label, dtype.name, op, n))
+                if out.tobytes() != want.tobytes():
+                    bad.append(("out", label, dtype.name, op, n))
+                mine = x[start:stop]  # in place: this rank's own part of x
+                if hpcring.reduce_scatter(x, op=op, algorithm=algorithm, comm=comm, out=mine) is not mine:
+                    bad.append(("in place is returned", label, dtype.name, op, n))
+                if mine.tobytes() != want.tobytes():
+                    bad.append(("in place", label, dtype.name, op, n))
+    assert everywhere(WORLD, not bad), bad[:5]
+
+
+@pytest.mark.parametrize("algorithm", NAMES["allgather"])
+def test_allgather_is_mpi_allgather(comms: dict[str, MPI.Intracomm], algorithm: str) -> None:
+    bad = []
+    for label, comm in comms.items():
+        g, rank = comm.Get_size(), comm.Get_rank()
+        for dtype in DTYPES:
+            for n in sizes(comm):
+                x = inputs(rank, n, dtype, "sum").reshape(n, 1) if n % 2 else inputs(rank, n, dtype, "sum")
+                want = gathered(comm, x.reshape(-1)).reshape(g, *x.shape)
+                got = hpcring.allgather(x, algorithm=algorithm, comm=comm)
+                if got.shape != (g, *x.shape) or got.tobytes() != want.tobytes():
+                    bad.append(("new", label, dtype.name, n))
+                out = np.zeros((g, *x.shape), dtype)
+                if hpcring.allgather(x, algorithm=algorithm, comm=comm, out=out) is not out:
+                    bad.append(("out is returned", label, dtype.name, n))
+                if out.tobytes() != want.tobytes() or not identical_everywhere(comm, out):
+                    bad.append(("out", label, dtype.name, n))
+                out = np.zeros((g, *x.shape), dtype)
+                out[rank] = x  # in place: x is this rank's row of out
+                hpcring.allgather(out[rank], algorithm=algorithm, comm=comm, out=out)
+                if out.tobytes() != want.tobytes():
+                    bad.append(("in place", label, dtype.name, n))
+    assert everywhere(WORLD, not bad), bad[:5]
+
+
+@pytest.mark.parametrize("algorithm", NAMES["broadcast"])
+def test_broadcast_is_mpi_bcast(comms: dict[str, MPI.Intracomm], algorithm: str) -> None:
+    bad = []
+    for label, comm in comms.items():
+        rank = comm.Get_rank()
+        for dtype in DTYPES:
+            for n in sizes(comm):
+                for root in range(comm.Get_size()):
+                    want = inputs(root, n, dtype, "sum")
+                    x = inputs(rank, n, dtype, "sum")
+                    reference = x.copy()
+                    comm.Bcast(reference.view(np.uint8), root)  # MPI's own, on the bytes
+                    if hpcring.broadcast(x, root=root, algorithm=algorithm, comm=comm) is not x:
+                        bad.append(("x is returned", label, dtype.name, n, root))
+                    if x.tobytes() != want.tobytes() or x.tobytes() != reference.tobytes():
+                        bad.append(("value", label, dtype.name, n, root))
+    assert everywhere(WORLD, not bad), bad[:5]
+
+
+def test_large_buffers_stream_through_every_algorithm(comms: dict[str, MPI.Intracomm]) -> None:
+    """Sizes past the broadcast chain's chunk and with segments of several chunks."""
+    comm, n = comms["world"], (1 << 18) + 3
+    x = inputs(comm.Get_rank(), n, np.dtype(np.float32), "sum")
+    ok = True
+    for algorithm in NAMES["broadcast"]:
+        y = x.copy()
+        hpcring.broadcast(y, root=comm.Get_size() - 1, algorithm=algorithm, comm=comm)
+        ok &= y.tobytes() == inputs(comm.Get_size() - 1, n, x.dtype, "sum").tobytes()
+    want = reduced(comm, x, "sum")
+    start, stop = segment(n, comm.Get_size(), comm.Get_rank())
+    for algorithm in NAMES["reduce_scatter"]:
+        ok &= (
+            hpcring.reduce_scatter(x, algorithm=algorithm, comm=comm).tobytes() == want[start:stop].tobytes()
+        )
+    for algorithm in NAMES["allgather"]:
+        ok &= hpcring.allgather(x, algorithm=algorithm, comm=comm).tobytes() == gathered(comm, x).tobytes()
+    assert everywhere(WORLD, ok)
+
+
+def test_non_blocking_forms_give_the_blocking_results(comms: dict[str, MPI.Intracomm]) -> None:
+    comm = comms["dup"]
+    g, rank = comm.Get_size(), comm.Get_rank()
+    x = inputs(rank, 37, np.dtype(np.float64), "sum")
+    parts = hpcring.ireduce_scatter(x, comm=comm)
+    rows = hpcring.iallgather(x, comm=comm)
+    y = x.copy()
+    sent = hpcring.ibroadcast(y, root=g - 1, comm=comm)
+    start, stop = segment(37, g, rank)
+    ok = parts.wait().tobytes() == reduced(comm, x, "sum")[start:stop].tobytes()
+    ok &= rows.wait().tobytes() == gathered(comm, x).tobytes()
+    ok &= sent.wait() is y and y.tobytes() == inputs(g - 1, 37, x.dtype, "sum").tobytes()
+    assert everywhere(WORLD, ok)
+
+
+# ---- disagreements and bad arguments raise on every rank, buffers untouched ----------------------
+
+
+def test_mismatches_raise_on_every_rank() -> None:
+    if WORLD.size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    last = WORLD.rank == WORLD.size - 1
+    x = np.ones(12)
+    kept = x.copy()
+    raises_everywhere(
+        ValueError,
+        "hpcring.reduce_scatter: ranks disagree on count",
+        lambda: hpcring.reduce_scatter(x[: 11 if last else 12]),
+    )
+    raises_everywhere(
+        ValueError, "ranks disagree on dtype", lambda: hpcring.allgather(x.astype(np.float32) if last else x)
+    )
+    raises_everywhere(
+        ValueError, "ranks disagree on op", lambda: hpcring.reduce_scatter(x, op="max" if last else "sum")
+    )
+    raises_everywhere(
+        ValueError, "ranks disagree on root", lambda: hpcring.broadcast(x, root=1 if last else 0)
+    )
+    raises_everywhere(
+        ValueError,
+        "ranks disagree on algorithm",
+        lambda: hpcring.allgather(x, algorithm="naive" if last else "ring"),
+    )
+    assert everywhere(WORLD, x.tobytes() == kept.tobytes())
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda x, bad: hpcring.broadcast(x, root=WORLD.size if bad else 0), "root must be a rank"),
+        (lambda x, bad: hpcring.reduce_scatter(x[::2] if bad else x[:6]), "C-contiguous"),
+        (lambda x, bad: hpcring.reduce_scatter(x, op="mean" if not bad else "and"), "unknown op"),
+        (lambda x, bad: hpcring.allgather(x, out=np.empty(3) if bad else None), "out must have shape"),
+        (
+            lambda x, bad: hpcring.broadcast(x, algorithm="tree" if bad else "ring"),
+            "unknown algorithm 'tree'",
+        ),
+    ],
+    ids=["root", "contiguity", "op", "out", "algorithm"],
+)
+def test_a_bad_argument_on_one_rank_raises_on_every_rank(call: Any, match: str) -> None:
+    bad = WORLD.rank == WORLD.size - 1
+    x = np.arange(12, dtype=np.float64)
+    kept = x.copy()
+    raises_everywhere(ValueError, match, lambda: call(x, bad))
+    assert everywhere(WORLD, x.tobytes() == kept.tobytes())
+
+
+def test_first_calls_on_a_fresh_communicator() -> None:
+    """Each collective as the first hpcring call on a communicator (its duplicate made then)."""
+    ok = True
+    for collective in ("reduce_scatter", "allgather", "broadcast"):
+        comm = WORLD.Dup()
+        x = np.full(5, WORLD.rank + 1.0)
+        result = getattr(hpcring, collective)(x, comm=comm)
+        if collective == "reduce_scatter":
+            start, stop = segment(5, WORLD.size, WORLD.rank)
+            ok &= bool((result == WORLD.size * (WORLD.size + 1) / 2).all()) and result.size == stop - start
+        elif collective == "allgather":
+            ok &= bool((result[:, 0] == np.arange(1, WORLD.size + 1)).all())
+        else:
+            ok &= bool((result == 1.0).all())
+        comm.Free()
+    assert everywhere(WORLD, ok)
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast"])
+def test_a_rank_that_never_arrives_is_named(collective: str) -> None:
+    """The last rank skips the first call on a fresh communicator: the others raise StallError
+    naming it within the timeout (plus the second they listen for the others' notices)."""
+    if WORLD.size == 1:
+        pytest.skip("needs a rank to miss")
+    missing, timeout = WORLD.size - 1, 1.5
+    comm = WORLD.Dup()
+    ok = True
+    if WORLD.rank != missing:
+        start = time.monotonic()
+        try:
+            getattr(hpcring, collective)(np.ones(100), comm=comm, timeout=timeout)
+            ok = False
+        except hpcring.StallError as error:
+            elapsed = time.monotonic() - start
+            ok = error.missing == [missing] and timeout - 0.1 <= elapsed <= timeout + 2.0
+    assert everywhere(WORLD, ok)
+    comm.Free()
+
+
+def test_tensors_and_jax_arrays_go_through_every_collective() -> None:
+    """Every array kind the all-reduce takes: the output is of the input's kind."""
+    g, rank = WORLD.size, WORLD.rank
+    ok = True
+    if _importable("torch"):
+        import torch
+
+        t = torch.full((6,), float(rank + 1))
+        part = hpcring.reduce_scatter(t)
+        rows = hpcring.allgather(t)
+        sent = hpcring.broadcast(t.clone(), root=g - 1)
+        ok &= isinstance(part, torch.Tensor) and bool((part == g * (g + 1) / 2).all())
+        ok &= (
+            isinstance(rows, torch.Tensor)
+            and tuple(rows.shape) == (g, 6)
+            and bool((rows[:, 0] == torch.arange(1, g + 1)).all())
+        )
+        ok &= bool((sent == g).all())
+    if _importable("jax"):
+        import jax.numpy as jnp
+
+        a = jnp.full((6,), float(rank + 1))
+        part = hpcring.reduce_scatter(a)
+        rows = hpcring.allgather(a)
+        sent = hpcring.broadcast(a, root=g - 1)
+        start, stop = segment(6, g, rank)
+        ok &= part.shape == (stop - start,)
+        ok &= bool((part == g * (g + 1) / 2).all()) and rows.shape == (g, 6) and bool((sent == g).all())
+        ok &= bool((a == rank + 1).all())  # a JAX array is never written
+    assert everywhere(WORLD, ok)
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(name) is not None
