@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 from helpers import launch, launcher_env, mpiexec
 
-# Rank 0 arrives 50 ms late, so the others' waits look for stall notices (a receive is posted).
-# The job's own exit handler is registered first, so it runs last, after hpcring's. Each rank
-# writes its counts to a file of its own (Hydra may splice lines that ranks print together).
+# Rank 0 arrives 50 ms late at the second call, so waits look for stall notices: a receive is
+# posted on the ranks that waited longest (which ones is the scheduler's business). The job's own
+# exit handler is registered first, so it runs last, after hpcring's. Each rank writes its counts
+# to a file of its own (Hydra may splice lines that ranks print together).
 JOB = """
 import atexit, sys, time
 import numpy as np
@@ -28,6 +29,7 @@ def posted():
     return sum(w._notice is not None for w in polling._POSTED)
 
 atexit.register(lambda: out.write(f"at exit {posted()}\\n") and out.close())
+hpcring.allreduce(np.ones(1000))  # the first call makes the duplicate (and probes, posts nothing)
 if rank == 0:
     time.sleep(0.05)
 hpcring.allreduce(np.ones(1000))
@@ -47,6 +49,6 @@ def test_no_notice_receive_left_posted_at_exit(tmp_path: Path) -> None:
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
     counts = {rank: (tmp_path / f"rank-{rank}.txt").read_text() for rank in range(3)}
-    assert counts[1] == counts[2] == "after the call 1\nat exit 0\n", counts  # the late rank 0 posted none
-    assert counts[0].endswith("at exit 0\n"), counts
+    assert all(text.endswith("at exit 0\n") for text in counts.values()), counts
+    assert any(text.startswith("after the call 1") for text in counts.values()), counts  # one was posted
     assert "WARN" not in output, output
