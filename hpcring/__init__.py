@@ -71,6 +71,7 @@ def info() -> dict[str, Any]:
 
     from .arrays import available
     from .gpu import cuda_aware
+    from .jobenv import mpi_library
 
     levels = {
         MPI.THREAD_SINGLE: "single",
@@ -82,7 +83,7 @@ def info() -> dict[str, Any]:
     return {
         "hpcring": __version__,
         "mpi4py": mpi4py.__version__,
-        "mpi_library": MPI.Get_library_version().strip().splitlines()[0].split(",")[0],
+        "mpi_library": mpi_library(),
         "mpi_standard": "{}.{}".format(*MPI.Get_version()),
         "thread_level": levels.get(MPI.Query_thread(), "unknown"),
         "backends": available(),

@@ -18,9 +18,11 @@ posted on a communicator hpcring does not own.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import time
+import weakref
 from collections import deque
 from typing import Any
 
@@ -37,6 +39,20 @@ NOTICE_EVERY = 1e-3  # seconds between looks for another rank's stall notice
 GRACE = 1.0  # seconds a rank that stopped waiting listens for the others' notices
 
 NOTICE = 4  # int64s in a notice: rank, call number, peer waited for (-1: all), where
+
+
+_POSTED: weakref.WeakSet[Waiter] = weakref.WeakSet()  # waiters that posted a notice receive
+_AT_EXIT: list[Any] = []  # the exit handler that closes them, once registered
+
+
+def _close_at_exit(waiter: Waiter) -> None:
+    """Close ``waiter`` at interpreter exit, before mpi4py's MPI_Finalize (which runs after
+    Python's atexit, too late for Python callbacks): a communicator never freed (COMM_WORLD's
+    duplicate) kept its notice receive posted to the end, and MPICH over UCX printed a warning
+    on stdout for each."""
+    if not _AT_EXIT:
+        _AT_EXIT.append(atexit.register(lambda: [w.close() for w in list(_POSTED)]))
+    _POSTED.add(waiter)
 
 
 def idle_barrier(comm: Any) -> None:
@@ -74,6 +90,7 @@ class Waiter:
             return True
         if self._notice is None:
             self._notice = self.comm.Irecv(self._incoming, MPI.ANY_SOURCE, self.tag)
+            _close_at_exit(self)
         if not self._notice.Test():
             return False
         self._notice = None  # posted again at the next look

@@ -56,18 +56,31 @@ def raises_everywhere(kind: type[Exception], match: str, call: Callable[[], obje
 
 
 def mpiexec() -> str | None:
-    """The mpiexec beside this Python (the Open MPI wheel's), else the one on PATH."""
+    """The mpiexec beside this Python (the MPI wheel's: Open MPI's or MPICH's), else the one on PATH."""
     local = Path(sys.executable).parent / "mpiexec"
     return str(local) if local.exists() else shutil.which("mpiexec")
 
 
+def open_mpi() -> bool:
+    """Whether this Python's MPI is Open MPI (else an MPICH: its launcher is Hydra)."""
+    return MPI.Get_library_version().startswith("Open MPI")
+
+
+def launch(ranks: int) -> list[str]:
+    """The command line that starts ``ranks`` ranks, more than there are cores: Open MPI's mpiexec
+    needs ``--oversubscribe`` for that, MPICH's Hydra oversubscribes as it is and rejects the flag."""
+    return [mpiexec() or "mpiexec", *(["--oversubscribe"] if open_mpi() else []), "-n", str(ranks)]
+
+
+# What a running job or singleton leaves in its environment, which a job started from it must not
+# inherit: Open MPI's (PMIx, PRRTE) and MPICH's Hydra's (its PMI descriptor, rank and control fd).
+_JOB_VARIABLES = ("PMIX_", "PRTE_", "OMPI_COMM_", "OMPI_FILE_", "OMPI_MCA_orte", "OMPI_MCA_ess")
+_JOB_VARIABLES += ("PMI_", "HYDI_", "HYDRA_", "MPI_LOCALNRANKS", "MPI_LOCALRANKID")
+
+
 def launcher_env() -> dict[str, str]:
     """This process's environment minus what a running MPI job (or singleton) left in it."""
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if not key.startswith(("PMIX_", "PRTE_", "OMPI_COMM_", "OMPI_FILE_", "OMPI_MCA_orte", "OMPI_MCA_ess"))
-    }
+    env = {key: value for key, value in os.environ.items() if not key.startswith(_JOB_VARIABLES)}
     env.update(
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -80,7 +93,7 @@ def launcher_env() -> dict[str, str]:
 def run_example(example: str, *flags: str, ranks: int = 2, timeout: float = 300) -> list[str]:
     """``python -m hpcring.examples.<example> <flags>`` under mpiexec, as a user launches it; its
     stdout lines (the assertion shows stdout and stderr where it did not exit 0)."""
-    command = [mpiexec() or "mpiexec", "--oversubscribe", "-n", str(ranks), sys.executable, "-m"]
+    command = [*launch(ranks), sys.executable, "-m"]
     done = subprocess.run(
         [*command, f"hpcring.examples.{example}", *flags],
         capture_output=True,

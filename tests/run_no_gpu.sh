@@ -4,8 +4,7 @@
 # missing or a GPU is visible, so a green run means this case was really tested.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export OMPI_MCA_rmaps_base_oversubscribe=1
+source tests/launcher.sh  # MPIEXEC: Open MPI's or MPICH's, more ranks than cores allowed
 export PYTHONUNBUFFERED=1
 python - <<'PY'
 import sys
@@ -23,5 +22,5 @@ PY
 # two minutes together), are not GPU-path tests either: the main suite runs them.
 python -m pytest -q --ignore=tests/test_framework_examples.py --ignore=tests/test_docs_commands.py \
   --ignore=tests/test_stall.py --ignore=tests/test_flight.py "$@"
-timeout --signal=KILL 600 mpiexec --oversubscribe -n 2 python -m pytest -q --with-mpi -m mpi \
+timeout --signal=KILL 600 "${MPIEXEC[@]}" -n 2 python -m pytest -q --with-mpi -m mpi \
   tests/test_device.py tests/test_bench.py tests/test_staging.py "$@"

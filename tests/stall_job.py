@@ -28,7 +28,9 @@ WORLD = MPI.COMM_WORLD
 
 def report(**fields: object) -> None:
     words = " ".join(f"{key}={value}" for key, value in fields.items())
-    print(f"RESULT rank={WORLD.rank} {words}", flush=True)
+    # One write, newline included: Hydra forwards what each write gave, and with PYTHONUNBUFFERED
+    # print's separate write of the newline let another rank's line land in between.
+    print(f"RESULT rank={WORLD.rank} {words}\n", end="", flush=True)
 
 
 def main(mode: str, target: int, algorithm: str = "ring") -> int:

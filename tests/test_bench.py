@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from helpers import everywhere, launcher_env, mpiexec
+from helpers import everywhere, launch, launcher_env, mpiexec
 from mpi4py import MPI
 
 from hpcring import ALGORITHMS, config
@@ -256,7 +256,7 @@ def test_plot_lines_differ_in_marker_and_style_and_ticks_read_as_sizes() -> None
 @pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
 def test_bad_input_exits_2_on_all_ranks_and_says_so_once() -> None:
     """Each bad command line under mpiexec -n 2: status 2, one usage error, no hang (all run at once)."""
-    command = [mpiexec() or "mpiexec", "--oversubscribe", "-n", "2", sys.executable, "-m", "hpcring.bench"]
+    command = [*launch(2), sys.executable, "-m", "hpcring.bench"]
     jobs = {
         name: subprocess.Popen(
             [*command, *bad], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=launcher_env()

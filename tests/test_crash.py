@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
 import time
 
 import pytest
+from helpers import launch, launcher_env
 
 SCRIPT = textwrap.dedent(
     """
@@ -34,14 +34,13 @@ SCRIPT = textwrap.dedent(
 def test_one_rank_raises_job_ends(tmp_path, ranks: int) -> None:
     script = tmp_path / "crash.py"
     script.write_text(SCRIPT)
-    env = {**os.environ, "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
     start = time.monotonic()
     done = subprocess.run(
-        ["mpiexec", "--oversubscribe", "-n", str(ranks), sys.executable, str(script)],
+        [*launch(ranks), sys.executable, str(script)],
         capture_output=True,
         text=True,
         timeout=60,
-        env=env,
+        env=launcher_env(),
     )
     elapsed = time.monotonic() - start
     assert done.returncode != 0

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import everywhere, launcher_env, mpiexec
+from helpers import everywhere, launch, launcher_env
 from mpi4py import MPI
 
 import hpcring
@@ -323,7 +323,7 @@ def test_table_of_a_real_three_rank_stall(tmp_path: Path) -> None:
     script.write_text(textwrap.dedent(STALLING_JOB))
     records = tmp_path / "records"
     env = {**launcher_env(), "HPCRING_FLIGHT_RECORDER": str(records), "PYTHONPATH": str(ROOT)}
-    command = [mpiexec() or "mpiexec", "--oversubscribe", "-n", "3", sys.executable, str(script)]
+    command = [*launch(3), sys.executable, str(script)]
     done = subprocess.run(command, capture_output=True, text=True, timeout=90, env=env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("rank 2: last known at call 3 (allreduce max float32 x 3 (12 B), mpi") == 2, (

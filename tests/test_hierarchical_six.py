@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from helpers import launcher_env, mpiexec
+from helpers import launch, launcher_env, mpiexec
 
 SIX_RANKS = """
 import os
@@ -55,12 +55,11 @@ def test_six_ranks_more_than_two_per_node(per_node: str, inter: str) -> None:
     """6 ranks (beyond CI's 1-4): nodes of 3, and 3 nodes, with the ring across (in-node
     all-gather overlapped with it) or Rabenseifner across (all-gather after it); against
     MPI_Allreduce, bitwise identical everywhere, bytes = formula, input untouched."""
-    launcher = mpiexec()
-    if launcher is None:
+    if mpiexec() is None:
         pytest.skip("no mpiexec")
     env = {**launcher_env(), "HPCRING_RANKS_PER_NODE": per_node, "HPCRING_HIERARCHICAL_INTER": inter}
     run = subprocess.run(
-        [launcher, "--oversubscribe", "-n", "6", sys.executable, "-c", SIX_RANKS],
+        [*launch(6), sys.executable, "-c", SIX_RANKS],
         env=env,
         capture_output=True,
         text=True,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import everywhere, launcher_env, mpiexec
+from helpers import everywhere, launch, launcher_env
 from mpi4py import MPI
 
 import hpcring
@@ -78,7 +78,7 @@ def test_timeout_from_environment(monkeypatch) -> None:
 
 def _job(*args: str, ranks: int) -> tuple[int, str, float]:
     """Run tests/stall_job.py under mpiexec: (exit status, output, seconds)."""
-    command = [mpiexec() or "mpiexec", "--oversubscribe", "-n", str(ranks), sys.executable, JOB, *args]
+    command = [*launch(ranks), sys.executable, JOB, *args]
     start = time.monotonic()
     done = subprocess.run(command, capture_output=True, text=True, timeout=90, env=launcher_env())
     return done.returncode, done.stdout + done.stderr, time.monotonic() - start

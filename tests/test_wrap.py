@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import everywhere, identical_everywhere, raises_everywhere
+from helpers import everywhere, identical_everywhere, open_mpi, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
@@ -187,9 +187,13 @@ def outcome(call: Any, buf: np.ndarray) -> tuple[str, bytes]:
 
 
 def test_aliased_buffers_do_what_mpi_does(routed: list[str]) -> None:
-    """Send and receive buffers that overlap: MPI's business (an error, or in place in newer mpi4py)."""
+    """Send and receive buffers that overlap: MPI's business (an error, or in place in newer mpi4py).
+
+    Shift 0 (counts 9 and 8) is mpi4py's error on any MPI. Shift 1 (the same count, one element
+    apart) Open MPI reduces, so its bytes are compared here; MPICH asserts and aborts the job,
+    which tests/test_wrap_aliased.py checks in jobs of their own."""
     world = MPI.COMM_WORLD
-    for shift in (0, 1):
+    for shift in (0, 1) if open_mpi() else (0,):
         ours = random_input(9, np.float64, "sum")
         theirs = ours.copy()
         got = outcome(lambda: wrapped().Allreduce(ours[shift:], ours[:8], op=MPI.SUM), ours)  # noqa: B023

@@ -9,7 +9,7 @@
 #
 # OUT gets tuning.json, tune<G>.log, g<G>-r<i>.json and summary.txt. Knobs (environment):
 # RANKS (default "2 3 4"), RUNS (5), PASSES (tuning passes, 5), SIZES ("-b 4K -e 256M -f 4").
-# As root, also export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1.
+# Open MPI or MPICH: the mpiexec on PATH (tests/launcher.sh).
 set -euo pipefail
 out=${1:?usage: tools/campaign.sh OUT [--in-place]}
 placement=${2:-}
@@ -20,7 +20,10 @@ read -r -a sizes <<< "${SIZES:--b 4K -e 256M -f 4}"
 mkdir -p "$out"
 export HPCRING_TUNING="$out/tuning.json"
 rm -f "$HPCRING_TUNING"
-bench() { mpiexec --oversubscribe -x HPCRING_TUNING -x PYTHONPATH -n "$1" python -m hpcring.bench "${@:2}"; }
+source "$tools/../tests/launcher.sh"  # MPIEXEC: Open MPI's or MPICH's, more ranks than cores allowed
+pass=()  # the variables every rank needs: Open MPI's -x; Hydra passes the whole environment
+[[ $MPI_FLAVOUR == openmpi ]] && pass=(-x HPCRING_TUNING -x PYTHONPATH)
+bench() { "${MPIEXEC[@]}" "${pass[@]}" -n "$1" python -m hpcring.bench "${@:2}"; }
 for g in $ranks; do
   echo "# $(date -u +%H:%M:%S) tuning at $g ranks"
   bench "$g" "${sizes[@]}" -n 20 -w 3 --passes "${PASSES:-5}" --no-agree $placement \

@@ -122,7 +122,7 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
         figures = _partial(comm, array, sizes, small_repeats, large_repeats)
         if figures is not None:
             partial[comm.Get_size()] = figures
-    from mpi4py import MPI
+    from ..jobenv import mpi_library
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     meta = {
@@ -131,7 +131,7 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
         "host": socket.gethostname(),
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "mpi_library": MPI.Get_library_version().strip().splitlines()[0].split(",")[0],
+        "mpi_library": mpi_library(),
         "quick": quick,
         "sizes": sizes,
         "nodes": list(topo.per_node),

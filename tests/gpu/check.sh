@@ -15,7 +15,7 @@ out=${1:?usage: tests/gpu/check.sh OUTDIR}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 cd "$(dirname "$0")/../.."
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
+source tests/launcher.sh  # MPIEXEC: Open MPI's or MPICH's, more ranks than cores allowed
 export PYTHONUNBUFFERED=1
 log=$out/check.log
 maxbytes=${HPCRING_GPU_MAXBYTES:-256M}
@@ -54,7 +54,7 @@ if [[ ${HPCRING_GPU_TESTS:-1} != 0 ]]; then
   pytest=(python -m pytest -q --color=no -p no:cacheprovider)
   step "GPU tests, serial" 300 "${pytest[@]}" -m "gpu and not mpi" tests
   for n in ${HPCRING_GPU_RANKS:-1 2 4}; do
-    step "GPU tests at $n rank(s)" 500 mpiexec --oversubscribe -n "$n" "${pytest[@]}" --with-mpi \
+    step "GPU tests at $n rank(s)" 500 "${MPIEXEC[@]}" -n "$n" "${pytest[@]}" --with-mpi \
       -m "mpi and gpu" -k "not test_matrix or float16 or float32 or float64" tests
   done
 fi
@@ -62,7 +62,7 @@ fi
 for n in ${HPCRING_GPU_BENCH_RANKS:-2 4}; do
   top=$maxbytes
   [[ $n -gt 2 && -z ${HPCRING_GPU_MAXBYTES:-} ]] && top=64M  # more ranks share one GPU's copy engines
-  copy=$out/bench-$n.txt step "bench at $n ranks" 300 mpiexec --oversubscribe -n "$n" \
+  copy=$out/bench-$n.txt step "bench at $n ranks" 300 "${MPIEXEC[@]}" -n "$n" \
     python -m hpcring.bench --device gpu -b 4K -e "$top" -f 4 -n 10 -w 3 --max-time 5 \
     --json "$out/bench-$n.json" --plot "$out/bench-$n.png"
 done

@@ -98,6 +98,9 @@ run() {
   [[ ${1:-} == -- ]] && shift
   [[ $# -gt 0 ]] || cannot "run: no command after --"
   local mpirun=${MPIRUN:-$(command -v mpirun)}
+  # Its flags are Open MPI's (--prtemca, --mca, -x); MPICH's Hydra rejects them: say so, not a usage error.
+  "$mpirun" --version 2>/dev/null | grep -q "Open MPI" \
+    || cannot "run needs Open MPI's mpirun (PRRTE's ssh agent starts the hosts' daemons); $mpirun is not"
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 PYTHONUNBUFFERED=1
   # Every host's ranks share this machine's cores: hpcring's pipelined waits sleep 50 us
   # between polls instead of spinning (ring.wait_nap), as Open MPI's yield_when_idle below.
