@@ -71,7 +71,7 @@ def info() -> dict[str, Any]:
 
     from .arrays import available
     from .gpu import cuda_aware
-    from .jobenv import mpi_library
+    from .library import mpi_library
 
     levels = {
         MPI.THREAD_SINGLE: "single",

@@ -25,6 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from . import config
+
 _CUPY_IMPORT_ERROR = ""  # why `import cupy` failed, where it is installed but broken
 try:  # CuPy is optional: without it (or without a GPU) only the NumPy adapter computes.
     import cupy
@@ -49,7 +51,7 @@ def cupy_problem() -> str:
 
 def gpu_problem() -> str:
     """Why this rank won't compute on a GPU, or '' if it will: what `--device gpu` reports."""
-    if os.environ.get("HPCRING_DEVICE", "").strip().lower() == "cpu":
+    if config.current().device == "cpu":
         return "HPCRING_DEVICE=cpu is set"
     return cupy_problem()
 
@@ -73,10 +75,10 @@ def cuda_aware() -> tuple[bool, str]:
     `MPIX_Query_cuda_support`, MPICH's `MPIX_GPU_query_support`); else stage
     through host memory, the safe default.
     """
-    env = os.environ.get("HPCRING_CUDA_AWARE", "").strip()
-    if env == "0":
+    given = config.current().cuda_aware  # True, False, or None where unset (a bad value raises)
+    if given is False:
         return False, "HPCRING_CUDA_AWARE=0"
-    if env == "1":
+    if given:
         if cupy_problem():
             return True, "HPCRING_CUDA_AWARE=1 (not verified: no GPU here)"
         failure = verify_cuda_aware([sys.executable, "-m", "hpcring.cudaprobe", str(cupy.cuda.Device().id)])
@@ -90,8 +92,6 @@ def cuda_aware() -> tuple[bool, str]:
             stacklevel=2,
         )
         return False, f"HPCRING_CUDA_AWARE=1 but the device-buffer check {failure}: host staging"
-    if env:
-        raise ValueError(f"HPCRING_CUDA_AWARE must be 1 or 0, got {env!r}")
     from mpi4py import MPI
 
     try:

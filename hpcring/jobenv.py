@@ -45,13 +45,6 @@ _PREFIXES = (
 _NOISE = ("SLURM_JOB_CPUS", "SLURM_CPU_BIND", "PMIX_SERVER_URI", "PMIX_SECURITY")
 
 
-def mpi_library() -> str:
-    """The MPI library's name and version, from the first line of its version string: "Open MPI
-    v5.0.11" as Open MPI writes it, "MPICH 5.0.2" for MPICH's "MPICH Version:      5.0.2"."""
-    first = MPI.Get_library_version().strip("\x00 \n").splitlines()[0].split(",")[0]
-    return " ".join(first.replace("Version:", " ").split())
-
-
 def _versions() -> dict[str, str]:
     found = {"python": platform.python_version()}
     for name in ("numpy", "cupy", "matplotlib"):

@@ -108,7 +108,7 @@ def mpi_op_name(op: Any) -> str | None:
     return None
 
 
-def op_name(op: Any, caller: str = "hpcring.allreduce") -> Any:
+def op_name(op: Any, caller: str | None = None) -> Any:
     """The op name hpcring works with, for what the user passed as ``op``.
 
     A string comes back as it is (an unknown one is reported where ops are validated, as
@@ -129,6 +129,6 @@ def op_name(op: Any, caller: str = "hpcring.allreduce") -> Any:
     what = known[0] if known else "a predefined MPI.Op" if op.is_predefined else "a user-defined MPI.Op"
     accepted = ", ".join(f"MPI.{n}" for n in MPI_OPS)
     raise ValueError(
-        f"{caller}: {what} is not a supported op; use one of {accepted} or "
+        f"{caller + ': ' if caller else ''}{what} is not a supported op; use one of {accepted} or "
         f"{', '.join(map(repr, OPS))} (hpcring.Intracomm passes any other op to MPI)"
     )

@@ -631,6 +631,7 @@ def test_the_device_is_agreed_when_one_rank_may_not_use_a_gpu(
     the mixed case; without one every rank agrees anyway."""
     if COMM.Get_rank() == 0:
         monkeypatch.setenv("HPCRING_DEVICE", "cpu")
+        config.reload()
     status = main([*TINY, "-a", "ring", "--device", "gpu"])
     err = capsys.readouterr().err
     said = err.count("error: --device gpu: HPCRING_DEVICE=cpu is set (rank 0;") == (COMM.Get_rank() == 0)

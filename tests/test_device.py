@@ -17,6 +17,7 @@ from helpers import everywhere, launcher_env, mpiexec, needs_gpu
 from mpi4py import MPI
 
 import hpcring
+from hpcring import config
 from hpcring.arrays import available
 from hpcring.gpu import gpu_problem, local_device, node_local_rank
 
@@ -65,6 +66,7 @@ def test_select_device_without_gpu_is_none(monkeypatch: pytest.MonkeyPatch) -> N
     comm = MPI.COMM_WORLD
     if "cupy" in available():
         monkeypatch.setenv("HPCRING_DEVICE", "cpu")  # on a GPU machine, the CPU switch must win
+        config.reload()
     assert everywhere(comm, hpcring.select_device(comm) is None)
 
 
@@ -75,6 +77,7 @@ def test_select_device_with_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     import cupy
 
     monkeypatch.delenv("HPCRING_DEVICE", raising=False)
+    config.reload()
     comm = MPI.COMM_WORLD
     device = hpcring.select_device(comm)
     expected = node_local_rank(comm) % cupy.cuda.runtime.getDeviceCount()

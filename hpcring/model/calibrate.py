@@ -122,7 +122,7 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
         figures = _partial(comm, array, sizes, small_repeats, large_repeats)
         if figures is not None:
             partial[comm.Get_size()] = figures
-    from ..jobenv import mpi_library
+    from ..library import mpi_library
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     meta = {
