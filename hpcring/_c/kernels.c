@@ -44,7 +44,7 @@ static int dtype_code(PyObject *dt) {
     return -1;
 }
 
-/* 1: ``obj`` is a C-contiguous numpy.ndarray of a known dtype (writable where asked), held in
+/* 1: ``obj`` is an aligned C-contiguous numpy.ndarray of a known dtype (writable where asked), held in
  * ``a``; 0: it is not (no error set). */
 static int take(PyObject *obj, int writable, arg *a) {
     a->held = 0;
@@ -59,7 +59,12 @@ static int take(PyObject *obj, int writable, arg *a) {
         return 0;
     }
     a->held = 1;
-    if (a->view.itemsize != hr_itemsize[a->dtype]) { release(a); return 0; }
+    /* a misaligned array (a view at an odd byte offset) is NumPy's: C loads assume alignment */
+    size_t align = hr_itemsize[a->dtype] < 8 ? (size_t)hr_itemsize[a->dtype] : 8;
+    if (a->view.itemsize != hr_itemsize[a->dtype] || (uintptr_t)a->view.buf % align != 0) {
+        release(a);
+        return 0;
+    }
     a->n = (size_t)(a->view.len / a->view.itemsize);
     return 1;
 }
