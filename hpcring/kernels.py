@@ -138,18 +138,20 @@ def _edge_values(dtype: np.dtype, n: int, seed: int) -> np.ndarray:
     rng = np.random.default_rng(seed)
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
-        edges = np.array([0, 1, -1, info.max, info.min, info.max - 1], dtype=np.int64)
+        edges = np.array([0, 1, -1, info.max, info.min, info.max - 1], dtype=np.int64)[:n]
         out = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
         out[: len(edges)] = edges.astype(dtype)
         return rng.permutation(out)
     if dtype.kind == "c":
         part = np.dtype(np.float32 if dtype.itemsize == 8 else np.float64)
-        return (_edge_values(part, n, seed) + 1j * _edge_values(part, n, seed + 1)).astype(dtype)
+        out = np.empty(n, dtype)
+        out.real, out.imag = _edge_values(part, n, seed), _edge_values(part, n, seed + 1)
+        return out
     info = ml_dtypes.finfo(dtype)
     scale = rng.choice([1.0, float(info.tiny), float(info.max) / 4, float(info.smallest_subnormal) * 3], n)
     with np.errstate(all="ignore"):
         out = (rng.standard_normal(n) * scale).astype(dtype)
-    edges = [0.0, -0.0, np.inf, -np.inf, np.nan, float(info.max), -float(info.max), float(info.tiny)]
+    edges = [0.0, -0.0, np.inf, -np.inf, np.nan, float(info.max), -float(info.max), float(info.tiny)][:n]
     out[: len(edges)] = np.array(edges).astype(dtype)
     return rng.permutation(out)
 
