@@ -38,8 +38,8 @@ def _load_mpi_core() -> tuple[Any, str]:
 
     try:
         from . import _core
-    except ImportError as error:
-        return None, f"hpcring._core did not load ({error})"
+    except Exception as error:  # ImportError, or mpi4py's ValueError on a C API built for another ABI
+        return None, f"hpcring._core did not load ({type(error).__name__}: {error})"
     runtime = MPI.Get_library_version().strip()
     why = abi_mismatch(
         _core.MPI_VENDOR,
