@@ -71,18 +71,15 @@ HR_CLONES static void hr_codes(int dtype, const hr_format *f, const void *x, voi
 #undef HR_CODES
 }
 
-/* encode: words (fmt.words rows of n int64) += (or = where ``first``) the fixed point of x on the
- * grid ``code`` sets; ``floats`` (with ``first``): the integers stay float64 in the words' bytes. */
-HR_CLONES static void hr_encode(int dtype, const hr_format *f, const void *x, const void *code,
-                                int64_t *words, size_t n, int first, int floats) {
-    int64_t *w0 = words, *w1 = words + n;
-    const uint64_t special = (uint64_t)f->exponent_mask;
-    uint64_t any_special = 0;
-#define HR_WORD(t) (floats ? (int64_t)hr_bits64(t) : hr_as_int(t))
-#define HR_ENCODE(D, T, C, VALUE)                                                                 \
-    if (dtype == D) {                                                                             \
-        const T *s = x;                                                                           \
-        const C *c = code;                                                                        \
+/* One format's main encode loop; ``first`` and ``floats`` are constants where it is inlined, so
+ * each combination is its own branch-free loop. Returns whether some code is Inf/NaN's. */
+#define HR_ENCODE_LOOP(D, T, C, VALUE)                                                            \
+    HR_INLINE uint64_t hr_encode_loop_##T##_##C##_##VALUE(const hr_format *f, const T *restrict s, \
+                                                         const C *restrict c, int64_t *restrict w0, \
+                                                         int64_t *restrict w1, size_t n, const int first, \
+                                                         const int floats) {                      \
+        const uint64_t special = (uint64_t)f->exponent_mask;                                      \
+        uint64_t any_special = 0;                                                                 \
         if (f->words == 1) {                                                                      \
             const int64_t base = HR_ONE_WORD + f->bias - 1;                                       \
             for (size_t i = 0; i < n; i++) {                                                      \
@@ -92,22 +89,43 @@ HR_CLONES static void hr_encode(int dtype, const hr_format *f, const void *x, co
                 int64_t word = (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(t));                    \
                 w0[i] = first ? word : (int64_t)((uint64_t)w0[i] + (uint64_t)word);               \
             }                                                                                     \
-        } else {                                                                                  \
-            /* T = trunc(x 2^(85 - top)) as hi 2^43 + lo, from w = x 2^(42 - top) (exact.py) */   \
-            const int64_t base = (HR_TWO_WORDS - HR_TWO_WORDS_LOW) + f->bias - 1;                 \
-            for (size_t i = 0; i < n; i++) {                                                      \
-                uint64_t sp = c[i] == special;                                                    \
-                any_special |= sp;                                                                \
-                double w = hr_ldexp(VALUE(s[i]), base - (int64_t)c[i]);                           \
-                double hi = hr_trunc(w);                                                          \
-                double lo = hr_trunc((w - hi) * 0x1p43);                                          \
-                int64_t a = (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(hi));                      \
-                int64_t b = (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(lo));                      \
-                w0[i] = first ? a : (int64_t)((uint64_t)w0[i] + (uint64_t)a);                     \
-                w1[i] = first ? b : (int64_t)((uint64_t)w1[i] + (uint64_t)b);                     \
-            }                                                                                     \
+            return any_special;                                                                   \
         }                                                                                         \
-        if (any_special) {                                                                        \
+        /* T = trunc(x 2^(85 - top)) as hi 2^43 + lo, from w = x 2^(42 - top) (exact.py) */       \
+        const int64_t base = (HR_TWO_WORDS - HR_TWO_WORDS_LOW) + f->bias - 1;                     \
+        for (size_t i = 0; i < n; i++) {                                                          \
+            uint64_t sp = c[i] == special;                                                        \
+            any_special |= sp;                                                                    \
+            double w = hr_ldexp(VALUE(s[i]), base - (int64_t)c[i]);                               \
+            double hi = hr_trunc(w);                                                              \
+            double lo = hr_trunc((w - hi) * 0x1p43);                                              \
+            int64_t a = (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(hi));                          \
+            int64_t b = (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(lo));                          \
+            w0[i] = first ? a : (int64_t)((uint64_t)w0[i] + (uint64_t)a);                         \
+            w1[i] = first ? b : (int64_t)((uint64_t)w1[i] + (uint64_t)b);                         \
+        }                                                                                         \
+        return any_special;                                                                       \
+    }
+#define HR_WORD(t) (floats ? (int64_t)hr_bits64(t) : hr_as_int(t))
+HR_FORMATS(HR_ENCODE_LOOP)
+#undef HR_WORD
+
+/* encode: words (fmt.words rows of n int64) += (or = where ``first``) the fixed point of x on the
+ * grid ``code`` sets; ``floats`` (with ``first``): the integers stay float64 in the words' bytes.
+ * The caller (kernels.c) has checked that the words lie apart from x and code. */
+HR_CLONES static void hr_encode(int dtype, const hr_format *f, const void *x, const void *code,
+                                int64_t *words, size_t n, int first, int floats) {
+    int64_t *w0 = words, *w1 = f->words == 2 ? words + n : NULL;
+#define HR_ENCODE(D, T, C, VALUE)                                                                 \
+    if (dtype == D) {                                                                             \
+        const T *s = x;                                                                           \
+        const C *c = code;                                                                        \
+        uint64_t any_special;                                                                     \
+        if (first && floats) any_special = hr_encode_loop_##T##_##C##_##VALUE(f, s, c, w0, w1, n, 1, 1); \
+        else if (first) any_special = hr_encode_loop_##T##_##C##_##VALUE(f, s, c, w0, w1, n, 1, 0); \
+        else any_special = hr_encode_loop_##T##_##C##_##VALUE(f, s, c, w0, w1, n, 0, 0);          \
+        if (any_special) { /* Inf and NaN: counted in the top word instead */                    \
+            const C special = (C)f->exponent_mask;                                                \
             for (size_t i = 0; i < n; i++) {                                                      \
                 if (c[i] != special) continue;                                                    \
                 int64_t count = hr_special_count(VALUE(s[i]));                                    \
@@ -119,7 +137,6 @@ HR_CLONES static void hr_encode(int dtype, const hr_format *f, const void *x, co
     }
     HR_FORMATS(HR_ENCODE)
 #undef HR_ENCODE
-#undef HR_WORD
 }
 
 enum hr_decode_mode { HR_DECODE_FLOATS, HR_DECODE_SMALL, HR_DECODE_CAST, HR_DECODE_BIG };
@@ -181,16 +198,21 @@ HR_CLONES static void hr_decode(int dtype, const hr_format *f, const int64_t *wo
     const int64_t *w0 = words, *w1 = f->words == 2 ? words + n : words;
     const uint64_t special = (uint64_t)f->exponent_mask;
     const int64_t base = (f->words == 1 ? HR_ONE_WORD : HR_TWO_WORDS) + f->bias - 1;
-    const int two = f->words == 2;
     const double div = (double)divisor;
     uint64_t any_special = 0;
 #define HR_STORE(D, v) (D == HR_F16 ? hr_double_to_half(v) : D == HR_BF16 ? hr_double_to_bf16(v) : 0)
 #define HR_DECODE_LOOP(D, T, MODE)                                                                \
+    if (divisor == 1) {                                                                           \
+        HR_DECODE_EACH(D, MODE, 0)                                                                \
+    } else {                                                                                      \
+        HR_DECODE_EACH(D, MODE, 1)                                                                \
+    }
+#define HR_DECODE_EACH(D, MODE, DIVIDE)                                                           \
     for (size_t i = 0; i < n; i++) {                                                              \
         uint64_t sp = c[i] == special;                                                            \
         any_special |= sp;                                                                        \
-        double v = hr_ldexp(hr_sum_of(MODE, two, w0[i], w1[i]), (int64_t)c[i] - base);           \
-        if (divisor != 1) v /= div;                                                               \
+        double v = hr_ldexp(hr_sum_of(MODE, D == HR_F64, w0[i], w1[i]), (int64_t)c[i] - base);    \
+        if (DIVIDE) v /= div;                                                                     \
         v = hr_seld(c[i] == 0, -0.0, v); /* every contribution was -0 */                          \
         if (D == HR_F32) ((float *)o)[i] = (float)v;                                              \
         else if (D == HR_F64) ((double *)o)[i] = v;                                               \
@@ -222,6 +244,7 @@ HR_CLONES static void hr_decode(int dtype, const hr_format *f, const int64_t *wo
     HR_FORMATS(HR_DECODE)
 #undef HR_DECODE
 #undef HR_DECODE_LOOP
+#undef HR_DECODE_EACH
 #undef HR_STORE
 }
 

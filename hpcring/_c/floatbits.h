@@ -99,13 +99,15 @@ static inline uint16_t hr_double_to_bf16(double d) {
 
 /* --- exact helpers for the reproducible sums (hpcring/exact.py) --- */
 
-/* trunc(v), bitwise NumPy's (-0 kept): |v| < 2^52 rounded by addition, stepped toward zero. */
+/* trunc(v), bitwise NumPy's (-0 kept): |v| < 2^52 rounded by addition, stepped toward zero;
+ * in bit selects (a comparison turned into a double would be a branch). */
 static inline double hr_trunc(double v) {
-    double a = fabs(v);
+    uint64_t u = hr_bits64(v);
+    double a = hr_float64(u & 0x7fffffffffffffffull);
     double r = (a + 0x1p52) - 0x1p52;
-    r -= (double)(r > a);
+    r -= hr_float64(hr_sel64(r > a, hr_bits64(1.0), 0));
     r = hr_seld(a < 0x1p52, r, a);
-    return copysign(r, v);
+    return hr_float64(hr_bits64(r) | (u & 0x8000000000000000ull));
 }
 
 /* 2^e for -1022 <= e <= 1023, from its bits. */

@@ -57,173 +57,147 @@ static inline double hr_pick_nan_d(double a, double b, double r) {
     return hr_float64(hr_sel64(na | nb, hr_sel64(na, ua, ub) | 0x0008000000000000ull, hr_bits64(r)));
 }
 
-#define HR_FLOAT_LOOP(T, NAN_OF, NAN_ARGS)                                                        \
-    switch (op) {                                                                                 \
-    case HR_SUM:                                                                                  \
-        for (size_t i = 0; i < n; i++) { T a = l[i], b = r[i]; o[i] = NAN_OF(a, b, a + b NAN_ARGS); } \
-        break;                                                                                    \
-    case HR_PROD:                                                                                 \
-        for (size_t i = 0; i < n; i++) { T a = l[i], b = r[i]; o[i] = NAN_OF(a, b, a * b NAN_ARGS); } \
-        break;                                                                                    \
-    case HR_MAX:                                                                                  \
-        for (size_t i = 0; i < n; i++) { T a = l[i], b = r[i]; o[i] = (isnan(a) || a > b) ? a : b; } \
-        break;                                                                                    \
-    case HR_MIN:                                                                                  \
-        for (size_t i = 0; i < n; i++) { T a = l[i], b = r[i]; o[i] = (isnan(a) || a < b) ? a : b; } \
-        break;                                                                                    \
-    default:                                                                                      \
-        break;                                                                                    \
+#define HR_INLINE static inline __attribute__((always_inline))
+
+/* One element-wise kernel NAME over T, ``STEP`` values per element, whose BODY reads L[k] and
+ * R[k] and writes O[k] (k in [STEP i, STEP i + STEP)) after its reads. kernels.c guarantees that
+ * out is left, or right, or lies apart from each; so each case gets its own loop whose pointers
+ * do not alias (restrict), and compilers vectorize it without run-time overlap checks (which fail,
+ * hence a scalar loop, exactly for the in-place reductions the algorithms do). */
+#define HR_KERNEL(NAME, T, STEP, BODY)                                                            \
+    HR_INLINE void NAME##_apart(const T *restrict L, const T *restrict R, T *restrict O, size_t n) { \
+        for (size_t i = 0; i < n; i++) { BODY }                                                   \
+    }                                                                                             \
+    HR_INLINE void NAME##_left(T *restrict O, const T *restrict R, size_t n) {                    \
+        const T *L = O;                                                                           \
+        for (size_t i = 0; i < n; i++) { BODY }                                                   \
+    }                                                                                             \
+    HR_INLINE void NAME##_right(const T *restrict L, T *restrict O, size_t n) {                   \
+        const T *R = O;                                                                           \
+        for (size_t i = 0; i < n; i++) { BODY }                                                   \
+    }                                                                                             \
+    HR_INLINE void NAME##_self(T *O, size_t n) {                                                  \
+        const T *L = O, *R = O;                                                                   \
+        for (size_t i = 0; i < n; i++) { BODY }                                                   \
+    }                                                                                             \
+    HR_INLINE void NAME(const void *l, const void *r, void *o, size_t n) {                        \
+        if (o == l && o == r) NAME##_self(o, n);                                                  \
+        else if (o == l) NAME##_left(o, r, n);                                                    \
+        else if (o == r) NAME##_right(l, o, n);                                                   \
+        else NAME##_apart(l, r, o, n);                                                            \
     }
+
+/* float32, float64: IEEE in the type itself; maximum/minimum as NumPy's SIMD loops select. */
+#define HR_IEEE(P, T, PICK)                                                                       \
+    HR_KERNEL(P##_sum, T, 1, T a = L[i]; T b = R[i]; O[i] = PICK(a, b, a + b);)                   \
+    HR_KERNEL(P##_prod, T, 1, T a = L[i]; T b = R[i]; O[i] = PICK(a, b, a * b);)                  \
+    HR_KERNEL(P##_max, T, 1, T a = L[i]; T b = R[i]; O[i] = (isnan(a) || a > b) ? a : b;)         \
+    HR_KERNEL(P##_min, T, 1, T a = L[i]; T b = R[i]; O[i] = (isnan(a) || a < b) ? a : b;)
 
 #define HR_NAN_F(a, b, r) hr_pick_nan_f(a, b, r, 0)
 #define HR_NAN_D(a, b, r) hr_pick_nan_d(a, b, r)
-#define HR_NO_ARGS
+HR_IEEE(hr_f32, float, HR_NAN_F)
+HR_IEEE(hr_f64, double, HR_NAN_D)
 
-static inline void hr_combine_f32(int op, const float *l, const float *r, float *o, size_t n) {
-    HR_FLOAT_LOOP(float, HR_NAN_F, HR_NO_ARGS)
-}
+/* int32, int64: two's complement wraps, as NumPy's do (unsigned arithmetic: no UB). */
+#define HR_INTEGER(P, T, U)                                                                       \
+    HR_KERNEL(P##_sum, T, 1, O[i] = (T)((U)L[i] + (U)R[i]);)                                      \
+    HR_KERNEL(P##_prod, T, 1, O[i] = (T)((U)L[i] * (U)R[i]);)                                     \
+    HR_KERNEL(P##_max, T, 1, T a = L[i]; T b = R[i]; O[i] = a > b ? a : b;)                       \
+    HR_KERNEL(P##_min, T, 1, T a = L[i]; T b = R[i]; O[i] = a < b ? a : b;)
 
-static inline void hr_combine_f64(int op, const double *l, const double *r, double *o, size_t n) {
-    HR_FLOAT_LOOP(double, HR_NAN_D, HR_NO_ARGS)
-}
+HR_INTEGER(hr_i32, int32_t, uint32_t)
+HR_INTEGER(hr_i64, int64_t, uint64_t)
 
-#define HR_INT_LOOP(T, U)                                                                         \
-    switch (op) {                                                                                 \
-    case HR_SUM: /* two's complement wraps, as NumPy's do: unsigned arithmetic, no UB */           \
-        for (size_t i = 0; i < n; i++) o[i] = (T)((U)l[i] + (U)r[i]);                             \
-        break;                                                                                    \
-    case HR_PROD:                                                                                 \
-        for (size_t i = 0; i < n; i++) o[i] = (T)((U)l[i] * (U)r[i]);                             \
-        break;                                                                                    \
-    case HR_MAX:                                                                                  \
-        for (size_t i = 0; i < n; i++) o[i] = l[i] > r[i] ? l[i] : r[i];                          \
-        break;                                                                                    \
-    case HR_MIN:                                                                                  \
-        for (size_t i = 0; i < n; i++) o[i] = l[i] < r[i] ? l[i] : r[i];                          \
-        break;                                                                                    \
-    default:                                                                                      \
-        break;                                                                                    \
-    }
+/* float16: NumPy widens both to float32, computes there, narrows (HALF_add and friends), and
+ * keeps left where (left >= right || isnan(left)) for maximum; bfloat16: ml_dtypes computes in
+ * float32 too and keeps left where (isnan(left) || left > right). */
+#define HR_NARROW_ARITH(P, TO_F, FROM_F, RIGHT)                                                   \
+    HR_KERNEL(P##_sum, uint16_t, 1, float a = TO_F(L[i]); float b = TO_F(R[i]);                   \
+              O[i] = FROM_F(hr_pick_nan_f(a, b, a + b, RIGHT));)                                  \
+    HR_KERNEL(P##_prod, uint16_t, 1, float a = TO_F(L[i]); float b = TO_F(R[i]);                  \
+              O[i] = FROM_F(hr_pick_nan_f(a, b, a * b, RIGHT));)
 
-static inline void hr_combine_i32(int op, const int32_t *l, const int32_t *r, int32_t *o, size_t n) {
-    HR_INT_LOOP(int32_t, uint32_t)
-}
-
-static inline void hr_combine_i64(int op, const int64_t *l, const int64_t *r, int64_t *o, size_t n) {
-    HR_INT_LOOP(int64_t, uint64_t)
-}
-
-/* float16: NumPy widens both to float32, computes there, narrows (HALF_add and friends);
- * bfloat16: ml_dtypes does the same with its own conversions, and compares in float32 too. */
-#define HR_NARROW_LOOP(TO_F, FROM_F, RIGHT)                                                       \
-    switch (op) {                                                                                 \
-    case HR_SUM:                                                                                  \
-        for (size_t i = 0; i < n; i++) {                                                          \
-            float a = TO_F(l[i]), b = TO_F(r[i]);                                                 \
-            o[i] = FROM_F(hr_pick_nan_f(a, b, a + b, RIGHT));                                     \
-        }                                                                                         \
-        break;                                                                                    \
-    case HR_PROD:                                                                                 \
-        for (size_t i = 0; i < n; i++) {                                                          \
-            float a = TO_F(l[i]), b = TO_F(r[i]);                                                 \
-            o[i] = FROM_F(hr_pick_nan_f(a, b, a * b, RIGHT));                                     \
-        }                                                                                         \
-        break;                                                                                    \
-    default:                                                                                      \
-        break;                                                                                    \
-    }
-
-static inline void hr_combine_f16(int op, const uint16_t *l, const uint16_t *r, uint16_t *o, size_t n,
-                                  const hr_quirks *q) {
-    if (op == HR_MAX) { /* NumPy: (left >= right || isnan(left)) ? left : right */
-        for (size_t i = 0; i < n; i++) {
-            float a = hr_half_to_float(l[i]), b = hr_half_to_float(r[i]);
-            o[i] = (uint16_t)hr_sel32((uint32_t)(a >= b) | (uint32_t)(a != a), l[i], r[i]);
-        }
-        return;
-    }
-    if (op == HR_MIN) {
-        for (size_t i = 0; i < n; i++) {
-            float a = hr_half_to_float(l[i]), b = hr_half_to_float(r[i]);
-            o[i] = (uint16_t)hr_sel32((uint32_t)(a <= b) | (uint32_t)(a != a), l[i], r[i]);
-        }
-        return;
-    }
-    if (q->half_nan_right) {
-        HR_NARROW_LOOP(hr_half_to_float, hr_float_to_half, 1)
-    } else {
-        HR_NARROW_LOOP(hr_half_to_float, hr_float_to_half, 0)
-    }
-}
-
-static inline void hr_combine_bf16(int op, const uint16_t *l, const uint16_t *r, uint16_t *o, size_t n,
-                                   const hr_quirks *q) {
-    if (op == HR_MAX) { /* ml_dtypes: (isnan(left) || left > right) ? left : right */
-        for (size_t i = 0; i < n; i++) {
-            float a = hr_bf16_to_float(l[i]), b = hr_bf16_to_float(r[i]);
-            o[i] = (uint16_t)hr_sel32((uint32_t)(a > b) | (uint32_t)(a != a), l[i], r[i]);
-        }
-        return;
-    }
-    if (op == HR_MIN) {
-        for (size_t i = 0; i < n; i++) {
-            float a = hr_bf16_to_float(l[i]), b = hr_bf16_to_float(r[i]);
-            o[i] = (uint16_t)hr_sel32((uint32_t)(a < b) | (uint32_t)(a != a), l[i], r[i]);
-        }
-        return;
-    }
-    if (q->bf16_nan_right) {
-        HR_NARROW_LOOP(hr_bf16_to_float, hr_float_to_bf16, 1)
-    } else {
-        HR_NARROW_LOOP(hr_bf16_to_float, hr_float_to_bf16, 0)
-    }
-}
+HR_NARROW_ARITH(hr_f16_left_nan, hr_half_to_float, hr_float_to_half, 0)
+HR_NARROW_ARITH(hr_f16_right_nan, hr_half_to_float, hr_float_to_half, 1)
+HR_NARROW_ARITH(hr_bf16_left_nan, hr_bf16_to_float, hr_float_to_bf16, 0)
+HR_NARROW_ARITH(hr_bf16_right_nan, hr_bf16_to_float, hr_float_to_bf16, 1)
+HR_KERNEL(hr_f16_max, uint16_t, 1, float a = hr_half_to_float(L[i]); float b = hr_half_to_float(R[i]);
+          O[i] = (uint16_t)hr_sel32((uint32_t)(a >= b) | (uint32_t)(a != a), L[i], R[i]);)
+HR_KERNEL(hr_f16_min, uint16_t, 1, float a = hr_half_to_float(L[i]); float b = hr_half_to_float(R[i]);
+          O[i] = (uint16_t)hr_sel32((uint32_t)(a <= b) | (uint32_t)(a != a), L[i], R[i]);)
+HR_KERNEL(hr_bf16_max, uint16_t, 1, float a = hr_bf16_to_float(L[i]); float b = hr_bf16_to_float(R[i]);
+          O[i] = (uint16_t)hr_sel32((uint32_t)(a > b) | (uint32_t)(a != a), L[i], R[i]);)
+HR_KERNEL(hr_bf16_min, uint16_t, 1, float a = hr_bf16_to_float(L[i]); float b = hr_bf16_to_float(R[i]);
+          O[i] = (uint16_t)hr_sel32((uint32_t)(a < b) | (uint32_t)(a != a), L[i], R[i]);)
 
 /* complex: add is two float adds; multiply is NumPy's (ar br - ai bi) + i (ar bi + ai br), which its
  * SIMD loop computes as fma(ar, br, -(ai bi)) and fma(ar, bi, ai br) on FMA hardware (muladdsub).
  * A NaN result takes the first NaN among (ar, br, ai bi), resp. (ar, bi, ai br), quieted and with
  * its own sign, as the hardware's multiply-add-subtract returns it (negating a NaN operand, as
  * fma(.., -c) would, flips its sign); inside ai bi and ai br, NumPy's loop takes b's NaN first. */
-#define HR_COMPLEX(NAME, T, FMA, NAN_OF)                                                          \
-    static inline T NAME##_first_nan(T x, T y, T z, T r) {                                        \
-        return isnan(x) ? NAN_OF(x, x, r) : isnan(y) ? NAN_OF(y, y, r) : isnan(z) ? NAN_OF(z, z, r) : r; \
-    }                                                                                             \
-    static inline void NAME(int op, const T *l, const T *r, T *o, size_t n, const hr_quirks *q) {        \
-        if (op == HR_SUM) {                                                                       \
-            for (size_t i = 0; i < 2 * n; i++) { T a = l[i], b = r[i]; o[i] = NAN_OF(a, b, a + b); } \
-            return;                                                                               \
-        }                                                                                         \
-        if (op != HR_PROD) return;                                                                \
-        int fused = q->complex_fused;                                                             \
-        for (size_t i = 0; i < n; i++) {                                                          \
-            T ar = l[2 * i], ai = l[2 * i + 1], br = r[2 * i], bi = r[2 * i + 1];                 \
-            T c = NAN_OF(bi, ai, ai * bi), d = NAN_OF(br, ai, ai * br); /* NumPy's order */       \
-            T re = fused ? FMA(ar, br, -c) : ar * br - c;                                         \
-            T im = fused ? FMA(ar, bi, d) : ar * bi + d;                                          \
-            if (isnan(re)) re = NAME##_first_nan(ar, br, c, re);                                  \
-            if (isnan(im)) im = NAME##_first_nan(ar, bi, d, im);                                  \
-            o[2 * i] = re;                                                                        \
-            o[2 * i + 1] = im;                                                                    \
-        }                                                                                         \
-    }
+#define HR_FIRST_NAN(PICK, x, y, z, r)                                                           \
+    (isnan(x) ? PICK(x, x, r) : isnan(y) ? PICK(y, y, r) : isnan(z) ? PICK(z, z, r) : r)
+#define HR_COMPLEX(P, T, PICK)                                                                    \
+    HR_KERNEL(P##_sum, T, 1, O[2 * i] = PICK(L[2 * i], R[2 * i], L[2 * i] + R[2 * i]);            \
+              O[2 * i + 1] = PICK(L[2 * i + 1], R[2 * i + 1], L[2 * i + 1] + R[2 * i + 1]);)      \
+    HR_KERNEL(P##_prod_fused, T, 1, T ar = L[2 * i]; T ai = L[2 * i + 1]; T br = R[2 * i];         \
+              T bi = R[2 * i + 1]; T c = PICK(bi, ai, ai * bi); T d = PICK(br, ai, ai * br);      \
+              T re = HR_FMA_##T(ar, br, -c); T im = HR_FMA_##T(ar, bi, d);                        \
+              O[2 * i] = isnan(re) ? HR_FIRST_NAN(PICK, ar, br, c, re) : re;                      \
+              O[2 * i + 1] = isnan(im) ? HR_FIRST_NAN(PICK, ar, bi, d, im) : im;)                  \
+    HR_KERNEL(P##_prod_plain, T, 1, T ar = L[2 * i]; T ai = L[2 * i + 1]; T br = R[2 * i];         \
+              T bi = R[2 * i + 1]; T c = PICK(bi, ai, ai * bi); T d = PICK(br, ai, ai * br);      \
+              T re = ar * br - c; T im = ar * bi + d;                                             \
+              O[2 * i] = isnan(re) ? HR_FIRST_NAN(PICK, ar, br, c, re) : re;                      \
+              O[2 * i + 1] = isnan(im) ? HR_FIRST_NAN(PICK, ar, bi, d, im) : im;)
 
-HR_COMPLEX(hr_combine_c64, float, fmaf, HR_NAN_F)
-HR_COMPLEX(hr_combine_c128, double, fma, HR_NAN_D)
+#define HR_FMA_float fmaf
+#define HR_FMA_double fma
+HR_COMPLEX(hr_c64, float, HR_NAN_F)
+HR_COMPLEX(hr_c128, double, HR_NAN_D)
 
 /* out <- left (op) right for ``n`` elements of ``dtype``; 0, or -1 for a dtype/op it lacks. */
 HR_CLONES static int hr_combine(int dtype, int op, const void *l, const void *r, void *o, size_t n,
-                             const hr_quirks *q) {
-    switch (dtype) {
-    case HR_F16: hr_combine_f16(op, l, r, o, n, q); return 0;
-    case HR_BF16: hr_combine_bf16(op, l, r, o, n, q); return 0;
-    case HR_F32: hr_combine_f32(op, l, r, o, n); return 0;
-    case HR_F64: hr_combine_f64(op, l, r, o, n); return 0;
-    case HR_I32: hr_combine_i32(op, l, r, o, n); return 0;
-    case HR_I64: hr_combine_i64(op, l, r, o, n); return 0;
-    case HR_C64: if (op == HR_MAX || op == HR_MIN) return -1; hr_combine_c64(op, l, r, o, n, q); return 0;
-    case HR_C128: if (op == HR_MAX || op == HR_MIN) return -1; hr_combine_c128(op, l, r, o, n, q); return 0;
-    default: return -1;
+                                const hr_quirks *q) {
+#define HR_OPS(P)                                                                                 \
+    switch (op) {                                                                                 \
+    case HR_SUM: P##_sum(l, r, o, n); return 0;                                                   \
+    case HR_PROD: P##_prod(l, r, o, n); return 0;                                                 \
+    case HR_MAX: P##_max(l, r, o, n); return 0;                                                   \
+    case HR_MIN: P##_min(l, r, o, n); return 0;                                                   \
+    default: return -1;                                                                           \
     }
+    switch (dtype) {
+    case HR_F32: HR_OPS(hr_f32)
+    case HR_F64: HR_OPS(hr_f64)
+    case HR_I32: HR_OPS(hr_i32)
+    case HR_I64: HR_OPS(hr_i64)
+    case HR_F16:
+    case HR_BF16: {
+        int half = dtype == HR_F16, right = half ? q->half_nan_right : q->bf16_nan_right;
+        if (op == HR_MAX) half ? hr_f16_max(l, r, o, n) : hr_bf16_max(l, r, o, n);
+        else if (op == HR_MIN) half ? hr_f16_min(l, r, o, n) : hr_bf16_min(l, r, o, n);
+        else if (op == HR_SUM && half) right ? hr_f16_right_nan_sum(l, r, o, n) : hr_f16_left_nan_sum(l, r, o, n);
+        else if (op == HR_SUM) right ? hr_bf16_right_nan_sum(l, r, o, n) : hr_bf16_left_nan_sum(l, r, o, n);
+        else if (op == HR_PROD && half) right ? hr_f16_right_nan_prod(l, r, o, n) : hr_f16_left_nan_prod(l, r, o, n);
+        else if (op == HR_PROD) right ? hr_bf16_right_nan_prod(l, r, o, n) : hr_bf16_left_nan_prod(l, r, o, n);
+        else return -1;
+        return 0;
+    }
+    case HR_C64:
+    case HR_C128: {
+        int wide = dtype == HR_C128;
+        if (op == HR_SUM) wide ? hr_c128_sum(l, r, o, n) : hr_c64_sum(l, r, o, n);
+        else if (op == HR_PROD && q->complex_fused) wide ? hr_c128_prod_fused(l, r, o, n) : hr_c64_prod_fused(l, r, o, n);
+        else if (op == HR_PROD) wide ? hr_c128_prod_plain(l, r, o, n) : hr_c64_prod_plain(l, r, o, n);
+        else return -1; /* complex numbers have no order */
+        return 0;
+    }
+    default:
+        return -1;
+    }
+#undef HR_OPS
 }
 
 #endif
