@@ -29,7 +29,7 @@ static const int hr_itemsize[HR_NDTYPES] = {2, 2, 4, 8, 4, 8, 8, 16, 1, 2};
 /* Each kernel's entry is compiled twice on x86-64 Linux with GCC, for AVX2 and for the baseline,
  * and the loader picks one (the same IEEE operations either way: no FMA is enabled). */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define HR_CLONES __attribute__((target_clones("avx2", "default")))
+#define HR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
 #else
 #define HR_CLONES
 #endif
