@@ -26,7 +26,7 @@ enum hr_op { HR_SUM, HR_MAX, HR_MIN, HR_PROD, HR_NOPS };
 
 static const int hr_itemsize[HR_NDTYPES] = {2, 2, 4, 8, 4, 8, 8, 16, 1, 2};
 
-/* Each kernel's entry is compiled twice on x86-64 Linux with GCC, for AVX2 and for the baseline,
+/* Each kernel's entry is compiled three times on x86-64 Linux with GCC (AVX-512, AVX2, baseline),
  * and the loader picks one (the same IEEE operations either way: no FMA is enabled). */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
 #define HR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
