@@ -2,11 +2,19 @@
 
     python tools/time_core.py kernels [--mib 16] [--runs 7]       # element kernels, one process
     mpiexec -n 2 python tools/time_core.py call [--runs 7]        # the bare call to MPI_Allreduce
+    mpiexec -n 2 python tools/time_core.py e2e [--mib 16] [--runs 9]   # whole all-reduces, both cores
 
 ``kernels``: for each kernel (the reductions per dtype, the wire conversions, the reproducible
 sum's conversions), GB/s of the compiled kernel and of the NumPy path (``hpcring.kernels.using``
 switches between them around the very functions hpcring calls), counting the bytes each reads and
 writes once; median over runs, the two sides alternating within each run.
+
+``e2e``: whole ``hpcring.allreduce`` calls under each core in turn, in one process per rank, so
+both cores see the same machine: the plain ring, ``reproducible=True`` (ring) and
+``wire="bfloat16"`` (ring), float32 and float64 (check=False, out of place). Each run times
+``--calls`` calls of each variant on every rank (max over ranks); the variants take turns run
+by run, and the table gives the median time and the median over runs of each ratio to the plain
+ring timed in the same run under the same core.
 
 ``call``: per call, mpi4py's ``comm.Allreduce`` and the same MPI_Allreduce through
 ``hpcring._core.allreduce`` (the MPI-linked extension), at 8 B and 4 KiB; each run times a
@@ -178,14 +186,58 @@ def run_call(args: argparse.Namespace) -> None:
         say(f"  {nbytes:6d} {a:15.3f} {b:16.3f} {b / a:6.2f}")
 
 
+def run_e2e(args: argparse.Namespace) -> None:
+    from mpi4py import MPI
+
+    import hpcring
+
+    comm = MPI.COMM_WORLD
+    say = print if comm.rank == 0 else (lambda *a, **k: None)
+    cores = ["python", "c"] if kernels.COMPILED is not None else ["python"]
+    say(f"# {comm.size} ranks, {args.mib} MiB, ring, check=False, out of place; ms per call, median of")
+    say(f"# {args.runs} runs; ratio: median over runs of time / the plain ring's (same run, same core)")
+    say(f"# {kernels.REASON}")
+    say(f"# {'dtype':8s} {'variant':14s} " + " ".join(f"{c + ' ms':>9s} {c + ' ratio':>9s}" for c in cores))
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+        n = (args.mib << 20) // dtype.itemsize
+        x = np.random.default_rng(comm.rank).standard_normal(n).astype(dtype)
+        out = np.empty_like(x)
+        variants = {
+            "plain": {},
+            "reproducible": {"reproducible": True},
+            "wire bfloat16": {"wire": "bfloat16"},
+        }
+        times = {(core, name): [] for core in cores for name in variants}
+        for _ in range(args.runs):
+            for core in cores:
+                with kernels.using(core):
+                    for name, extra in variants.items():
+
+                        def call(
+                            x: np.ndarray = x, out: np.ndarray = out, extra: dict[str, Any] = extra
+                        ) -> None:
+                            hpcring.allreduce(x, out=out, algorithm="ring", check=False, **extra)
+
+                        comm.Barrier()
+                        times[core, name].append(comm.allreduce(timed(call, args.calls), op=MPI.MAX) * 1e3)
+        for name in variants:
+            cells = []
+            for core in cores:
+                ratios = [t / p for t, p in zip(times[core, name], times[core, "plain"], strict=True)]
+                cells.append(f"{statistics.median(times[core, name]):9.2f} {statistics.median(ratios):9.2f}")
+            say(f"  {dtype.name:8s} {name:14s} " + " ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("what", choices=("kernels", "call"))
+    parser.add_argument("what", choices=("kernels", "call", "e2e"))
     parser.add_argument("--runs", type=int, default=7)
-    parser.add_argument("--mib", type=int, default=16, help="kernels: MiB of input per array")
-    parser.add_argument("--calls", type=int, default=20000, help="call: calls per timed batch")
+    parser.add_argument("--mib", type=int, default=16, help="kernels, e2e: MiB of input per array")
+    parser.add_argument("--calls", type=int, help="calls per timed batch (call: 20000, e2e: 3)")
     args = parser.parse_args()
-    run_kernels(args) if args.what == "kernels" else run_call(args)
+    if args.calls is None:
+        args.calls = 3 if args.what == "e2e" else 20000
+    {"kernels": run_kernels, "call": run_call, "e2e": run_e2e}[args.what](args)
 
 
 if __name__ == "__main__":
