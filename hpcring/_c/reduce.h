@@ -94,10 +94,14 @@ static inline double hr_pick_nan_d(double a, double b, double r) {
     HR_KERNEL(P##_max, T, 1, T a = L[i]; T b = R[i]; O[i] = (isnan(a) || a > b) ? a : b;)         \
     HR_KERNEL(P##_min, T, 1, T a = L[i]; T b = R[i]; O[i] = (isnan(a) || a < b) ? a : b;)
 
+/* The hardware's sum or product of a NaN and a number is that NaN quieted, as NumPy's is. Of two
+ * NaNs it is the first source operand's, and which that is the compiler decides: so does NumPy's
+ * (its SIMD body and remainder loops differ), and no rule is kept there. */
+#define HR_AS_IS(a, b, r) (r)
+HR_IEEE(hr_f32, float, HR_AS_IS)
+HR_IEEE(hr_f64, double, HR_AS_IS)
 #define HR_NAN_F(a, b, r) hr_pick_nan_f(a, b, r, 0)
 #define HR_NAN_D(a, b, r) hr_pick_nan_d(a, b, r)
-HR_IEEE(hr_f32, float, HR_NAN_F)
-HR_IEEE(hr_f64, double, HR_NAN_D)
 
 /* int32, int64: two's complement wraps, as NumPy's do (unsigned arithmetic: no UB). */
 #define HR_INTEGER(P, T, U)                                                                       \
