@@ -100,10 +100,13 @@ def _load() -> tuple[Any, str]:
         from . import _kernels
     except ImportError as error:
         return None, f"hpcring._kernels did not load ({error}); reinstall with a C compiler to build it"
-    quirks = _quirks()
-    _kernels.setup(np.ndarray, DTYPES, *quirks, ())
-    off = _self_test(_kernels)
-    _kernels.setup(np.ndarray, DTYPES, *quirks, tuple(off))
+    try:
+        quirks = _quirks()
+        _kernels.setup(np.ndarray, DTYPES, *quirks, ())
+        off = _self_test(_kernels)
+        _kernels.setup(np.ndarray, DTYPES, *quirks, tuple(off))
+    except Exception as error:  # a module of another build than this file expects: Python's path
+        return None, f"hpcring._kernels failed its setup ({type(error).__name__}: {error})"
     built = f"{_kernels.COMPILER.split()[0]} {_kernels.CFLAGS}"
     if not off:
         return _kernels, f"compiled kernels (hpcring._kernels, {built})"
