@@ -65,11 +65,12 @@ def __getattr__(name: str) -> Any:
 
 
 def info() -> dict[str, Any]:
-    """What this process runs on: versions, MPI thread level, array backends, CUDA-aware mode."""
+    """What this process runs on: versions, MPI thread level, array backends, CUDA-aware mode, core."""
     import mpi4py
     from mpi4py import MPI
 
     from .arrays import available
+    from .core import describe as describe_core
     from .gpu import cuda_aware
     from .library import mpi_library
 
@@ -80,6 +81,7 @@ def info() -> dict[str, Any]:
         MPI.THREAD_MULTIPLE: "multiple",
     }
     aware, reason = cuda_aware()
+    core, core_reason = describe_core()
     return {
         "hpcring": __version__,
         "mpi4py": mpi4py.__version__,
@@ -91,6 +93,8 @@ def info() -> dict[str, Any]:
         "cuda_aware_reason": reason,
         "algorithms": list(__getattr__("ALGORITHMS")),
         "iallreduce_progress": __getattr__("_progress_mode")(),
+        "core": core,  # "c": the compiled core; "python": the pure-Python one
+        "core_reason": core_reason,
     }
 
 

@@ -281,6 +281,14 @@ class Config:
         meaning="the cost model's calibration file (python -m hpcring.model)",
         must_agree=False,
     )
+    core = Variable(
+        "HPCRING_CORE",
+        choice({"c": "c", "python": "python"}, None),
+        kind="c or python",
+        default="unset",
+        meaning="python: the pure-Python core; c: the compiled one or an error; unset: compiled where built",
+        must_agree=False,  # the cores give the same bits: ranks may differ
+    )
     bench_corrupt = Variable(
         "HPCRING_BENCH_CORRUPT",
         integer,

@@ -40,6 +40,7 @@ from typing import Any
 
 import numpy as np
 
+from . import kernels
 from .ops import BFLOAT16
 
 HEADROOM = 20  # bits above the grid's top: the words of 2^20 contributions sum without overflow
@@ -151,6 +152,8 @@ def codes(fmt: Format, x: Any, xp: Any, out: Any, block: Any) -> Any:
     except that subnormals and zeros count as exponent 1 (the same grid) and -0 as 0, so a
     MAX of 0 means every contribution was -0. ``block(name, dtype)``: reused temporaries of
     BLOCK elements (see `encode`)."""
+    if xp is np and kernels.codes(x, out):
+        return out  # the compiled kernel did it, bitwise as below
     bits, code = x.view(fmt.uint), out
     wide, flag = block("exact-bits", fmt.uint), block("exact-flag", np.dtype(np.uint8))
     signed_zero = 1 << (fmt.uint.itemsize * 8 - 1)
@@ -218,7 +221,10 @@ def encode(
     passes measured 3x slower than these), and fresh pages for a temporary cost more still. By
     measurement ldexp with an exponent per element beats looking the scale up in a table
     (NumPy's take: 24 ms for 4 Mi elements, ldexp 4 ms) and building it from bits (6 ms).
+    The compiled kernel, where it runs, gives the same words in one pass.
     """
+    if xp is np and kernels.encode(x, code, words, first, floats):
+        return
     special = _special(fmt, code)
     shift_block = block("exact-shift", np.dtype(np.int32))
     spare = None if first else block("exact-words", np.dtype(np.float64), fmt.words)
@@ -284,7 +290,10 @@ def decode(
     mean first, in float64); the same bits wherever the same words arrive. ``words`` is
     overwritten; ``block`` as in `encode`; ``terms``: how many contributions were summed,
     where known (None: up to MAX_CONTRIBUTIONS); ``floats``: the words hold float64 integers
-    (`run`)."""
+    (`run`). The compiled kernel, where it runs, gives the same bits in one pass (and leaves
+    the words as they were)."""
+    if xp is np and kernels.decode(words, code, out, divisor, terms, floats):
+        return
     special = _special(fmt, code)
     counts = None if special is None else words[0, special]  # a copy: the loop below turns the words
     if floats and counts is not None:

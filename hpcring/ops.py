@@ -16,6 +16,7 @@ from typing import Any
 import ml_dtypes
 import numpy as np
 
+from . import kernels
 from .tracing import reduction
 
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
@@ -41,11 +42,15 @@ class Op:
     @reduction
     def reduce(self, xp: Any, acc: Any, other: Any) -> None:
         """acc <- acc (op) other, element-wise, in place."""
+        if xp is np and kernels.combine(self.ufunc, acc, other, acc):
+            return  # the compiled kernel did it, bitwise as NumPy would
         getattr(xp, self.ufunc)(acc, other, out=acc)
 
     @reduction
     def combine(self, xp: Any, left: Any, right: Any, out: Any) -> None:
         """out <- left (op) right, element-wise; ``out`` may be ``left`` or ``right``."""
+        if xp is np and kernels.combine(self.ufunc, left, right, out):
+            return  # the compiled kernel did it, bitwise as NumPy would
         getattr(xp, self.ufunc)(left, right, out=out)
 
     def mpi_op(self) -> Any:

@@ -391,6 +391,8 @@ def header_facts(
         "device": dev.name,
         "cuda_aware": facts["cuda_aware"],
         "cuda_aware_reason": facts["cuda_aware_reason"],
+        "core": facts["core"],
+        "core_reason": facts["core_reason"],
         "dtype": args.dtype.name,
         "op": args.op,
         "algorithms": args.algorithms,

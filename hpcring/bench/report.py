@@ -44,6 +44,7 @@ def format_header(h: dict[str, Any]) -> str:
         f"device {h['device']}  CUDA-aware {aware} ({h['cuda_aware_reason']})",
         f"# topology: {h['topology']['describe']}, two-level {'yes' if h['topology']['two_level'] else 'no'}"
         f", ring in {h['topology']['ring_order']}",
+        *([f"# core: {h['core']} ({h['core_reason']})"] if "core" in h else []),
         *_gpu_header(h),
         *(f"# {name}: not run: {why}" for name, why in h.get("not_run", {}).items()),
         *_guidance(h),

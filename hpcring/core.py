@@ -1,0 +1,92 @@
+"""The compiled core: which core runs and why (``hpcring.info()["core"]``), and its MPI-linked part.
+
+hpcring's compiled core is two C extensions, both optional (setup.py builds them at install):
+
+- ``hpcring._kernels``, the element kernels (reductions, wire conversions, the reproducible sum's
+  conversions). No MPI in it, hence no MPI ABI to match; `hpcring.kernels` selects it.
+- ``hpcring._core``, built against one MPI's ``mpi.h`` and mpi4py's C API. Today it holds the
+  facts the ABI check below compares and one bare ``MPI_Allreduce``; the warm call and the
+  schedules' step loops are to come there. An extension built against Open MPI's header must not
+  run against MPICH (handles are pointers in one and integers in the other), so it is used only
+  where its view of ``MPI_COMM_WORLD``, the size of a handle and the library's version string are
+  mpi4py's, as mpi4jax checks at import.
+
+``HPCRING_CORE=python`` turns both off; ``HPCRING_CORE=c`` makes a missing ``_kernels`` an
+ImportError. The pure-Python core is the reference: both give the same bits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from . import kernels
+
+_MPI_CORE: list[Any] = []  # [module or None, why], made on first use
+
+
+def mpi_core() -> tuple[Any, str]:
+    """The MPI-linked extension where it loaded and matches mpi4py's MPI, else None; and why."""
+    if not _MPI_CORE:
+        _MPI_CORE[:] = _load_mpi_core()
+    return _MPI_CORE[0], _MPI_CORE[1]
+
+
+def _load_mpi_core() -> tuple[Any, str]:
+    # mpi4py.MPI first: it loads libmpi, which the extension then finds already loaded (the run
+    # path a build inside pip's temporary environment wrote would lead nowhere).
+    from mpi4py import MPI
+
+    try:
+        from . import _core
+    except Exception as error:  # ImportError, or mpi4py's ValueError on a C API built for another ABI
+        return None, f"hpcring._core did not load ({type(error).__name__}: {error})"
+    runtime = MPI.Get_library_version().strip()
+    why = abi_mismatch(
+        _core.MPI_VENDOR,
+        _core.COMM_SIZEOF,
+        _core.comm_world(),
+        _core.library_version(),
+        runtime,
+        MPI._sizeof(MPI.Comm),
+        MPI.COMM_WORLD.handle,
+    )
+    if why:
+        return None, f"hpcring._core not used: {why}"
+    return _core, f"hpcring._core built against {_core.MPI_VENDOR}'s mpi.h, the MPI mpi4py runs"
+
+
+def abi_mismatch(
+    vendor: str,
+    handle_size: int,
+    comm_world: int,
+    library: str | None,
+    runtime: str,
+    runtime_handle_size: int,
+    runtime_comm_world: int,
+) -> str | None:
+    """Why an extension built against ``vendor``'s mpi.h must not run with mpi4py's MPI, or None.
+
+    The build's and mpi4py's handles for MPI_COMM_WORLD must be equal (an address in Open MPI, a
+    constant in the MPICH family: equal only where both use one library with one ABI), so must
+    the size of a handle, and the version strings the two get from the library they call."""
+    name = runtime.splitlines()[0] if runtime else "?"
+    if handle_size != runtime_handle_size:
+        return (
+            f"built against {vendor} (handles of {handle_size} bytes), mpi4py runs {name} "
+            f"(handles of {runtime_handle_size} bytes)"
+        )
+    if comm_world != runtime_comm_world:
+        return f"built against {vendor}, mpi4py runs {name}: MPI_COMM_WORLD differs between them"
+    if library is not None and library.strip() != runtime:
+        return (
+            f"built against {vendor}, its library says {library.strip().splitlines()[0]!r}, mpi4py's {name!r}"
+        )
+    return None
+
+
+def describe() -> tuple[str, str]:
+    """("c" or "python", why): the kernels' choice, and what the MPI-linked part does here."""
+    active, reason = kernels.ACTIVE, kernels.REASON
+    if active == "python":
+        return active, reason
+    return active, f"{reason}; {mpi_core()[1]}"

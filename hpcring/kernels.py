@@ -1,0 +1,224 @@
+"""The element kernels: compiled (``hpcring._kernels``, C) where they built, loaded and agree with
+NumPy here; else nothing, and the caller's own NumPy code runs.
+
+Each function returns True when it did the work, False when the caller's NumPy code must: the
+compiled kernels are off (``HPCRING_CORE=python``, or they did not build or load), or the arrays
+are not their case (CuPy, another dtype, a strided view, a partial overlap). So a caller needs one
+line, ``if xp is np and kernels.combine(self.ufunc, left, right, out): return``, and its NumPy code
+stays the readable reference that tests/test_kernels.py checks the kernels against, bit for bit.
+
+Where IEEE leaves a choice (which NaN an addition of two NaNs returns, whether NumPy's complex
+multiply fuses), the kernels do what the installed NumPy and ml_dtypes do, measured once at load;
+then a self-test on edge values runs every kernel against NumPy, and any that differs is left to
+NumPy (`REASON` says which).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+
+from . import config
+
+# The C side's dtype and op codes (enum hr_dtype, hr_op in hpcring/_c/reduce.h).
+DTYPES: tuple[np.dtype, ...] = tuple(
+    np.dtype(t)
+    for t in (
+        np.float16,
+        ml_dtypes.bfloat16,
+        np.float32,
+        np.float64,
+        np.int32,
+        np.int64,
+        np.complex64,
+        np.complex128,
+        np.uint8,
+        np.uint16,
+    )
+)
+DTYPE_CODES: dict[np.dtype, int] = {dtype: code for code, dtype in enumerate(DTYPES)}
+OP_CODES: dict[str, int] = {"add": 0, "maximum": 1, "minimum": 2, "multiply": 3}
+_REDUCED = DTYPES[:8]  # the dtypes hpcring reduces (the last two are exact.py's codes)
+
+ACTIVE = "python"  # which kernels run: "c" or "python"
+REASON = "not selected yet"  # why, in words (hpcring.info()["core_reason"])
+COMPILED: Any = None  # the loaded hpcring._kernels, selected or not
+
+
+# --- the entry points: rebound to the compiled ones by `select` -------------------------------
+
+
+def combine(ufunc: str, left: Any, right: Any, out: Any) -> bool:
+    """out <- ``ufunc``(left, right), ufunc one of add, maximum, minimum, multiply (Op.combine)."""
+    return False
+
+
+def narrow(src: Any, out: Any, on_grid: bool) -> bool:
+    """out (bfloat16/float16) <- src (float32/float64), as wire.narrow rounds."""
+    return False
+
+
+def widen(src: Any, out: Any) -> bool:
+    """out (float32/float64) <- src (bfloat16/float16), exactly (wire.widen)."""
+    return False
+
+
+def round_trip(array: Any, scratch: Any) -> bool:
+    """array <- widen(narrow(array)) in place, through scratch's dtype (wire.round_trip)."""
+    return False
+
+
+def codes(x: Any, out: Any) -> bool:
+    """out <- exact.codes(x)."""
+    return False
+
+
+def encode(x: Any, code: Any, words: Any, first: bool, floats: bool) -> bool:
+    """exact.encode of one contribution into the words."""
+    return False
+
+
+def decode(words: Any, code: Any, out: Any, divisor: int, terms: int | None, floats: bool) -> bool:
+    """exact.decode of the summed words into out."""
+    return False
+
+
+_NAMES = ("combine", "narrow", "widen", "round_trip", "codes", "encode", "decode")
+_PYTHON: dict[str, Callable[..., bool]] = {name: globals()[name] for name in _NAMES}
+
+
+# --- choosing, probing, self-testing --------------------------------------------------------------
+
+
+def _load() -> tuple[Any, str]:
+    """The compiled module, set up for this NumPy, and the words for REASON; (None, why not)."""
+    try:
+        from . import _kernels
+    except ImportError as error:
+        return None, f"hpcring._kernels did not load ({error}); reinstall with a C compiler to build it"
+    try:
+        quirks = _quirks()
+        _kernels.setup(np.ndarray, DTYPES, *quirks, ())
+        off = _self_test(_kernels)
+        _kernels.setup(np.ndarray, DTYPES, *quirks, tuple(off))
+    except Exception as error:  # a module of another build than this file expects: Python's path
+        return None, f"hpcring._kernels failed its setup ({type(error).__name__}: {error})"
+    built = f"{_kernels.COMPILER.split()[0]} {_kernels.CFLAGS}"
+    if not off:
+        return _kernels, f"compiled kernels (hpcring._kernels, {built})"
+    names = ", ".join(f"{DTYPES[d].name} {list(OP_CODES)[o]}" for d, o in off)
+    return _kernels, f"compiled kernels (hpcring._kernels, {built}); NumPy's loops kept for {names}"
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return a.view(np.dtype(f"u{a.dtype.itemsize}") if a.dtype.kind != "c" else np.uint64)
+
+
+def _quirks() -> tuple[bool, bool, bool]:
+    """What this NumPy and ml_dtypes do where IEEE leaves the choice to the implementation: which
+    NaN survives float16 and bfloat16 additions of two NaNs, and whether complex multiply fuses."""
+    with np.errstate(all="ignore"):
+        half = np.array([0x7E01], np.uint16).view(np.float16), np.array([0xFE02], np.uint16).view(np.float16)
+        half_right = int(_bits(np.add(*half))[0]) == 0xFE02
+        bf16 = np.dtype(ml_dtypes.bfloat16)
+        brain = np.array([0x7FC1], np.uint16).view(bf16), np.array([0xFFC2], np.uint16).view(bf16)
+        bf16_right = int(_bits(np.add(*brain))[0]) == 0xFFC0
+        # fma(ar, br, -(ai bi)) differs from ar br - ai bi in the last bit for these
+        a = np.full(64, 1 + 2**-23 + 1j * (1 + 2**-22), np.complex64)
+        b = np.full(64, 1 - 2**-23 + 1j * (1 - 2**-22), np.complex64)
+        p = a * b
+        ar, ai, br, bi = (np.float64(v) for v in (a[0].real, a[0].imag, b[0].real, b[0].imag))
+        fused = np.float32(ar * br - np.float64(np.float32(ai * bi)))
+    return half_right, bf16_right, bool(p[0].real == fused and p[-1].real == fused)
+
+
+def _edge_values(dtype: np.dtype, n: int, seed: int) -> np.ndarray:
+    """n values of ``dtype`` full of edges: signed zeros, Infs, NaNs, subnormals, extremes, ties."""
+    rng = np.random.default_rng(seed)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        edges = np.array([0, 1, -1, info.max, info.min, info.max - 1], dtype=np.int64)[:n]
+        out = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+        out[: len(edges)] = edges.astype(dtype)
+        return rng.permutation(out)
+    if dtype.kind == "c":
+        part = np.dtype(np.float32 if dtype.itemsize == 8 else np.float64)
+        out = np.empty(n, dtype)
+        out.real, out.imag = _edge_values(part, n, seed), _edge_values(part, n, seed + 1)
+        return out
+    info = ml_dtypes.finfo(dtype)
+    scale = rng.choice([1.0, float(info.tiny), float(info.max) / 4, float(info.smallest_subnormal) * 3], n)
+    with np.errstate(all="ignore"):
+        out = (rng.standard_normal(n) * scale).astype(dtype)
+    edges = [0.0, -0.0, np.inf, -np.inf, np.nan, float(info.max), -float(info.max), float(info.tiny)][:n]
+    out[: len(edges)] = np.array(edges).astype(dtype)
+    return rng.permutation(out)
+
+
+def _nan(a: np.ndarray) -> np.ndarray:
+    """isnan, bfloat16 included (through float32), complex where either part is NaN."""
+    return np.isnan(a.astype(np.float32) if a.dtype == DTYPES[1] else a)
+
+
+def _self_test(module: Any) -> list[tuple[int, int]]:
+    """The (dtype, op) pairs whose compiled reduction differs from NumPy's on edge values. Only
+    where at most one operand is NaN: for two NaNs NumPy's own float32 bits depend on the position."""
+    off = []
+    with np.errstate(all="ignore"):
+        for dtype in _REDUCED:
+            left, right = _edge_values(dtype, 67, 1), _edge_values(dtype, 67, 2)
+            if dtype.kind not in "iu":
+                right[_nan(left) & _nan(right)] = 1
+            for ufunc, op in OP_CODES.items():
+                if dtype.kind == "c" and ufunc in ("maximum", "minimum"):
+                    continue
+                want = getattr(np, ufunc)(left, right)
+                got = np.empty_like(want)
+                if not module.combine(ufunc, left, right, got) or not np.array_equal(_bits(got), _bits(want)):
+                    off.append((DTYPE_CODES[dtype], op))
+    return off
+
+
+def select(choice: str | None = None) -> tuple[str, str]:
+    """Choose the kernels: ``"c"``, ``"python"``, or None for HPCRING_CORE's choice (unset: the
+    compiled ones where they load). Returns (ACTIVE, REASON). ``"c"`` where they do not load
+    raises ImportError saying why."""
+    global ACTIVE, REASON, COMPILED, _WHY
+    wanted = config.current().core if choice is None else choice
+    if wanted not in (None, "c", "python"):
+        raise ValueError(f"hpcring.kernels.select: choice must be 'c', 'python' or None, got {choice!r}")
+    if wanted != "python" and not _WHY:
+        COMPILED, _WHY = _load()
+    if wanted == "python":
+        ACTIVE, REASON = "python", "HPCRING_CORE=python" if choice is None else "chosen: python"
+    elif COMPILED is None:
+        if wanted == "c":
+            raise ImportError(f"HPCRING_CORE=c asks for the compiled core, but {_WHY}")
+        ACTIVE, REASON = "python", _WHY
+    else:
+        ACTIVE, REASON = "c", _WHY
+    for name in _NAMES:
+        globals()[name] = getattr(COMPILED, name) if ACTIVE == "c" else _PYTHON[name]
+    return ACTIVE, REASON
+
+
+_WHY = ""  # what loading the compiled kernels gave, in words (empty: not tried yet)
+
+
+@contextlib.contextmanager
+def using(choice: str) -> Iterator[None]:
+    """Within it, the kernels ``choice`` ("c" or "python") run; as before after (for tests)."""
+    before = ACTIVE, REASON
+    select(choice)
+    try:
+        yield
+    finally:
+        select(before[0])
+        globals()["REASON"] = before[1]
+
+
+select()

