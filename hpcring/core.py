@@ -4,7 +4,9 @@ hpcring's compiled core is two C extensions, both optional (setup.py builds them
 
 - ``hpcring._kernels``, the element kernels (reductions, wire conversions, the reproducible sum's
   conversions). No MPI in it, hence no MPI ABI to match; `hpcring.kernels` selects it.
-- ``hpcring._core``, built against one MPI's ``mpi.h`` and mpi4py's C API. Today it holds the
+- ``hpcring._core_openmpi`` or ``hpcring._core_mpich`` (``_core`` below), built against one
+  MPI's ``mpi.h`` and mpi4py's C API, and named after that MPI's family, so builds for both live
+  side by side (two virtual environments on one source tree). Today it holds the
   facts the ABI check below compares and one bare ``MPI_Allreduce``; the warm call and the
   schedules' step loops are to come there. An extension built against Open MPI's header must not
   run against MPICH (handles are pointers in one and integers in the other), so it is used only
@@ -17,6 +19,7 @@ ImportError. The pure-Python core is the reference: both give the same bits.
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from . import kernels
@@ -36,11 +39,12 @@ def _load_mpi_core() -> tuple[Any, str]:
     # path a build inside pip's temporary environment wrote would lead nowhere).
     from mpi4py import MPI
 
-    try:
-        from . import _core
-    except Exception as error:  # ImportError, or mpi4py's ValueError on a C API built for another ABI
-        return None, f"hpcring._core did not load ({type(error).__name__}: {error})"
     runtime = MPI.Get_library_version().strip()
+    name = f"hpcring._core_{'openmpi' if runtime.startswith('Open MPI') else 'mpich'}"
+    try:
+        _core = importlib.import_module(name)
+    except Exception as error:  # ImportError, or mpi4py's ValueError on a C API built for another ABI
+        return None, f"{name} did not load ({type(error).__name__}: {error})"
     why = abi_mismatch(
         _core.MPI_VENDOR,
         _core.COMM_SIZEOF,
@@ -51,8 +55,8 @@ def _load_mpi_core() -> tuple[Any, str]:
         MPI.COMM_WORLD.handle,
     )
     if why:
-        return None, f"hpcring._core not used: {why}"
-    return _core, f"hpcring._core built against {_core.MPI_VENDOR}'s mpi.h, the MPI mpi4py runs"
+        return None, f"{name} not used: {why}"
+    return _core, f"{name} built against {_core.MPI_VENDOR}'s mpi.h, the MPI mpi4py runs"
 
 
 def abi_mismatch(

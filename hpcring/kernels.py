@@ -16,6 +16,7 @@ NumPy (`REASON` says which).
 from __future__ import annotations
 
 import contextlib
+import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -96,8 +97,8 @@ _PYTHON: dict[str, Callable[..., bool]] = {name: globals()[name] for name in _NA
 
 def _load() -> tuple[Any, str]:
     """The compiled module, set up for this NumPy, and the words for REASON; (None, why not)."""
-    try:
-        from . import _kernels
+    try:  # by name: an optional build, which may not be there
+        _kernels = importlib.import_module("hpcring._kernels")
     except ImportError as error:
         return None, f"hpcring._kernels did not load ({error}); reinstall with a C compiler to build it"
     try:

@@ -119,12 +119,22 @@ static PyMethodDef methods[] = {
     {NULL, NULL, 0, NULL},
 };
 
+/* The module is named after the MPI family it is built against (setup.py defines HR_CORE_NAME:
+   _core_openmpi or _core_mpich), so that builds for both stand side by side in one tree. */
+#ifndef HR_CORE_NAME
+#define HR_CORE_NAME _core
+#endif
+#define HR_STR2(x) #x
+#define HR_STR(x) HR_STR2(x)
+#define HR_CAT2(a, b) a##b
+#define HR_CAT(a, b) HR_CAT2(a, b)
+
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "hpcring._core",
+    PyModuleDef_HEAD_INIT, "hpcring." HR_STR(HR_CORE_NAME),
     "hpcring's MPI-linked core: ABI facts and the bare call to MPI (see hpcring/core.py).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__core(void) {
+PyMODINIT_FUNC HR_CAT(PyInit_, HR_CORE_NAME)(void) {
     if (import_mpi4py() < 0) return NULL; /* mpi4py.MPI, and with it libmpi, is loaded first */
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

@@ -69,15 +69,29 @@ def persistent(ch: Channel, src: Any, dst: Any, op: Op) -> Any:
 def user_op(op: Op, dtype: Any) -> Any:
     """An MPI op over words of ``dtype``'s size that applies ``op`` to them read as ``dtype``
     (commutative: sum, max, min and prod all are): how an MPI program reduces a type the
-    library has no datatype for (bfloat16 here; the bench's bare row uses it too)."""
+    library has no datatype for (bfloat16 here; the bench's bare row uses it too).
+
+    Commutative to the bit: a library may apply it as f(a, b) on one rank and f(b, a) on another
+    (MPICH's recursive doubling does), and NumPy's maximum and minimum return their first
+    argument where the two compare equal, so -0 and +0 would come out differently. Here, as
+    IEEE 754-2019's maximum and minimum, max(-0, +0) is +0 and min(-0, +0) is -0."""
     import numpy as np
     from mpi4py import MPI
 
     ufunc = getattr(np, op.ufunc)
+    ties = {"maximum": np.bitwise_and, "minimum": np.bitwise_or}.get(op.ufunc)  # on the sign bit
+    words = np.dtype(f"uint{8 * np.dtype(dtype).itemsize}")
 
     def apply(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
-        inout = np.frombuffer(inoutbuf, dtype=dtype)
-        ufunc(np.frombuffer(inbuf, dtype=dtype), inout, out=inout)
+        inout, other = np.frombuffer(inoutbuf, dtype=dtype), np.frombuffer(inbuf, dtype=dtype)
+        if ties is None:
+            ufunc(other, inout, out=inout)
+            return
+        zeros = (other == 0) & (inout == 0)  # a -0 and a +0 compare equal
+        mine = inout.view(words)[zeros]  # a copy: these words as they were
+        ufunc(other, inout, out=inout)
+        if mine.size:
+            inout.view(words)[zeros] = ties(other.view(words)[zeros], mine)
 
     return MPI.Op.Create(apply, commute=True)
 
