@@ -135,6 +135,12 @@ class Spec:
         return self.bytes_sent(count, wire or itemsize, size, rank)
 
 
+def no_scratch(count: int, itemsize: int, size: int, rank: int) -> int:
+    """``scratch_bytes`` of an algorithm that moves data straight into place (or leaves it to the
+    library): hpcring allocates nothing for it."""
+    return 0
+
+
 def same_memory(a: Any, b: Any) -> bool:
     """Whether two flat arrays are the very same non-empty memory (a collective in place: the
     engine hands an algorithm the user's own part or row as its output)."""
@@ -146,4 +152,4 @@ def _address(array: Any) -> int:
     return int(interface["data"][0])
 
 
-__all__ = ["Phase", "Run", "Spec", "same_memory"]
+__all__ = ["Phase", "Run", "Spec", "no_scratch", "same_memory"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING, Any
 
-from .base import Phase, Spec
+from .base import Phase, Spec, no_scratch
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -51,14 +51,10 @@ def bytes_sent(count: int, itemsize: int, size: int, rank: int, root: int = 0) -
     return len(_parent_and_children((rank - root) % size, size)[1]) * count * itemsize
 
 
-def nothing(count: int, itemsize: int, size: int, rank: int) -> int:
-    return 0
-
-
 def steps(n: float, p: int) -> list[Phase]:
     """ceil(log2 p) rounds of one whole buffer; in the early ones most ranks only wait."""
     rounds = range(math.ceil(math.log2(p))) if p > 1 else range(0)
     return [Phase(1, n, 0.0, 1 << s, "xor", 2 * min(1 << s, p - (1 << s)) < p) for s in rounds]
 
 
-BROADCAST = Spec(run=broadcast, bytes_sent=bytes_sent, scratch_bytes=nothing, phases=steps, stepped=True)
+BROADCAST = Spec(run=broadcast, bytes_sent=bytes_sent, scratch_bytes=no_scratch, phases=steps, stepped=True)

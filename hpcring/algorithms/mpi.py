@@ -14,7 +14,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from ..partition import segment_bounds
-from .base import Spec, same_memory
+from .base import Spec, no_scratch, same_memory
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -101,11 +101,6 @@ def unknown(count: int, itemsize: int, size: int, rank: int, root: int = 0) -> N
     return None
 
 
-def nothing(count: int, itemsize: int, size: int, rank: int) -> int:
-    """hpcring allocates nothing for it (the library may)."""
-    return 0
-
-
 def reduce_scatter_scratch(count: int, itemsize: int, size: int, rank: int) -> int:
     """In place: this rank's part, received apart."""
     return -(-count // size) * itemsize if size > 1 else 0
@@ -115,7 +110,7 @@ def reduce_scatter_scratch(count: int, itemsize: int, size: int, rank: int) -> i
 ALLREDUCE = Spec(
     run=allreduce,
     bytes_sent=unknown,
-    scratch_bytes=nothing,
+    scratch_bytes=no_scratch,
     blocking=True,
     persistent=persistent,
     modelled_as=("ring", "rabenseifner"),
@@ -130,10 +125,14 @@ REDUCE_SCATTER = Spec(
 ALLGATHER = Spec(
     run=allgather,
     bytes_sent=unknown,
-    scratch_bytes=nothing,
+    scratch_bytes=no_scratch,
     blocking=True,
     modelled_as=("ring", "rabenseifner"),
 )
 BROADCAST = Spec(
-    run=broadcast, bytes_sent=unknown, scratch_bytes=nothing, blocking=True, modelled_as=("binomial", "ring")
+    run=broadcast,
+    bytes_sent=unknown,
+    scratch_bytes=no_scratch,
+    blocking=True,
+    modelled_as=("binomial", "ring"),
 )

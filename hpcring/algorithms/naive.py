@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..partition import segment_bounds
 from ..tracing import local_copy
-from .base import Phase, Spec, same_memory
+from .base import Phase, Spec, no_scratch, same_memory
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -106,10 +106,6 @@ def reduce_scatter_scratch(count: int, itemsize: int, size: int, rank: int) -> i
     return size * -(-count // size) * itemsize if size > 1 else 0
 
 
-def nothing(count: int, itemsize: int, size: int, rank: int) -> int:
-    return 0
-
-
 COPIES = 2  # whole-buffer copies every rank makes besides reducing (into the scratch, out of it)
 
 
@@ -159,5 +155,5 @@ REDUCE_SCATTER = Spec(
     scratch_bytes=reduce_scatter_scratch,
     phases=reduce_scatter_steps,
 )
-ALLGATHER = Spec(run=allgather, bytes_sent=bytes_sent, scratch_bytes=nothing, phases=allgather_steps)
-BROADCAST = Spec(run=broadcast, bytes_sent=broadcast_bytes, scratch_bytes=nothing, phases=broadcast_steps)
+ALLGATHER = Spec(run=allgather, bytes_sent=bytes_sent, scratch_bytes=no_scratch, phases=allgather_steps)
+BROADCAST = Spec(run=broadcast, bytes_sent=broadcast_bytes, scratch_bytes=no_scratch, phases=broadcast_steps)

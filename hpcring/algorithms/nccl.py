@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import Spec
+from .base import Spec, no_scratch
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -111,11 +111,6 @@ def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> None:
     return None
 
 
-def scratch_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
-    """hpcring allocates nothing for it (NCCL has its own buffers)."""
-    return 0
-
-
 ALLREDUCE = Spec(
-    run=allreduce, bytes_sent=bytes_sent, scratch_bytes=scratch_bytes, blocking=True, refuses=refuses
+    run=allreduce, bytes_sent=bytes_sent, scratch_bytes=no_scratch, blocking=True, refuses=refuses
 )

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..partition import segment_bounds
-from .base import Phase, Spec, same_memory
+from .base import Phase, Spec, no_scratch, same_memory
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -248,10 +248,6 @@ def reduce_scatter_scratch(count: int, itemsize: int, size: int, rank: int) -> i
     return scratch_bytes(count, itemsize, size, rank) + (count * itemsize if size > 1 else 0)
 
 
-def nothing(count: int, itemsize: int, size: int, rank: int) -> int:
-    return 0
-
-
 def log2_floor(p: int) -> int:
     """floor(log2 p): 2**this is the power-of-two core of p ranks."""
     return p.bit_length() - 1
@@ -335,5 +331,5 @@ REDUCE_SCATTER = Spec(
     stepped=True,
 )
 ALLGATHER = Spec(
-    run=allgather, bytes_sent=allgather_bytes, scratch_bytes=nothing, phases=allgather_steps, stepped=True
+    run=allgather, bytes_sent=allgather_bytes, scratch_bytes=no_scratch, phases=allgather_steps, stepped=True
 )

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from .. import config
 from ..partition import chunk_bounds, segment_bounds
 from . import ring_staged
-from .base import Phase, Spec, same_memory
+from .base import Phase, Spec, no_scratch, same_memory
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -465,11 +465,6 @@ def broadcast_bytes(count: int, itemsize: int, size: int, rank: int, root: int =
     return 0 if size == 1 or (rank - root) % size == size - 1 else count * itemsize
 
 
-def nothing(count: int, itemsize: int, size: int, rank: int) -> int:
-    """No scratch: the all-gather and the broadcast move data straight into place."""
-    return 0
-
-
 def reduce_scatter_steps(n: float, p: int) -> list[Phase]:
     """p-1 steps of one n/p segment to the right neighbour, each added into the local copy."""
     return [Phase(p - 1, n / p, (p - 1) / p * n)] if p > 1 else []
@@ -521,8 +516,8 @@ REDUCE_SCATTER = Spec(
     stepped=True,
 )
 ALLGATHER = Spec(
-    run=allgather, bytes_sent=allgather_bytes, scratch_bytes=nothing, phases=allgather_steps, stepped=True
+    run=allgather, bytes_sent=allgather_bytes, scratch_bytes=no_scratch, phases=allgather_steps, stepped=True
 )
 BROADCAST = Spec(
-    run=broadcast, bytes_sent=broadcast_bytes, scratch_bytes=nothing, phases=broadcast_steps, stepped=True
+    run=broadcast, bytes_sent=broadcast_bytes, scratch_bytes=no_scratch, phases=broadcast_steps, stepped=True
 )
