@@ -184,7 +184,10 @@ def test_unsupported_is_said_by_name(group: None) -> None:
         ("reduce", lambda: dist.reduce(x, dst=0)),
         ("alltoall", lambda: dist.all_to_all([torch.ones(1)] * G, [torch.ones(1)] * G)),
         ("all_to_all_single", lambda: dist.all_to_all_single(torch.ones(G), torch.ones(G))),
-        ("allreduce with op BAND", lambda: dist.all_reduce(torch.ones(4, dtype=torch.int64), op=dist.ReduceOp.BAND)),
+        (
+            "allreduce with op BAND",
+            lambda: dist.all_reduce(torch.ones(4, dtype=torch.long), op=dist.ReduceOp.BAND),
+        ),
     ]:
         raises_everywhere(NotImplementedError, f"hpcring backend: {name}", call)
 
