@@ -118,6 +118,23 @@ def path(name: str, raw: str | None) -> str | None:
     return (raw or "").strip() or None
 
 
+def assignments(name: str, raw: str | None) -> dict[str, str]:
+    """``value`` (for every key: ``{"*": value}``) or ``key=value,key=value`` (blanks ignored);
+    {} where unset or empty. Which keys and values mean something is the reader's to check."""
+    text = (raw or "").strip()
+    if not text:
+        return {}
+    if "=" not in text and "," not in text:
+        return {"*": text}
+    found: dict[str, str] = {}
+    for item in text.split(","):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not (sep and key and value):
+            raise ValueError(f"{name} must be NAME or KEY=NAME,KEY=NAME, got {text!r}")
+        found[key] = value
+    return found
+
+
 def word(name: str, raw: str | None) -> str | None:
     """Free text, stripped and lowercased: only the values a reader knows mean anything; never an error."""
     return (raw or "").strip().lower() or None
@@ -288,6 +305,15 @@ class Config:
         default="unset",
         meaning="python: the pure-Python core; c: the compiled one or an error; unset: compiled where built",
         must_agree=False,  # the cores give the same bits: ranks may differ
+    )
+    algo = Variable(
+        "HPCRING_ALGO",
+        assignments,
+        kind="NAME or KEY=NAME,...",
+        default="unset",
+        meaning="hpcring.torch's process group: the algorithm of every collective, or per collective",
+        must_agree=False,  # each call's algorithm is agreed on anyway
+        canonical=lambda value: ",".join(f"{k}={v}" for k, v in sorted(value.items())),
     )
     bench_corrupt = Variable(
         "HPCRING_BENCH_CORRUPT",

@@ -157,6 +157,8 @@ EXAMPLE_TESTS = {
     "train": "test_exact_example.py",  # with and without --reproducible, at 1-4 ranks
     "torch_ddp": "test_framework_examples.py",  # the hook and --gloo
     "jax_step": "test_framework_examples.py",
+    "torch_fsdp": "test_framework_examples.py",  # DDP and FSDP2 on hpcring and on gloo
+    "zero": "test_zero.py",  # with and without --reproducible, at 1-4 ranks
     "cg": "test_wrap_examples.py",  # with and without --hpcring
     "nbody": "test_wrap_examples.py",
 }

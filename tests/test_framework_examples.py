@@ -60,3 +60,19 @@ def test_jax_step_gives_the_same_weights_on_every_rank() -> None:
     digests = [line for line in lines if line.startswith("jax_step: weights ")]
     assert len(digests) == 2 and len(set(digests)) == 1, lines
     assert any(line.startswith("loss: ") for line in lines), lines
+
+
+@needs_mpiexec
+@pytest.mark.timeout(600)
+def test_torch_fsdp_on_hpcring_matches_gloo() -> None:
+    """DDP and FSDP2 with no hook on the hpcring backend end with gloo's weights (float64, 1e-12),
+    the same on every rank, and the table of step times is printed."""
+    pytest.importorskip("torch", reason="needs PyTorch: pip install -e '.[torch]' in hpcring's clone")
+    pytest.importorskip("sklearn", reason="needs scikit-learn: pip install -e '.[train]' in hpcring's clone")
+    lines = run_example("torch_fsdp", "--steps", "4", "--hidden", "32")
+    for strategy in ("DDP", "FSDP2"):
+        for backend in ("hpcring", "gloo"):
+            runs = {line for line in lines if line.startswith(f"torch_fsdp: {strategy} on {backend}: ")}
+            assert len(runs) == 1, lines  # every rank printed the same digest
+        row = next(line for line in lines if line.startswith(f"| {strategy} |"))
+        assert float(row.split("|")[4]) <= 1e-12, row

@@ -80,4 +80,4 @@ def test_refusals_on_every_rank() -> None:
 @pytest.mark.mpi
 def test_inside_jit_is_refused_in_words() -> None:
     step = jax.jit(lambda a: hpcring.allreduce(a) * 2)
-    raises_everywhere(ValueError, "use mpi4jax inside jit", lambda: step(jnp.ones(4)))
+    raises_everywhere(ValueError, "use hpcring.jax.allreduce inside jit", lambda: step(jnp.ones(4)))

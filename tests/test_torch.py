@@ -272,7 +272,7 @@ def test_gradient_sync_on_p_grad(overlap: bool) -> None:
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
     alone = copy.deepcopy(net)  # this rank's own gradients: the synced ones reduce during backward
-    sync = hpcring.torch.GradientSync(net, bucket_bytes=64, first_bucket_bytes=32, overlap=overlap)
+    sync = hpcring.torch.ModuleGradientSync(net, bucket_bytes=64, first_bucket_bytes=32, overlap=overlap)
     assert len(sync.sync.buckets) > 1
     data = torch.randn(3, 4, generator=torch.Generator().manual_seed(WORLD.rank))
     for set_to_none in (False, True):
@@ -287,3 +287,41 @@ def test_gradient_sync_on_p_grad(overlap: bool) -> None:
             assert everywhere(WORLD, np.allclose(p.grad.numpy(), total / WORLD.size, rtol=1e-6, atol=1e-7))
             assert identical_everywhere(WORLD, p.grad.numpy())
     sync.remove()
+
+
+def test_the_old_name_still_works_and_says_the_new_one() -> None:
+    net = torch.nn.Linear(3, 2)
+    with pytest.warns(FutureWarning, match="now hpcring.torch.ModuleGradientSync"):
+        sync = hpcring.torch.GradientSync(net, comm=MPI.COMM_SELF)
+    assert isinstance(sync, hpcring.torch.ModuleGradientSync)
+    sync.remove()
+
+
+@pytest.mark.mpi
+def test_module_sync_passes_reproducible_wire_and_error_feedback() -> None:
+    """reproducible=: p.grad is bitwise the reproducible mean of the ranks' gradients; wire= and
+    error_feedback=: what travels is narrowed and each rank keeps its residual."""
+    torch.manual_seed(0)
+    net = torch.nn.Linear(5, 4)
+    data = torch.randn(3, 5, generator=torch.Generator().manual_seed(WORLD.rank))
+    alone = copy.deepcopy(net)
+    alone(data).sum().backward()
+    mine = [p.grad.numpy().copy() for p in alone.parameters()]
+    sync = hpcring.torch.ModuleGradientSync(net, overlap=False, reproducible=True)
+    net(data).sum().backward()
+    sync.wait()
+    for p, g in zip(net.parameters(), mine, strict=True):
+        expected = hpcring.allreduce(g, op="mean", reproducible=True)
+        assert everywhere(WORLD, np.array_equal(p.grad.numpy(), expected))
+    sync.remove()
+    narrow = hpcring.torch.ModuleGradientSync(net, overlap=False, wire="bfloat16", error_feedback=True)
+    assert narrow.sync.wire == "bfloat16" and narrow.sync.error_feedback and narrow.sync.residuals
+    net.zero_grad()
+    net(data).sum().backward()
+    narrow.wait()
+    for p, g in zip(net.parameters(), mine, strict=True):
+        total = np.asarray(WORLD.allreduce(g.astype(np.float64))) / WORLD.size
+        assert everywhere(WORLD, np.allclose(p.grad.numpy(), total, rtol=2e-2, atol=2e-2))
+        assert identical_everywhere(WORLD, p.grad.numpy())
+    assert everywhere(WORLD, any(float(np.abs(r).max()) > 0 for r in narrow.sync.residuals))
+    narrow.remove()

@@ -3,9 +3,9 @@ returns a new ``jax.Array`` on the input's device.
 
 ``out=`` is refused: nothing can be written into a JAX array. A tracer (a call inside
 ``jax.jit``, ``grad`` or ``vmap``) is refused in words: hpcring's algorithms are Python and
-MPI calls that run now, on values, and a traced function has none; mpi4jax's collectives are
-JAX primitives that run inside ``jit``. Single-device CPU arrays only: a sharded array, or one
-on a GPU, is refused (the CPU copy a GPU array would need is the user's to choose).
+MPI calls that run now, on values, and a traced function has none; `hpcring.jax`'s collectives
+are the ones that run inside ``jit`` (ordered host callbacks). Single-device CPU arrays only: a
+sharded array, or one on a GPU, is refused (the CPU copy a GPU array would need is the user's to choose).
 """
 
 from __future__ import annotations
@@ -55,7 +55,8 @@ class JaxAdapter(NumpyAdapter):
         if isinstance(array, jax.core.Tracer):
             raise ValueError(
                 f"{name} is a JAX tracer: hpcring runs outside jax.jit (and grad, "
-                "vmap), on concrete arrays; call it between jitted steps, or use mpi4jax inside jit"
+                "vmap), on concrete arrays; call it between jitted steps, or use hpcring.jax.allreduce "
+                "inside jit"
             )
         if name == "out":
             raise ValueError(

@@ -1,0 +1,147 @@
+"""torch's side of a collective in flight: a `Work` whose future completes when the data is there,
+and the `Completer` thread that completes them.
+
+hpcring's non-blocking collectives (`hpcring.nonblocking`) return a `Request` that makes
+progress in the background; torch wants a ``Work`` whose ``torch.futures.Future`` completes
+by itself (DDP chains its next step on the future and never calls ``wait``). Between the two
+sits one thread per process group, the `Completer`: it waits on each request in submission
+order, runs what is left to do once the data is there (a copy out of a staging buffer), and
+completes the future, or fails it with the error hpcring raised (on every rank alike). It only
+uses the Request's public ``wait()``, so it works however the requests progress.
+
+At exit every completer is joined (`atexit`, before mpi4py's MPI_Finalize): a daemon thread
+still inside torch's C++ when Python finalizes (completing a future runs its callbacks) would
+be stopped there, and a thread stopped inside C++ aborts the process ("terminate called without
+an active exception").
+"""
+
+from __future__ import annotations
+
+import atexit
+import queue
+import threading
+import weakref
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from mpi4py import MPI  # noqa: F401  (imported before the atexit below registers: it runs first)
+
+
+class Work(dist.Work):
+    """One collective (or a few issued as one) of the hpcring process group, in flight.
+
+    ``wait()`` blocks until the data is there and raises what hpcring raised (on every rank: a
+    `hpcring.StallError` naming the missing rank, a ValueError for ranks that disagree);
+    ``get_future()`` is completed by the group's `Completer` with ``result`` (the output
+    tensors), or failed with that error. ``is_completed()`` never blocks.
+    """
+
+    def __init__(self, result: list[torch.Tensor], name: str, value: Any = None) -> None:
+        super().__init__()
+        self._result = result
+        self._value = result if value is None else value  # what the future holds (a hook's: a tensor)
+        self.name = name  # the collective, for messages
+        self._future: torch.futures.Future[Any] = torch.futures.Future()
+        self._done = threading.Event()
+        self._error: BaseException | None = None
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        """Block until the collective is done; raise its error. ``timeout`` (torch's; 0 or None:
+        none) bounds this wait only: hpcring's own timeout bounds the collective."""
+        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+        if not self._done.wait(seconds if seconds else None):
+            raise TimeoutError(f"hpcring backend: {self.name} not done after {seconds:g} s")
+        if self._error is not None:
+            raise self._error
+        return True
+
+    def get_future(self) -> torch.futures.Future[Any]:
+        return self._future
+
+    def is_completed(self) -> bool:
+        return self._done.is_set()
+
+    def is_success(self) -> bool:
+        return self._done.is_set() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return self._result
+
+    def synchronize(self) -> None:
+        self.wait()
+
+    def finish(self, error: BaseException | None) -> None:
+        """The Completer's: the data is there (or ``error``): wake waiters, complete the future."""
+        self._error = error
+        self._done.set()
+        if error is None:
+            self._future.set_result(self._value)
+        else:
+            self._future.set_exception(error)
+
+
+_Job = tuple[Work, Sequence[Any], Callable[[], None] | None]
+
+
+class Completer:
+    """One thread that completes a process group's Works in submission order (see the module)."""
+
+    def __init__(self, name: str) -> None:
+        self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+        _running.add(self)
+
+    def add(self, work: Work, requests: Sequence[Any], then: Callable[[], None] | None = None) -> Work:
+        """Complete ``work`` once every request in ``requests`` is done and ``then()`` has run."""
+        self._jobs.put((work, requests, then))
+        return work
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            work, requests, then = job
+            error: BaseException | None = None
+            for request in requests:  # every one waited for, even after a failure: none left running
+                try:
+                    request.wait()
+                except BaseException as failed:
+                    error = error or failed
+            if error is None and then is not None:
+                try:
+                    then()
+                except BaseException as failed:
+                    error = failed
+            work.finish(error)
+
+    def stop(self) -> None:
+        """Complete what was submitted, then end the thread (idempotent)."""
+        if self._thread.is_alive():
+            self._jobs.put(None)
+            self._thread.join()
+        _running.discard(self)
+
+
+_running: weakref.WeakSet[Completer] = weakref.WeakSet()
+
+
+@atexit.register  # registered after mpi4py's MPI_Finalize (imported above), so it runs before it
+def _stop_all() -> None:
+    for completer in list(_running):
+        completer.stop()
+
+
+def done(result: list[torch.Tensor], name: str) -> Work:
+    """A Work complete already (a collective with nothing to move)."""
+    work = Work(result, name)
+    work.finish(None)
+    return work
+
+
+__all__ = ["Completer", "Work", "done"]

@@ -1,0 +1,307 @@
+"""The "hpcring" backend of torch.distributed: each collective against its closed form, the object
+collectives, async work that proceeds in the background, refusals by name, mismatches raised on
+every rank, a missing rank named, and DDP and FSDP2 (no hook) side by side with gloo in float64.
+Skipped where PyTorch is not installed (pip install -e '.[torch]' in hpcring's clone)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import numpy as np
+import pytest
+from helpers import everywhere, identical_everywhere, raises_everywhere
+from mpi4py import MPI
+
+import hpcring
+
+torch = pytest.importorskip("torch", reason="needs PyTorch: pip install -e '.[torch]' in hpcring's clone")
+import torch.distributed as dist  # noqa: E402
+
+import hpcring.torch  # noqa: E402  (after the skip: it imports torch)
+from hpcring.torch import Options  # noqa: E402
+
+WORLD = MPI.COMM_WORLD
+G, RANK = WORLD.size, WORLD.rank
+
+
+# -- serial: the options -------------------------------------------------------------------------
+
+
+def test_algorithm_per_collective(monkeypatch) -> None:
+    from hpcring import config
+
+    assert Options().algorithms() == dict.fromkeys(
+        ["allreduce", "reduce_scatter", "allgather", "broadcast"], "ring"
+    )
+    assert Options(algorithm="naive").algorithms()["broadcast"] == "naive"
+    chosen = Options(algorithm={"allreduce": "rabenseifner"}).algorithms()
+    assert chosen["allreduce"] == "rabenseifner" and chosen["allgather"] == "ring"
+    monkeypatch.setenv("HPCRING_ALGO", "ring, allreduce=auto ,broadcast=binomial")
+    config.reload()
+    with pytest.raises(ValueError, match="HPCRING_ALGO must be NAME or KEY=NAME"):
+        Options().algorithms()
+    monkeypatch.setenv("HPCRING_ALGO", "allreduce=auto,broadcast=binomial")
+    config.reload()
+    chosen = Options().algorithms()
+    assert (chosen["allreduce"], chosen["broadcast"], chosen["allgather"]) == ("auto", "binomial", "ring")
+    assert Options(algorithm="mpi").algorithms()["allreduce"] == "mpi"  # the argument wins
+    monkeypatch.setenv("HPCRING_ALGO", "alltoall=ring")
+    config.reload()
+    with pytest.raises(ValueError, match="no collective 'alltoall'"):
+        Options().algorithms()
+
+
+def test_the_backend_is_registered() -> None:
+    assert "hpcring" in dist.Backend.backend_list
+    assert dist.Backend.backend_capability["hpcring"] == ["cpu", "cuda"]
+
+
+# -- the default group, hpcring's ------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def group() -> Iterator[None]:
+    hpcring.torch.init_process_group("hpcring", timeout=120)
+    yield
+    dist.destroy_process_group()
+
+
+def ranks_values(shape: tuple[int, ...], dtype: torch.dtype = torch.float64) -> list[torch.Tensor]:
+    """Every rank's input: small integers, exact in every dtype and order."""
+    n = int(np.prod(shape))
+    return [torch.from_numpy((np.arange(n) + 3 * r) % 5 + 1.0).reshape(shape).to(dtype) for r in range(G)]
+
+
+@pytest.mark.mpi
+def test_all_reduce_every_op(group: None) -> None:
+    assert dist.get_backend() == "hpcring"
+    inputs = ranks_values((5, 7))
+    stacked = torch.stack(inputs)
+    expected = {
+        dist.ReduceOp.SUM: stacked.sum(0),
+        dist.ReduceOp.AVG: stacked.sum(0) / G,
+        dist.ReduceOp.MAX: stacked.max(0).values,
+        dist.ReduceOp.MIN: stacked.min(0).values,
+        dist.ReduceOp.PRODUCT: stacked.prod(0),
+    }
+    for op, want in expected.items():
+        x = inputs[RANK].clone()
+        dist.all_reduce(x, op=op)
+        assert everywhere(WORLD, torch.equal(x, want)), op
+        assert identical_everywhere(WORLD, x.numpy())
+    strided = inputs[RANK].clone().t()  # not contiguous: staged, then copied back
+    dist.all_reduce(strided)
+    assert everywhere(WORLD, torch.equal(strided, expected[dist.ReduceOp.SUM].t()))
+
+
+@pytest.mark.mpi
+def test_broadcast_from_every_root(group: None) -> None:
+    for root in range(G):
+        x = torch.full((11,), float(RANK))
+        dist.broadcast(x, src=root)
+        assert everywhere(WORLD, torch.equal(x, torch.full((11,), float(root))))
+        flags = torch.tensor([RANK % 2 == 0, True, False])  # bool: moved as bytes, exactly
+        dist.broadcast(flags, src=root)
+        assert everywhere(WORLD, flags.tolist() == [root % 2 == 0, True, False])
+
+
+@pytest.mark.mpi
+def test_all_gather_forms(group: None) -> None:
+    inputs = ranks_values((3, 4), torch.float32)
+    outputs = [torch.empty(3, 4) for _ in range(G)]
+    dist.all_gather(outputs, inputs[RANK])
+    assert everywhere(WORLD, all(torch.equal(o, i) for o, i in zip(outputs, inputs, strict=True)))
+    flat = torch.empty(G * 12)
+    dist.all_gather_into_tensor(flat, inputs[RANK])  # out of place
+    assert everywhere(WORLD, torch.equal(flat, torch.cat([i.reshape(-1) for i in inputs])))
+    shared = torch.zeros(G, 12)
+    shared[RANK] = inputs[RANK].reshape(-1)
+    dist.all_gather_into_tensor(shared, shared[RANK])  # in place, as FSDP2 does
+    assert everywhere(WORLD, torch.equal(shared.reshape(-1), flat))
+    odd = torch.arange(5, dtype=torch.uint8) + RANK  # 5 bytes: not a word, padded
+    rows = [torch.empty(5, dtype=torch.uint8) for _ in range(G)]
+    dist.all_gather(rows, odd)
+    assert everywhere(
+        WORLD, all(torch.equal(row, torch.arange(5, dtype=torch.uint8) + r) for r, row in enumerate(rows))
+    )
+
+
+@pytest.mark.mpi
+def test_reduce_scatter_forms(group: None) -> None:
+    inputs = ranks_values((G * 6,))
+    total = torch.stack(inputs).sum(0)
+    out = torch.empty(6, dtype=torch.float64)
+    dist.reduce_scatter_tensor(out, inputs[RANK].clone())
+    assert everywhere(WORLD, torch.equal(out, total[RANK * 6 : (RANK + 1) * 6]))
+    dist.reduce_scatter_tensor(out, inputs[RANK].clone(), op=dist.ReduceOp.AVG)
+    assert everywhere(WORLD, torch.equal(out, total[RANK * 6 : (RANK + 1) * 6] / G))
+    parts = list(inputs[RANK].clone().reshape(G, 6).unbind(0))
+    dist.reduce_scatter(out, parts, op=dist.ReduceOp.MAX)
+    want = torch.stack(inputs).max(0).values[RANK * 6 : (RANK + 1) * 6]
+    assert everywhere(WORLD, torch.equal(out, want))
+
+
+@pytest.mark.mpi
+def test_barrier_and_object_collectives(group: None) -> None:
+    dist.barrier()
+    gathered: list[object] = [None] * G
+    dist.all_gather_object(gathered, {"rank": RANK, "text": "x" * (RANK + 3)})
+    assert everywhere(WORLD, gathered == [{"rank": r, "text": "x" * (r + 3)} for r in range(G)])
+    objects = [{"step": 7}, "hello", RANK] if RANK == 0 else [None, None, None]
+    dist.broadcast_object_list(objects, src=0)
+    assert everywhere(WORLD, objects == [{"step": 7}, "hello", 0])
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_async_work_proceeds_in_the_background(group: None) -> None:
+    """async_op=True returns at once, and the collective completes while this thread only sleeps:
+    nothing of hpcring or torch runs here until is_completed() says it is done."""
+    x = torch.ones(1 << 18, dtype=torch.float64) * (RANK + 1)
+    start = time.monotonic()
+    work = dist.all_reduce(x, async_op=True)
+    returned = time.monotonic() - start
+    while not work.is_completed() and time.monotonic() - start < 30:
+        time.sleep(0.005)  # the GIL is free: the progress thread runs, this thread does not call in
+    completed = work.is_completed()
+    work.wait()
+    assert everywhere(WORLD, completed and torch.all(x == G * (G + 1) / 2).item())
+    assert everywhere(WORLD, returned < 5.0)
+    future_done = dist.all_reduce(torch.ones(3), async_op=True).get_future().wait()
+    assert everywhere(WORLD, torch.equal(future_done[0], torch.full((3,), float(G))))
+
+
+@pytest.mark.mpi
+def test_unsupported_is_said_by_name(group: None) -> None:
+    x = torch.ones(4)
+    for name, call in [
+        ("send", lambda: dist.group.WORLD.send([x], (RANK + 1) % G, 0)),
+        ("recv", lambda: dist.group.WORLD.recv([x], (RANK + 1) % G, 0)),
+        ("gather", lambda: dist.gather(x, [torch.ones(4) for _ in range(G)] if RANK == 0 else None, dst=0)),
+        ("scatter", lambda: dist.scatter(x, [torch.ones(4) for _ in range(G)] if RANK == 0 else None, src=0)),
+        ("reduce", lambda: dist.reduce(x, dst=0)),
+        ("alltoall", lambda: dist.all_to_all([torch.ones(1)] * G, [torch.ones(1)] * G)),
+        ("all_to_all_single", lambda: dist.all_to_all_single(torch.ones(G), torch.ones(G))),
+        (
+            "allreduce with op BAND",
+            lambda: dist.all_reduce(torch.ones(4, dtype=torch.long), op=dist.ReduceOp.BAND),
+        ),
+    ]:
+        raises_everywhere(NotImplementedError, f"hpcring backend: {name}", call)
+
+
+@pytest.mark.mpi
+def test_a_mismatch_on_one_rank_raises_on_every_rank(group: None) -> None:
+    if G == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    x = torch.ones(9 if RANK == G - 1 else 8)
+    raises_everywhere(ValueError, "count", lambda: dist.all_reduce(x))
+    op = dist.ReduceOp.MAX if RANK == 0 else dist.ReduceOp.SUM
+    raises_everywhere(ValueError, "op", lambda: dist.all_reduce(torch.ones(8), op=op))
+    dist.all_reduce(torch.ones(8))  # the group goes on
+    with_algorithm = dist.new_group(
+        backend="hpcring", pg_options=Options(algorithm="naive" if RANK == 0 else "ring")
+    )
+    raises_everywhere(ValueError, "algorithm", lambda: dist.all_reduce(torch.ones(8), group=with_algorithm))
+    dist.destroy_process_group(with_algorithm)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_a_missing_rank_is_a_stall_error_naming_it(group: None) -> None:
+    if G == 1:
+        pytest.skip("needs a rank to miss")
+    short = dist.new_group(backend="hpcring", timeout=timedelta(seconds=2))
+    dist.all_reduce(torch.ones(4), group=short)  # warm: the group's communicators exist everywhere
+    ok = True
+    if RANK != G - 1:
+        start = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(1000), group=short)
+            ok = False
+        except hpcring.StallError as error:
+            ok = error.missing == [G - 1] and f"rank {G - 1} did not arrive" in str(error)
+            ok &= time.monotonic() - start < 10
+    assert everywhere(WORLD, ok)
+    dist.destroy_process_group(short)
+
+
+@pytest.mark.mpi
+def test_a_subgroup_runs_on_its_ranks(group: None) -> None:
+    members = list(range(0, G, 2))  # every other rank
+    sub = dist.new_group(ranks=members)
+    if RANK in members:
+        x = torch.full((5,), float(RANK))
+        dist.all_reduce(x, group=sub)
+        ok = torch.equal(x, torch.full((5,), float(sum(members))))
+    else:
+        ok = True
+    assert everywhere(WORLD, ok)
+    dist.destroy_process_group(sub)
+
+
+# -- side by side with gloo: DDP and FSDP2, no hook ---------------------------------------------------
+
+
+def model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Linear(6, 9), torch.nn.Tanh(), torch.nn.Linear(9, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3)
+    ).double()
+
+
+def steps(net: torch.nn.Module, wrapped: torch.nn.Module, count: int = 5) -> None:
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(RANK)
+    for _ in range(count):
+        optimizer.zero_grad()
+        wrapped(torch.randn(4, 6, generator=generator, dtype=torch.float64)).square().mean().backward()
+        optimizer.step()
+
+
+def weights(net: torch.nn.Module) -> torch.Tensor:
+    full = [p.full_tensor() if hasattr(p, "full_tensor") else p for p in net.parameters()]
+    return torch.cat([p.detach().reshape(-1) for p in full])
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_ddp_matches_gloo(group: None) -> None:
+    gloo = dist.new_group(backend="gloo")
+    results = []
+    for process_group in (None, gloo):  # None: the default, hpcring's
+        net = model()
+        ddp = torch.nn.parallel.DistributedDataParallel(
+            net, process_group=process_group, bucket_cap_mb=0.0005
+        )
+        steps(net, ddp)
+        results.append(weights(net))
+    ours, theirs = results
+    assert everywhere(WORLD, float((ours - theirs).abs().max()) <= 1e-12)
+    assert identical_everywhere(WORLD, ours.numpy())
+    dist.destroy_process_group(gloo)
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(120)
+def test_fsdp2_matches_gloo(group: None) -> None:
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    gloo = dist.new_group(backend="gloo")
+    results = []
+    for process_group in (dist.group.WORLD, gloo):
+        mesh = DeviceMesh.from_group(process_group, "cpu")
+        net = model()
+        for layer in net:
+            if isinstance(layer, torch.nn.Linear):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(net, mesh=mesh)
+        steps(net, net)
+        results.append(weights(net))
+    ours, theirs = results
+    assert everywhere(WORLD, float((ours - theirs).abs().max()) <= 1e-12)
+    assert identical_everywhere(WORLD, ours.numpy())
+    dist.destroy_process_group(gloo)
