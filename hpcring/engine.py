@@ -659,9 +659,7 @@ def check_memory(
     shares its node or device with other work). A chooser (auto) not yet chosen for this size
     is priced as its untuned default."""
     size, rank, itemsize = channel.size, channel.rank, dtype.itemsize
-    priced = spec
-    if spec.default is not None:
-        priced = algorithms.spec(spec.collective, spec.default(count * itemsize, size))
+    priced = algorithms.priced(spec, count, itemsize, size)
 
     def scratch_of(n: int, nbytes: int) -> int:
         return priced.scratch_bytes(n, nbytes, size, rank) if priced.scratch_bytes else 0
