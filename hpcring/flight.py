@@ -362,6 +362,12 @@ def table(dumps: list[dict[str, Any]], rows: int = 8) -> str:
     for d in dumps:
         reason = d["reason"].split(":")[0]  # the exception's name (its message follows the table)
         out.append(f"rank {d['rank']}: {d['host']} pid {d['pid']}, written for {reason}")
+    silent = sorted(set(range(max(d["size"] for d in dumps))) - set(ranks))
+    if silent:  # a rank writes only when hpcring raises on it or it gets SIGUSR1
+        out.append(
+            f"no dump from {_ranks(silent)}: where {'it is' if len(silent) == 1 else 'they are'} is "
+            "unknown; send SIGUSR1 to every rank (kill -USR1, scancel --signal=USR1) for every record"
+        )
     idents = sorted({c["id"] for d in dumps for c in d["communicators"]})
     for ident in idents:
         per_rank = {d["rank"]: next((c for c in d["communicators"] if c["id"] == ident), None) for d in dumps}
@@ -392,18 +398,27 @@ def table(dumps: list[dict[str, Any]], rows: int = 8) -> str:
         last = {r: c["calls"][-1] if c and c["calls"] else None for r, c in per_rank.items()}
         lowest = min(_position(e) for e in last.values())
         behind = [rank for rank, e in last.items() if _position(e) == lowest]
-        if len(behind) == len(last):
+        unseen = size - len(present)  # ranks of this communicator whose record is not here
+        if len(behind) == len(last) and not unseen:
             out.append(f"every rank got as far: {_where(last[behind[0]])}")
-        else:
-            names = ", ".join(map(str, behind))
+        elif len(behind) == len(last):
             out.append(
-                f"first to diverge: rank{'s' if len(behind) > 1 else ''} {names}, "
-                f"stopped at {_where(last[behind[0]])}"
+                f"every rank with a dump got as far: {_where(last[behind[0]])}; {unseen} of its "
+                f"{size} ranks left no dump, so the one that diverged may be among them"
+            )
+        else:
+            out.append(
+                f"first to diverge: {_ranks(behind)}, stopped at {_where(last[behind[0]])}"
+                + (f" ({unseen} of its {size} ranks left no dump)" if unseen else "")
             )
         for rank, entry in last.items():
             if entry is not None and entry.get("error"):
                 out.append(f"rank {rank} raised: {entry['error'].splitlines()[0]}")
     return "\n".join(out)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
 
 
 def _where(entry: Mapping[str, Any] | None) -> str:

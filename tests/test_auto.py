@@ -66,7 +66,8 @@ def test_two_level_tables_have_their_own_key_and_default(tmp_path) -> None:
     assert tuning.table_key(8, nodes=2, per_node=4) == "2x4"
     assert tuning.table_key(8) == tuning.table_key(8, nodes=8, per_node=1) == "8"  # flat: the rank count
     assert tuning.load("2x4", tmp_path / "none.json") == tuning.DEFAULT_TWO_LEVEL
-    assert tuning.choose(64 << 20, tuning.DEFAULT_TWO_LEVEL) == "hierarchical"
+    assert tuning.choose(64 << 20, tuning.DEFAULT_TWO_LEVEL) == "rabenseifner"  # G = 8: no fold
+    assert tuning.choose(64 << 20, tuning.load("3x4", tmp_path / "none.json")) == "hierarchical"
     path = tmp_path / "t.json"
     write(path, {"8": [[None, "ring"]], "2x4": [[1024, "mpi"], [None, "hierarchical"]]})
     assert tuning.load("2x4", path) == ((1024, "mpi"), (None, "hierarchical"))
@@ -210,12 +211,19 @@ def test_a_size_auto_has_chosen_runs_and_is_priced_as_its_choice(tmp_path_factor
 
 def test_untuned_defaults_follow_the_rank_count() -> None:
     """Rabenseifner where G is a power of two, the ring otherwise (its fold sends the whole
-    buffer twice more), the library's own below 64 KiB, hierarchical across nodes."""
+    buffer twice more), the library's own below 64 KiB; across nodes Rabenseifner, and where
+    G is not a power of two hierarchical from H MiB (tests/test_defaults_model.py)."""
     for key in (1, 2, 4, "8", "16-in-place", 1024):
         assert tuning.default_table(key) == tuning.DEFAULT
     for key in (3, "6", "12-in-place", 1000):
         assert tuning.default_table(key) == tuning.DEFAULT_NOT_POWER_OF_TWO
     assert tuning.default_table("2x4") == tuning.DEFAULT_TWO_LEVEL
+    assert tuning.default_table("125x8-in-place") == tuning.two_level_default(125, 8)
+    assert [tuning.choose(n, tuning.default_table("125x8")) for n in (32 << 10, 125 << 20, 126 << 20)] == [
+        "mpi",
+        "rabenseifner",
+        "hierarchical",
+    ]
     assert [tuning.choose(n, tuning.DEFAULT) for n in (8, 64 << 10, (64 << 10) + 1)] == [
         "mpi",
         "mpi",

@@ -286,7 +286,18 @@ def test_table_points_at_the_rank_that_got_least_far() -> None:
     behind = flight.table([dumps[0], dumps[2], dump_of(1, done, "SIGUSR1")])
     assert "first to diverge: rank 1, stopped at # 2" in behind
     differ = flight.table([dump_of(0, [(1, "done", 0, "ring")]), dump_of(1, [(1, "done", 0, "ps")])])
-    assert "<- ranks differ" in differ and "every rank got as far" in differ
+    assert "<- ranks differ" in differ and "every rank with a dump got as far" in differ
+    assert "1 of its 3 ranks left no dump" in differ and "no dump from rank 2: " in differ
+
+
+def test_table_with_one_dump_claims_nothing_of_the_others() -> None:
+    """A StallError writes only the raising rank's record: rank 1, which never reached call 3,
+    left none, so the table must not say that every rank got to call 3."""
+    done = [(1, "done", 0, "ring"), (2, "done", 0, "ring")]
+    text = flight.table([dump_of(0, [*done, (3, "agreement", 0, "ring")])])
+    assert "every rank got as far" not in text
+    assert "every rank with a dump got as far: # 3" in text and "2 of its 3 ranks left no dump" in text
+    assert "no dump from ranks 1, 2: where they are is unknown; send SIGUSR1 to every rank" in text
 
 
 def test_main_on_an_empty_directory(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -12,8 +12,10 @@ table, so every rank makes the same choice even if their files differ.
 
 The topology counts too: on several nodes of L > 1 ranks each the table is the one tuned for
 that shape, keyed "HxL" (e.g. "2x2"; `bench --tune` run on those nodes writes it), else
-`tuning.DEFAULT_TWO_LEVEL`, in which `hierarchical` takes the large all-reduces: its
-inter-node links carry 2(H-1)/H·n where a flat ring's carry 2(G-1)/G·n in L times as many steps.
+`tuning.two_level_default`, which follows the cost model: the library's own up to 32 KiB, then
+Rabenseifner (2·log2 G latency steps, where hierarchical's ring across H nodes takes 2(H-1)),
+and, where G is not a power of two, `hierarchical` from H MiB, where Rabenseifner's fold costs
+more than the longer ring.
 """
 
 from __future__ import annotations

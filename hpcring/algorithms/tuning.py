@@ -28,11 +28,30 @@ from .. import config
 # for any other count, where Rabenseifner's fold sends the whole buffer twice more.
 DEFAULT: tuple[tuple[int | None, str], ...] = ((64 << 10, "mpi"), (None, "rabenseifner"))
 DEFAULT_NOT_POWER_OF_TWO: tuple[tuple[int | None, str], ...] = ((64 << 10, "mpi"), (None, "ring"))
-# Across nodes, measured on the emulated cluster (2 hosts x 2 ranks, 1 Gbit/s TCP, `bench
-# --tune`, busbw relative to MPI_Allreduce): MPI's own up to 32 KiB, then hierarchical
-# (1.07-1.49x at 64-512 KiB and 8-16 MiB, 0.90x at 1-4 MiB); Rabenseifner's large early
-# exchanges across the network reached only 0.25-0.78x from 16 KiB up.
-DEFAULT_TWO_LEVEL: tuple[tuple[int | None, str], ...] = ((32 << 10, "mpi"), (None, "hierarchical"))
+# Across nodes (a table keyed "HxL"), untuned: what the cost model (hpcring.model, presets of
+# GPU clusters: NVLink 4 inside a node, NDR/HDR InfiniBand or 100 Gb/s RoCE between nodes, a NIC
+# per GPU or per node) finds fastest, or close to it. The library's own up to 32 KiB, then flat
+# Rabenseifner: 2·log2 G latency steps where hierarchical's ring across H nodes takes 2(H-1)
+# (at 1000 GPUs, 25 MiB: 0.45 ms against 1.02 ms), and, where G is a power of two, the same
+# bytes. Where G is not a power of two Rabenseifner's fold sends the whole buffer twice more, and
+# from about 1 MiB per node that costs more than hierarchical's longer ring: hierarchical from
+# H MiB. tests/test_defaults_model.py fails where this table and the model part (on those
+# presets every choice is within 0.75x of the model's best, and within 0.9x at 99% of sizes).
+# Measured otherwise on one TCP network: on the emulated cluster (2 hosts x 2 ranks, 1 Gbit/s,
+# docs/multinode.md) hierarchical's 60 KiB stream beat Rabenseifner's whole-buffer messages,
+# 1.07-1.49x against 0.25-0.78x the library's own; `bench --tune` on such nodes writes "HxL".
+DEFAULT_TWO_LEVEL: tuple[tuple[int | None, str], ...] = ((32 << 10, "mpi"), (None, "rabenseifner"))
+HIERARCHICAL_PER_NODE = 1 << 20  # G not a power of two: hierarchical from this many bytes per node
+
+
+def two_level_default(nodes: int, per_node: int) -> tuple[tuple[int | None, str], ...]:
+    """The untuned all-reduce table on ``nodes`` nodes of ``per_node`` ranks (see DEFAULT_TWO_LEVEL)."""
+    ranks = nodes * per_node
+    if ranks & (ranks - 1) == 0:
+        return DEFAULT_TWO_LEVEL
+    return ((32 << 10, "mpi"), (nodes * HIERARCHICAL_PER_NODE, "rabenseifner"), (None, "hierarchical"))
+
+
 # The other collectives, untuned: the library's own for latency-bound messages, then the
 # bandwidth-optimal schedules (the same halves of the same algorithms as the all-reduce's).
 DEFAULTS: dict[str, tuple[tuple[tuple[int | None, str], ...], ...]] = {
@@ -126,6 +145,9 @@ def default_table(key: int | str) -> tuple[tuple[int | None, str], ...]:
     collective, _, text = str(key).removesuffix(IN_PLACE).rpartition(":")
     power_of_two, other, two_level = DEFAULTS[collective or "allreduce"]
     if "x" in text:
+        nodes, _, per_node = text.partition("x")
+        if collective in ("", "allreduce") and nodes.isdigit() and per_node.isdigit():  # by shape
+            return two_level_default(int(nodes), int(per_node))
         return two_level
     ranks = int(text) if text.isdigit() else 0
     return power_of_two if ranks & (ranks - 1) == 0 else other

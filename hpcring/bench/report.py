@@ -155,6 +155,26 @@ def summarize(rows: list[Row]) -> list[dict[str, Any]]:
     return summary
 
 
+# A row is too noisy to compare (`noisy`) where its median iteration took more than SPREAD times
+# its fastest one (the machine was busy for most of the row), or where the same algorithm ran a
+# size at least this much larger more than OUT_OF_ORDER times faster (time does not fall with
+# size: something else held the cores for the whole row). The footer prints `~` for its ratios.
+SPREAD = 4.0
+OUT_OF_ORDER = 3.0
+
+
+def noisy(rows: list[Row]) -> set[tuple[int, str]]:
+    """(size, algorithm) of the rows whose timing says more about the machine's load than about
+    the algorithm."""
+    found = set()
+    for row in rows:
+        spread = row.time_us_min > 0 and row.time_us > SPREAD * row.time_us_min
+        larger = (r.time_us for r in rows if r.algorithm == row.algorithm and r.size > row.size)
+        if spread or any(0 < t * OUT_OF_ORDER < row.time_us for t in larger):
+            found.add((row.size, row.algorithm))
+    return found
+
+
 def format_footer(rows: list[Row], summary: list[dict[str, Any]]) -> str:
     """The lines below the table: best per size against the bare call, then the verdicts, as
     nccl-tests ends."""
@@ -165,12 +185,20 @@ def format_footer(rows: list[Row], summary: list[dict[str, Any]]) -> str:
         f"# best per size, and busbw relative to {BARE} (>1: faster than the bare library call)",
         "# " + f"{'size':>8} {'best':>{width}}  " + " ".join(f"{n:>{max(7, len(n))}}" for n in names),
     ]
+    shaky = noisy(rows)
     for entry in summary:
-        rel = entry["busbw_vs_baseline"]
+        rel, size = entry["busbw_vs_baseline"], entry["size"]
         cells = " ".join(
-            f"{'-' if rel.get(n) is None else format(rel[n], '.2f'):>{max(7, len(n))}}" for n in names
+            f"{_ratio(rel.get(n), {(size, n), (size, entry['baseline'])} & shaky):>{max(7, len(n))}}"
+            for n in names
         )
         lines.append(f"# {format_size(entry['size']):>8} {entry['best']:>{width}}  {cells}")
+    if shaky:
+        lines.append(
+            f"# ~: {len(shaky)} of {len(rows)} rows too noisy to compare (median over {SPREAD:g}x the "
+            f"fastest iteration, or over {OUT_OF_ORDER:g}x a larger size's time): the machine was busy; "
+            "rerun on a quiet one, with --passes 3"
+        )
     checked = [r.wrong for r in rows if r.wrong is not None]
     wrong = sum(checked)
     mismatched = sum(not r.bytes_match for r in rows)
@@ -183,6 +211,10 @@ def format_footer(rows: list[Row], summary: list[dict[str, Any]]) -> str:
         f"# avg bus bandwidth    : {avg:.4f} GB/s",
     ]
     return "\n".join(lines)
+
+
+def _ratio(value: float | None, shaky: set[tuple[int, str]]) -> str:
+    return "-" if value is None else "~" if shaky else format(value, ".2f")
 
 
 def ceiling_line(header: dict[str, Any], rows: list[Row]) -> str:
