@@ -57,6 +57,12 @@ _FACTORS = {
 }
 # The collectives whose size (nccl-tests') is G inputs: the all-gather's output.
 _GATHERED = frozenset({"allgather"})
+_TITLES = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter", "allgather": "all-gather"}
+
+
+def collective_title(collective: str) -> str:
+    """How a header or a plot names ``collective`` for people, in nccl-tests' spelling ("all-gather")."""
+    return _TITLES.get(collective, collective)
 
 
 def busbw_factor(size: int, collective: str = "allreduce") -> float:

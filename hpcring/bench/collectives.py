@@ -26,7 +26,7 @@ from mpi4py import MPI
 from .. import collectives
 from ..algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER
 from ..partition import segment_bounds
-from ..units import busbw_formula
+from ..units import busbw_formula, collective_title
 from .data import expected_result, gathered_rows, row_input, verifiable_input
 
 
@@ -58,7 +58,6 @@ class Collective:
     """One collective as the bench runs it; the subclasses say what differs (module docstring)."""
 
     name: str  # hpcring's name, the algorithm table's key
-    title: str  # for people, in nccl-tests' spelling: "all-reduce"
     bare: str  # the bare row's name: MPI's function, never a name `-a` accepts
     mpi4py: str  # how the header names the bare call
     reduces: bool = True  # takes an op (nccl-tests' redop; "none" otherwise)
@@ -67,6 +66,11 @@ class Collective:
     rooted: bool = False  # has a root (what each rank sends depends on it)
     in_place_only: bool = False  # has no out-of-place form (--in-place means nothing)
     size_is: str | None = None  # what a row's size counts, where more than "the buffer"
+
+    @property
+    def title(self) -> str:
+        """For people, in nccl-tests' spelling: "all-reduce"."""
+        return collective_title(self.name)
 
     @property
     def busbw_formula(self) -> str:
@@ -110,7 +114,7 @@ class Collective:
 
 
 class AllReduce(Collective):
-    name, title, bare, mpi4py = ALLREDUCE, "all-reduce", "MPI_Allreduce", "comm.Allreduce"
+    name, bare, mpi4py = ALLREDUCE, "MPI_Allreduce", "comm.Allreduce"
     in_place_tables = True
 
     def expected(self, xp: Any, count: int, dtype: np.dtype, op: str, size: int, rank: int, root: int) -> Any:
@@ -131,7 +135,7 @@ class AllReduce(Collective):
 
 
 class ReduceScatter(Collective):
-    name, title, bare = REDUCE_SCATTER, "reduce-scatter", "MPI_Reduce_scatter"
+    name, bare = REDUCE_SCATTER, "MPI_Reduce_scatter"
     mpi4py = (
         "comm.Reduce_scatter_block (where the parts are unequal: comm.Reduce_scatter with "
         "numpy.array_split's counts)"
@@ -173,7 +177,7 @@ class ReduceScatter(Collective):
 
 
 class AllGather(Collective):
-    name, title, bare, mpi4py = ALLGATHER, "all-gather", "MPI_Allgather", "comm.Allgather"
+    name, bare, mpi4py = ALLGATHER, "MPI_Allgather", "comm.Allgather"
     reduces, rewrites_input = False, False
     size_is = "the whole buffer, the gathered output (G inputs), as nccl-tests"
 
@@ -210,7 +214,7 @@ class AllGather(Collective):
 
 
 class Broadcast(Collective):
-    name, title, bare, mpi4py = BROADCAST, "broadcast", "MPI_Bcast", "comm.Bcast"
+    name, bare, mpi4py = BROADCAST, "MPI_Bcast", "comm.Bcast"
     reduces, rewrites_input, rooted, in_place_only = False, False, True, True
     size_is = "the buffer, in place on every rank"
 
