@@ -214,9 +214,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"-r/--root: the {kind.title} has no root")
     if args.root >= ranks:
         parser.error(f"-r/--root {args.root}: there are {ranks} ranks")
-    for flag, given in (("--reproducible", args.reproducible), ("--wire", args.wire is not None)):
-        if given and args.collective != algorithms.ALLREDUCE:
-            parser.error(f"{flag}: all-reduce rows only (hpcring.{kind.name} has no such option)")
+    for option, given in (("reproducible", args.reproducible), ("wire", args.wire is not None)):
+        if given and option not in kind.options:
+            parser.error(f"--{option}: all-reduce rows only (hpcring.{kind.name} has no {option}=)")
     if args.in_place and kind.in_place_only:
         parser.error(f"--in-place: the {kind.title} is always in place")
     if args.in_place and args.tune and not kind.in_place_tables:

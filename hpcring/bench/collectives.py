@@ -66,6 +66,7 @@ class Collective:
     rooted: bool = False  # has a root (what each rank sends depends on it)
     in_place_only: bool = False  # has no out-of-place form (--in-place means nothing)
     size_is: str | None = None  # what a row's size counts, where more than "the buffer"
+    options: tuple[str, ...] = ()  # the front end's options the bench has rows for (--wire, ...)
 
     @property
     def title(self) -> str:
@@ -116,6 +117,7 @@ class Collective:
 class AllReduce(Collective):
     name, bare, mpi4py = ALLREDUCE, "MPI_Allreduce", "comm.Allreduce"
     in_place_tables = True
+    options = ("reproducible", "wire")
 
     def expected(self, xp: Any, count: int, dtype: np.dtype, op: str, size: int, rank: int, root: int) -> Any:
         return expected_result(xp, count, dtype, op, size)

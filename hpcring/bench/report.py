@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from ..algorithms import ALLREDUCE
+from ..algorithms import ALLREDUCE as MODEL_DEFAULT  # python -m hpcring.model's collective
 from ..units import format_size
 from .collectives import COLLECTIVES
 from .measure import BARE, Row
@@ -118,7 +118,7 @@ def _guidance(h: dict[str, Any]) -> list[str]:
                 f"# predicted: empty (-), no calibrated cost model at {_home(h['model_path'])}",
                 "#   calibrate: mpiexec --oversubscribe -n 2 python -m hpcring.model --calibrate;  a preset "
                 f"link instead: python -m hpcring.model --ranks {h['ranks']} --bytes 1M --link ndr400"
-                + ("" if h["collective"] == ALLREDUCE else f" --collective {h['collective']}"),
+                + ("" if h["collective"] == MODEL_DEFAULT else f" --collective {h['collective']}"),
             ]
     return lines
 
