@@ -14,8 +14,9 @@ they share is here:
   rank before any data moves, and a rank that does not arrive within ``timeout`` seconds
   (default `HPCRING_TIMEOUT`, 300; 0 waits forever) makes the others raise `hpcring.StallError`
   naming it. Without it nothing is compared, but every wait is still bounded.
-- Every rank ends with bitwise the same result (for the reduce-scatter: every rank's part is
-  the bits all-reduce would give there).
+- Every rank ends with bitwise the same result. A reduce-scatter's part is reduced once, by one
+  schedule: `naive` and `rabenseifner` give the bits their all-reduce gives there, the ring
+  starts each part's sum one rank later than its all-reduce does, so it may round differently.
 """
 
 from __future__ import annotations

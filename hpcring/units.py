@@ -1,7 +1,10 @@
-"""Units: one size grammar, one byte formatter each way, the all-reduce bus-bandwidth factor.
+"""Units: one size grammar, one byte formatter each way, each collective's bus-bandwidth factor
+and what its size counts.
 
 Sizes use binary suffixes as nccl-tests does (``64K`` is 65536 bytes), on the command
-lines of the bench and the model alike.
+lines of the bench and the model alike. A collective's size is nccl-tests' too: the whole
+buffer, which for the all-gather is its output (G inputs) and for the reduce-scatter its
+input (G parts); `input_bytes` turns it into what each rank passes in.
 """
 
 from __future__ import annotations
@@ -44,17 +47,50 @@ def format_bytes(nbytes: float) -> str:
     return f"{nbytes:.1f} TiB"
 
 
-def busbw_factor(size: int) -> float:
-    """nccl-tests' all-reduce bus-bandwidth factor 2(G-1)/G, the same for every algorithm.
+# nccl-tests' bus-bandwidth factors (doc/PERFORMANCE.md there): what an ideal algorithm's busbw
+# equals the link bandwidth with, whatever G is. By collective, as `hpcring.algorithms` names them.
+_FACTORS = {
+    "allreduce": (lambda g: 2.0 * (g - 1) / g, "2(G-1)/G"),
+    "reduce_scatter": (lambda g: (g - 1) / g, "(G-1)/G"),
+    "allgather": (lambda g: (g - 1) / g, "(G-1)/G"),
+    "broadcast": (lambda g: 1.0, "1"),
+}
+# The collectives whose size (nccl-tests') is G inputs: the all-gather's output.
+_GATHERED = frozenset({"allgather"})
+_TITLES = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter", "allgather": "all-gather"}
 
-    It scales algbw so that an ideal all-reduce reaches the link bandwidth whatever G is,
+
+def collective_title(collective: str) -> str:
+    """How a header or a plot names ``collective`` for people, in nccl-tests' spelling ("all-gather")."""
+    return _TITLES.get(collective, collective)
+
+
+def busbw_factor(size: int, collective: str = "allreduce") -> float:
+    """nccl-tests' bus-bandwidth factor of ``collective`` on ``size`` ranks, the same for every
+    algorithm: 2(G-1)/G for the all-reduce, (G-1)/G for the reduce-scatter and the all-gather,
+    1 for the broadcast.
+
+    It scales algbw so that an ideal algorithm reaches the link bandwidth whatever G is,
     which makes numbers comparable across rank counts. It is a property of the
     collective, not of the algorithm: a naive all-reduce that sends more does not get
     a bigger factor, it gets a lower busbw.
     """
-    return 2.0 * (size - 1) / size if size > 0 else 0.0
+    return _FACTORS[collective][0](size) if size > 0 else 0.0
 
 
-def busbw(nbytes: float, size: int, seconds: float) -> float:
-    """Bus bandwidth in bytes/s of an all-reduce of ``nbytes`` over ``size`` ranks in ``seconds``."""
-    return nbytes / seconds * busbw_factor(size)
+def busbw_formula(collective: str = "allreduce") -> str:
+    """`busbw_factor` of ``collective`` as the header writes it ("2(G-1)/G")."""
+    return _FACTORS[collective][1]
+
+
+def input_bytes(nbytes: int, size: int, collective: str = "allreduce") -> int:
+    """What each of ``size`` ranks passes in for a ``collective`` of nccl-tests' size ``nbytes``
+    (the whole buffer): the all-gather's input is one G-th of its output; every other
+    collective's input is the whole buffer (the reduce-scatter's, cut into G parts)."""
+    return nbytes // size if collective in _GATHERED else nbytes
+
+
+def busbw(nbytes: float, size: int, seconds: float, collective: str = "allreduce") -> float:
+    """Bus bandwidth in bytes/s of a ``collective`` of ``nbytes`` (nccl-tests' size) over ``size``
+    ranks in ``seconds``."""
+    return nbytes / seconds * busbw_factor(size, collective)

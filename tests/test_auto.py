@@ -100,6 +100,25 @@ def test_unusable_file_warns_once_and_falls_back(tmp_path, content: str, match: 
     assert len(caught) == 1
 
 
+def test_a_missing_table_names_the_command_that_writes_it(tmp_path) -> None:
+    """The warning for another collective's key, or a key of nodes, gives a command that runs: the
+    rank count, not the key ("mpiexec -n reduce_scatter:4" once), and the bench's flags."""
+    path = tmp_path / "t.json"
+    write(path, {"8": [[None, "ring"]]})
+    key = tuning.key_for(4, None, collective="reduce_scatter")
+    with pytest.warns(UserWarning, match="no entry for table reduce_scatter:4") as caught:
+        assert tuning.load(key, path) == tuning.default_table(key)
+    assert "`mpiexec -n 4 python -m hpcring.bench --tune --collective reduce_scatter`" in str(
+        caught[0].message
+    )
+    assert (
+        tuning.tune_command("allgather:2x3")
+        == "mpiexec -n 6 python -m hpcring.bench --tune --collective allgather"
+    )
+    assert tuning.tune_command("4-in-place") == "mpiexec -n 4 python -m hpcring.bench --tune --in-place"
+    assert tuning.tune_command(4) == "mpiexec -n 4 python -m hpcring.bench --tune"
+
+
 def test_a_path_that_cannot_even_be_tested_warns(tmp_path) -> None:
     """exists() raises for a name too long (it returns False only for some errors)."""
     with pytest.warns(UserWarning, match="ignoring tuning file"):

@@ -22,16 +22,34 @@ import pytest
 from helpers import everywhere, launch, launcher_env, mpiexec
 from mpi4py import MPI
 
-from hpcring import ALGORITHMS, config
+from hpcring import ALGORITHMS, algorithms, config
 from hpcring.algorithms import tuning
 from hpcring.algorithms.tuning import tuning_table
 from hpcring.bench import main, measure
-from hpcring.bench.data import expected_bytes_sent, expected_result, sweep, verifiable_input
+from hpcring.bench.collectives import COLLECTIVES, Buffers
+from hpcring.bench.data import (
+    expected_bytes_sent,
+    expected_result,
+    gathered_rows,
+    row_input,
+    sweep,
+    verifiable_input,
+)
 from hpcring.bench.measure import BARE, Device, Row, bare_call, median_rows
-from hpcring.bench.report import format_footer, format_header, line_styles, noisy, size_ticks, summarize
+from hpcring.bench.report import (
+    algorithm_width,
+    format_footer,
+    format_header,
+    format_row,
+    line_styles,
+    noisy,
+    size_ticks,
+    summarize,
+)
 from hpcring.gpu import gpu_problem
 from hpcring.ops import DTYPES, OPS, check_op
-from hpcring.units import busbw_factor, parse_size
+from hpcring.partition import segment_bounds
+from hpcring.units import busbw, busbw_factor, input_bytes, parse_size
 
 CHOICES = [name for name in ALGORITHMS if name != "auto"]  # what auto may choose
 
@@ -110,6 +128,103 @@ def test_expected_bytes_sent_closed_forms(size: int) -> None:
             assert sum(rab) == 2 * (core - 1) * nbytes + 2 * (size - core) * nbytes
 
 
+def test_each_collective_has_nccl_tests_busbw_factor_and_size() -> None:
+    """nccl-tests' factors (its doc/PERFORMANCE.md): 2(G-1)/G, (G-1)/G, (G-1)/G, 1; and its size,
+    the whole buffer: an all-gather's input is a G-th of it."""
+    factors = {
+        "allreduce": lambda g: 2 * (g - 1) / g,
+        "reduce_scatter": lambda g: (g - 1) / g,
+        "allgather": lambda g: (g - 1) / g,
+        "broadcast": lambda g: 1.0,
+    }
+    assert set(factors) == set(algorithms.COLLECTIVES) == set(COLLECTIVES)
+    for name, factor in factors.items():
+        for g in (1, 2, 3, 4, 8, 1000):
+            assert busbw_factor(g, name) == pytest.approx(factor(g))
+        assert busbw(1000, 4, 2.0, name) == pytest.approx(500 * factor(4))
+        assert input_bytes(4096, 4, name) == (1024 if name == "allgather" else 4096)
+    assert busbw_factor(4) == busbw_factor(4, "allreduce") == 1.5  # the default is the all-reduce's
+
+
+@pytest.mark.parametrize("size", range(1, 10))
+def test_expected_bytes_sent_of_the_other_collectives(size: int) -> None:
+    """Per rank, by each algorithm's own formula: the reduce-scatter sends every part but its own
+    once, (G-1)/G·N (ring, naive); the all-gather passes G-1 rows of n on (ring, naive); every
+    broadcast moves n to each of the G-1 others once in all, the ring's tail sending nothing.
+    Rabenseifner at any G: the power-of-two core's (G'-1)·N, plus each fold pair's traffic."""
+    core = 1 << (size.bit_length() - 1)
+    folded = range(0, 2 * (size - core), 2)  # the even ranks of the fold pairs
+    for itemsize in (1, 2, 8):
+        for count in range(0, 3 * size + 2):
+            n = count * itemsize
+            mine = [(stop - start) * itemsize for start, stop in segment_bounds(count, size)]
+
+            def sent(collective: str, name: str, n: int = n, itemsize: int = itemsize, **root: int) -> list:
+                return [
+                    expected_bytes_sent(name, n, size, r, itemsize, collective=collective, **root)
+                    for r in range(size)
+                ]
+
+            rs, ag = sent("reduce_scatter", "ring"), sent("allgather", "ring")
+            assert rs == sent("reduce_scatter", "naive") == [n - m for m in mine]
+            assert ag == sent("allgather", "naive") == [(size - 1) * n] * size
+            rab_rs, rab_ag = sent("reduce_scatter", "rabenseifner"), sent("allgather", "rabenseifner")
+            if count == 0 or size == 1:
+                assert rab_rs == rab_ag == [0] * size
+            else:
+                assert sum(rab_rs) == (core - 1) * n + (size - core) * n + sum(mine[r] for r in folded)
+                assert sum(rab_ag) == (core - 1) * size * n + (size - core) * (n + size * n)
+            if core == size:
+                assert rab_rs == rs and rab_ag == ag
+            for root in {0, size - 1, size // 2}:
+                for name in ("naive", "ring", "binomial"):
+                    assert sum(sent("broadcast", name, root=root)) == (size - 1) * n
+                assert sent("broadcast", "naive", root=root)[root] == (size - 1) * n
+                assert size == 1 or sent("broadcast", "ring", root=root)[(root - 1) % size] == 0
+                assert sent("broadcast", "mpi", root=root) == [None] * size
+            assert sent("reduce_scatter", "mpi") == sent("allgather", "mpi") == [None] * size
+
+
+def test_gathered_rows_differ_by_rank_and_are_exact_in_every_dtype() -> None:
+    for dtype in DTYPES:
+        rows = gathered_rows(np, 300, dtype, 5)
+        assert rows.shape == (5, 300) and rows.dtype == dtype
+        assert all(np.array_equal(rows[r], row_input(np, 300, dtype, r)) for r in range(5))
+        assert len({rows[r].tobytes() for r in range(5)}) == 5  # a row out of place is seen
+        exact = row_input(np, 300, np.dtype("int64"), 3)
+        real = rows[3].real if dtype.kind == "c" else rows[3]
+        assert np.array_equal(real.astype(np.float64), exact)  # the integers themselves, in every dtype
+
+
+def test_header_of_another_collective_says_what_its_size_and_busbw_are() -> None:
+    kind = COLLECTIVES["reduce_scatter"]
+    facts = _header_facts(
+        collective=kind.name,
+        baseline=kind.bare,
+        busbw_formula=kind.busbw_formula,
+        busbw_factor=0.5,
+        size_is=kind.size_is,
+        placement=kind.placement(False),
+    )
+    text = format_header(facts)
+    assert text.startswith("# hpcring 0 reduce-scatter benchmark")
+    assert "# MPI_Reduce_scatter: the bare library call, mpi4py's comm.Reduce_scatter_block" in text
+    assert "through hpcring.reduce_scatter)" in text
+    assert "# size: the whole buffer, each rank's input (G parts" in text
+    assert "busbw = algbw * (G-1)/G = algbw * 0.5;" in text
+    assert "(bytes of each rank's input)" in text  # what auto's thresholds count
+    assert "--link ndr400 --collective reduce_scatter" in text
+    plain = format_header(_header_facts())
+    assert "# size:" not in plain and "busbw = algbw * 2(G-1)/G" in plain
+    # The bare row's longer name widens the algorithm column, header and rows alike.
+    columns = text.splitlines()[-2]
+    row = Row(8, 2, "float32", "sum", kind.bare, 1, 1.0, 1.0, 1.0, 1.0, 1.0, None, None, None, None, 0)
+    line = format_row(row, algorithm_width(facts))
+    assert (
+        len(line) == len(columns) and line.index(kind.bare) + len(kind.bare) == columns.index("algorithm") + 9
+    )
+
+
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
 @pytest.mark.parametrize("op", list(OPS))
 def test_verifiable_data_is_exact_in_any_order(dtype: np.dtype, op: str) -> None:
@@ -157,6 +272,36 @@ def test_bad_input_in_process_returns_2(capsys: pytest.CaptureFixture[str]) -> N
             assert err.count("error:") == 1, err
 
 
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--collective", "allgather", "--wire", "bfloat16"], "--wire: all-reduce rows only"),
+        (["--collective", "reduce_scatter", "--reproducible"], "--reproducible: all-reduce rows only"),
+        (["--collective", "broadcast", "--in-place"], "the broadcast is always in place"),
+        (["--collective", "reduce_scatter", "--in-place", "--tune"], "auto keeps one reduce-scatter table"),
+        (["--collective", "allgather", "-o", "max"], "-o: the all-gather reduces nothing"),
+        (["--collective", "reduce_scatter", "-r", "0", "-r", "1"], "the reduce-scatter has no root"),
+        (["--collective", "broadcast", "-r", "4096"], "-r/--root 4096: there are"),
+        (
+            ["--collective", "broadcast", "-a", "ring,ps"],
+            "unknown algorithm 'ps'; choose from naive, ring, binomial",
+        ),
+        (["--collective", "allreduce", "-a", "binomial"], "unknown algorithm 'binomial'"),
+        (["--collective", "alltoall"], "invalid choice: 'alltoall'"),
+    ],
+)
+def test_what_a_collective_has_no_use_for_is_refused(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The all-reduce's options (wire=, reproducible=), a placement or an op or root that does not
+    apply, another collective's algorithm: a usage error naming it, exit 2, nothing run."""
+    assert main([*argv, "-b", "8", "-e", "8"]) == 2
+    captured = capsys.readouterr()
+    if MPI.COMM_WORLD.Get_rank() == 0:
+        assert captured.err.count("error:") == 1 and said in captured.err, captured.err
+    assert "# hpcring" not in captured.out
+
+
 def test_matplotlib_is_imported_only_for_plot() -> None:
     code = "import sys, hpcring.bench; print('matplotlib' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
@@ -177,6 +322,11 @@ BAD_INPUTS = {
 def _header_facts(**changes: object) -> dict:
     """A header as `measure.header_facts` and `guidance_facts` make it, for 2 ranks on one CPU node."""
     facts = {
+        "collective": "allreduce",
+        "baseline": BARE,
+        "busbw_formula": "2(G-1)/G",
+        "size_is": None,
+        "root": None,
         "hpcring": "0",
         "mpi_library": "Open MPI",
         "mpi4py": "4",
@@ -544,10 +694,38 @@ def test_bare_call_on_a_gpu_copies_through_the_host_unless_cuda_aware(aware: boo
     dev = Device("gpu", xp, cuda_aware=aware)
     x = np.arange(1.0, 5.0).view(_DeviceArray)
     out = x if in_place else np.zeros(4).view(_DeviceArray)
-    bare_call(MPI.COMM_SELF, dev, x, out, "mean")()
-    assert np.array_equal(out, np.arange(1.0, 5.0))  # one rank: the input itself
+    call, result = bare_call(
+        MPI.COMM_SELF, dev, COLLECTIVES["allreduce"], Buffers(x, out, out), in_place, "mean"
+    )
+    call()
+    assert result is out and np.array_equal(out, np.arange(1.0, 5.0))  # one rank: the input itself
     assert bool(synced) == aware  # straight to MPI only after the stream's work is done
     assert measure.bare_description(dev, np.dtype("float32")).startswith("device buffers straight") == aware
+
+
+@pytest.mark.parametrize("name", ["reduce_scatter", "allgather", "broadcast"])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_every_bare_call_on_a_gpu_carries_its_buffers_through_the_host(name: str, in_place: bool) -> None:
+    """Each collective's bare call, staged as on a GPU without CUDA-aware MPI: what MPI wrote comes
+    back to the device buffer that holds the result (one rank: the input itself, or the root's)."""
+    kind = COLLECTIVES[name]
+    if in_place and kind.in_place_only:
+        pytest.skip("always in place")
+    stream = SimpleNamespace(synchronize=lambda: None)
+    xp = SimpleNamespace(
+        empty=lambda *shape, **kw: np.empty(*shape, **kw).view(_DeviceArray),
+        empty_like=lambda a: np.empty_like(a).view(_DeviceArray),
+        true_divide=np.true_divide,
+        cuda=SimpleNamespace(get_current_stream=lambda: stream),
+    )
+    x = np.arange(1.0, 6.0).view(_DeviceArray)
+    b = kind.buffers(xp, x, in_place, 0, 1)
+    op = "mean" if kind.reduces else None
+    call, result = bare_call(MPI.COMM_SELF, Device("gpu", xp), kind, b, in_place, op)
+    if not np.shares_memory(b.out, b.x):
+        b.out[...] = -1  # stale
+    call()
+    assert np.array_equal(np.asarray(result).reshape(-1), np.arange(1.0, 6.0))
 
 
 @pytest.mark.mpi
@@ -676,3 +854,195 @@ def test_a_usage_error_on_one_rank_stops_every_rank(
     status = main([*TINY, "-a", "ring", "--plot", os.path.join(folder, "never.png")])
     said = capsys.readouterr().err.count("error: --plot needs matplotlib") == (COMM.Get_rank() == 0)
     assert everywhere(COMM, status == 2 and said)
+
+
+# ---------------------------------------------------------------------------------------
+# MPI: the other collectives (--collective), each against its own bare library call.
+
+OTHERS = ["reduce_scatter", "allgather", "broadcast"]
+
+
+def _swept(collective: str, low: int = 8, high: int = 64, factor: float = 2, itemsize: int = 4) -> list[int]:
+    """The sizes the bench sweeps for ``collective`` here (an all-gather's: G whole inputs)."""
+    return sweep(low, high, factor, COLLECTIVES[collective].granule(itemsize, COMM.Get_size()))
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective", OTHERS)
+def test_each_collective_has_its_rows_checked_and_read_against_its_bare_call(collective: str) -> None:
+    """Every algorithm of the collective's table and its bare call at every size, every element
+    right, bytes on the formula, busbw = algbw x nccl-tests' factor with algbw = size / time (size:
+    the whole buffer), and the footer's ratios against the bare row of the same run."""
+    kind, size = COLLECTIVES[collective], COMM.Get_size()
+    status, report = _run([*TINY, "--collective", collective])
+    rows = (report or {}).get("rows", [])
+    names = (kind.bare, *algorithms.portable(collective))
+    sizes = _swept(collective)
+    problems = [] if status == 0 and report else [("status", status)]
+    if {(r["size"], r["algorithm"]) for r in rows} != {(n, a) for n in sizes for a in names} or len(
+        rows
+    ) != len(sizes) * len(names):
+        problems.append(("cells", [(r["size"], r["algorithm"]) for r in rows]))
+    header = (report or {}).get("header", {})
+    if (header.get("collective"), header.get("baseline")) != (collective, kind.bare) or header.get(
+        "busbw_factor"
+    ) != busbw_factor(size, collective):
+        problems.append(("header", header))
+    factor = busbw_factor(size, collective)
+    for row in rows:
+        visible = (row["chosen"] or row["algorithm"]) not in (kind.bare, "mpi")  # MPI's traffic is not
+        if (
+            row["wrong"] != 0
+            or not row["bytes_match"]
+            or (row["bytes_sent"] is not None) != visible
+            or row["count"] != kind.count(row["size"], size, 4)
+            or row["op"] != ("sum" if kind.reduces else "none")
+            or row["algbw"] != pytest.approx(row["size"] / row["time_us"] / 1e3)
+            or row["busbw"] != pytest.approx(row["algbw"] * factor)
+        ):
+            problems.append(("row", row))
+    for entry in (report or {}).get("summary", []):
+        cells = {r["algorithm"]: r for r in rows if r["size"] == entry["size"]}
+        bare = cells[kind.bare]["time_us"]
+        expect = {name: bare / r["time_us"] for name, r in cells.items()}
+        ratios = entry["busbw_vs_baseline"]
+        if entry["baseline"] != kind.bare or set(ratios) != set(expect):
+            problems.append(("summary", entry))
+        elif any(ratios[name] != pytest.approx(value) for name, value in expect.items()):
+            problems.append(("ratios", entry))
+    assert everywhere(COMM, not problems), problems[:3]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective", OTHERS)
+def test_bytes_of_every_collective_equal_their_closed_forms(collective: str) -> None:
+    """What the Channel counted, at odd sizes in float16 and, for the broadcast, from the last rank:
+    the reduce-scatter sends every part but its own (ring, naive), the all-gather G-1 rows (ring,
+    naive, Rabenseifner at a power of two), every broadcast G-1 buffers in all; MPI's own: nothing
+    visible. Every element is right too."""
+    size = COMM.Get_size()
+    root = ["-r", str(size - 1)] if collective == "broadcast" else []
+    argv = [
+        "--collective",
+        collective,
+        "-b",
+        "2",
+        "-e",
+        "200",
+        "-f",
+        "1.7",
+        "-n",
+        "2",
+        "-w",
+        "0",
+        "-d",
+        "float16",
+    ]
+    status, report = _run([*argv, *root])
+    core = 1 << (size.bit_length() - 1)
+    problems = [] if status == 0 and report else ["bench failed"]
+    for row in (report or {}).get("rows", []):
+        measured, ran = row["bytes_sent_per_rank"], row["chosen"] or row["algorithm"]
+        n = row["count"] * 2  # each rank's input, in bytes
+        if ran in ("mpi", COLLECTIVES[collective].bare):
+            ok = measured is None
+        elif collective == "reduce_scatter" and (ran != "rabenseifner" or core == size):
+            ok = measured == [n - (stop - start) * 2 for start, stop in segment_bounds(row["count"], size)]
+        elif collective == "allgather" and (ran != "rabenseifner" or core == size):
+            ok = measured == [(size - 1) * n] * size
+        elif collective == "broadcast":
+            ok = sum(measured) == (size - 1) * n and (ran != "naive" or measured[size - 1] == (size - 1) * n)
+        else:  # Rabenseifner's fold pairs: the formula of the module, checked serially against closed forms
+            ok = measured is not None
+        if not (ok and row["bytes_match"] and row["wrong"] == 0):
+            problems.append(row)
+    assert everywhere(COMM, not problems), problems[:3]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective", OTHERS)
+def test_a_wrong_element_of_any_collective_fails_the_run(collective: str) -> None:
+    """Rank 0 spoils one element of its result after each checked call: every row counts it, the
+    bare call's too, and the exit status is 1. In place (where there is a choice) likewise, and
+    without the spoiling every in-place row is right."""
+    kind = COLLECTIVES[collective]
+    status, report = _run([*TINY, "--collective", collective, "-a", "ring"], corrupt_rank=0)
+    rows = (report or {}).get("rows", [])
+    ok = status == 1 and len(rows) == 2 * len(_swept(collective)) and all(r["wrong"] == 1 for r in rows)
+    if not kind.in_place_only:
+        status, report = _run([*TINY, "--collective", collective, "--in-place", "-a", "ring,mpi"])
+        rows = (report or {}).get("rows", [])
+        ok = ok and status == 0 and all(r["wrong"] == 0 and r["bytes_match"] for r in rows)
+        ok = (
+            ok
+            and report["header"]["placement"].startswith("in place")
+            and len(rows) == 3 * len(_swept(collective))
+        )
+        status, report = _run([*TINY, "--collective", collective, "--in-place", "-a", "ring"], corrupt_rank=0)
+        ok = ok and status == 1 and all(r["wrong"] == 1 for r in report["rows"])
+    assert everywhere(COMM, ok)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+def test_tune_writes_the_collectives_table_that_auto_reads(
+    collective: str, monkeypatch: pytest.MonkeyPatch, fresh_world: MPI.Intracomm
+) -> None:
+    """`--tune --collective X` writes the table "X:G" beside the others, by each rank's input
+    bytes (an all-gather's a G-th of the row's size); the bench's header then says auto runs it,
+    and auto on a communicator that had not read the file yet chooses from it at every size swept.
+    (Not the bench's own auto rows here: COMM_WORLD keeps the table it read first, and earlier
+    tests of this process ran auto on it; a bench run is a process of its own.)"""
+    folder = _shared_dir()
+    path = Path(folder) / "tuning.json"
+    size = COMM.Get_size()
+    if COMM.Get_rank() == 0:
+        path.write_text(json.dumps({"format": tuning.FORMAT, "tables": {str(size): [[None, "ps"]]}}))
+    COMM.Barrier()
+    monkeypatch.setenv("HPCRING_TUNING", str(path))
+    config.reload()
+    status, _ = _run([*TINY, "--collective", collective, "-a", "ring,naive", "--passes", "2", "--tune"])
+    after, tuned = _run([*TINY, "--collective", collective, "-a", "auto"])
+    key = f"{collective}:{size}"
+    ok = status == after == 0 and tuned is not None
+    table = None
+    if COMM.Get_rank() == 0:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # both tables are there: no fallback, no warning
+            table = tuning.load(key, path)
+            ok = ok and tuning.load(size, path) == ((None, "ps"),)  # the all-reduce's table is kept
+    table = COMM.bcast(table)
+    ok = ok and {name for _, name in table} <= {"ring", "naive"} and table[-1][0] is None
+    if ok:
+        facts = tuned["header"]["auto"]
+        ok = facts["tuned"] and facts["key"] == key and [tuple(t) for t in facts["table"]] == list(table)
+    from hpcring.algorithms import auto
+    from hpcring.arrays import adapter_for
+    from hpcring.comm import channel_for
+
+    channel = channel_for(fresh_world, adapter_for(np.empty(0)))  # collective: its first use
+    for nbytes in _swept(collective):
+        mine = input_bytes(nbytes, size, collective)  # what auto chooses by: each rank's input
+        fresh = auto.chosen(channel, mine, False, collective, algorithms.choices(collective))
+        ok = ok and fresh == tuning.choose(mine, table)
+    if COMM.Get_rank() == 0:
+        shutil.rmtree(folder, ignore_errors=True)
+    assert everywhere(COMM, ok)
+
+
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
+def test_a_tuned_all_gather_runs_its_table_in_the_next_bench(tmp_path: Path) -> None:
+    """The whole loop, as a user runs it: `--tune --collective allgather`, then a bench of auto in a
+    new job; each auto row ran what the table says for its input (a G-th of the row's size)."""
+    env = {**launcher_env(), "HPCRING_TUNING": str(tmp_path / "tuning.json")}
+    bench = [*launch(2), sys.executable, "-m", "hpcring.bench", *TINY, "--collective", "allgather"]
+    for extra in (["-a", "ring,naive", "--tune"], ["-a", "auto", "--json", str(tmp_path / "auto.json")]):
+        done = subprocess.run([*bench, *extra], capture_output=True, text=True, timeout=120, env=env)
+        assert done.returncode == 0, done.stdout + done.stderr
+    table = tuning.load("allgather:2", tmp_path / "tuning.json")
+    rows = json.loads((tmp_path / "auto.json").read_text())["rows"]
+    chosen = [(r["size"], r["chosen"]) for r in rows if r["algorithm"] == "auto"]
+    assert chosen == [
+        (r["size"], tuning.choose(r["count"] * 4, table)) for r in rows if r["algorithm"] == "auto"
+    ]
+    assert len(chosen) == 4 and {name for _, name in chosen} <= {"ring", "naive"}

@@ -16,11 +16,22 @@ from pathlib import Path
 
 import pytest
 
-from hpcring import config
+from hpcring import algorithms, config
 from hpcring.model.cli import main, parse_size
-from hpcring.model.costs import COLD_FROM, MODELLED, Busy, Link, ModelError, Nodes, Params, predict
+from hpcring.model.costs import (
+    COLD_FROM,
+    MODELLED,
+    PRESETS,
+    Busy,
+    Link,
+    ModelError,
+    Nodes,
+    Params,
+    modelled,
+    predict,
+)
 from hpcring.model.params import default_path, keep_busy, load_params, save_params
-from hpcring.units import busbw
+from hpcring.units import busbw, collective_title, input_bytes
 
 LINK = Link(alpha=1.0, beta=0.01)
 GAMMA = 1e-3
@@ -399,3 +410,123 @@ def test_cli_predicts_on_the_calibrated_two_level_machine(tmp_path: Path) -> Non
     times = {line.split()[2]: float(line.split()[3]) for line in result.stdout.splitlines()[2:]}
     assert times["hierarchical"] < times["ring"]
     assert "NVLink" in cli(*args, "--intra", "nvlink4").stdout  # an explicit preset still wins
+
+
+# ---- the other collectives: their algorithms' declared phases against the closed forms of
+# Thakur, Rabenseifner & Gropp (2005) and nccl-tests, in the hand units above (n = 1000 bytes:
+# each rank's input; an all-gather's is one rank's row).
+
+B = 0.01  # LINK's beta
+
+
+def tc(collective: str, algorithm: str, p: int, n: float = N) -> float:
+    return predict(algorithm, n, p, LINK, gamma=GAMMA, collective=collective)
+
+
+def _core(p: int) -> tuple[int, int]:
+    """(p' = 2^floor(log2 p), log2 p')."""
+    k = p.bit_length() - 1
+    return 1 << k, k
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 7, 8, 1000])
+def test_reduce_scatter_closed_forms(p: int) -> None:
+    """ring: (p-1) steps of one n/p segment, each added in; naive: the same messages at once, then
+    p-1 additions and 2 copies of a part; rabenseifner: log2 p halving steps, (p-1)/p n sent and
+    added (p' < p: the whole buffer folded in and added, the folded rank's part sent back)."""
+    ring = (p - 1) * (1 + N / p * B) + (p - 1) / p * N * GAMMA
+    naive = (p - 1) * (1 + N / p * B) + ((p - 1) / p * N + 2 * N / p) * GAMMA if p > 1 else 0.0
+    core, k = _core(p)
+    rab = k + (core - 1) / core * N * B + (core - 1) / core * N * GAMMA
+    if core != p:
+        rab += (1 + N * B + N * GAMMA) + (1 + N / p * B)
+    assert tc("reduce_scatter", "ring", p) == pytest.approx(ring, rel=1e-12, abs=1e-12)
+    assert tc("reduce_scatter", "naive", p) == pytest.approx(naive, rel=1e-12, abs=1e-12)
+    assert tc("reduce_scatter", "rabenseifner", p) == pytest.approx(rab, rel=1e-12, abs=1e-12)
+    assert tc("reduce_scatter", "mpi", p) == min(tc("reduce_scatter", a, p) for a in ("ring", "rabenseifner"))
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 7, 8, 1000])
+def test_allgather_closed_forms(p: int) -> None:
+    """ring: (p-1) steps passing one n-byte row on; naive: the same p-1 messages of n, each to
+    another rank; rabenseifner: log2 p doubling steps of the p·n output, (p-1)·n sent (p' < p:
+    the folded rank's row in, the whole output back)."""
+    ring = (p - 1) * (1 + N * B)
+    core, k = _core(p)
+    rab = k + (1 - 1 / core) * p * N * B
+    if core != p:
+        rab += (1 + N * B) + (1 + p * N * B)
+    assert tc("allgather", "ring", p) == pytest.approx(ring, rel=1e-12, abs=1e-12)
+    assert tc("allgather", "naive", p) == pytest.approx(ring, rel=1e-12, abs=1e-12)
+    assert tc("allgather", "rabenseifner", p) == pytest.approx(rab, rel=1e-12, abs=1e-12)
+    assert tc("allgather", "mpi", p) == min(tc("allgather", a, p) for a in ("ring", "rabenseifner"))
+
+
+@pytest.mark.parametrize("p", [1, 2, 3, 4, 7, 8, 1000])
+@pytest.mark.parametrize("n", [N, 5 << 20])  # one chunk; ten chunks of 512 KiB
+def test_broadcast_closed_forms(p: int, n: int) -> None:
+    """naive: the root sends n to each of the p-1 others in turn; binomial: ceil(log2 p) rounds of
+    the whole buffer; ring: a chain of p-2+k pipelined chunks of n/k (k = n / 512 KiB, rounded up),
+    about n·beta for large n whatever p is; mpi: the cheaper of binomial and ring."""
+    k = -(-n // (512 << 10))
+    assert tc("broadcast", "naive", p, n) == pytest.approx((p - 1) * (1 + n * B), rel=1e-12, abs=1e-12)
+    rounds = math.ceil(math.log2(p))
+    assert tc("broadcast", "binomial", p, n) == pytest.approx(rounds * (1 + n * B), rel=1e-12, abs=1e-12)
+    ring = (p - 2 + k) * (1 + n / k * B) if p > 1 else 0.0
+    assert tc("broadcast", "ring", p, n) == pytest.approx(ring, rel=1e-12, abs=1e-12)
+    assert tc("broadcast", "mpi", p, n) == min(tc("broadcast", a, p, n) for a in ("binomial", "ring"))
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 1000])
+def test_busbw_of_the_bandwidth_optimal_schedules_is_the_link(p: int) -> None:
+    """nccl-tests' factors make an ideal algorithm's busbw the link bandwidth whatever p is: the
+    ring's reduce-scatter and all-gather with no latency and no arithmetic reach it exactly (size:
+    the whole buffer, an all-gather's input a p-th of it), the pipelined broadcast within (p-2+k)/k."""
+    pure = Link(alpha=0.0, beta=1e-9)
+    size = 1 << 30
+    for collective in ("reduce_scatter", "allgather"):
+        seconds = predict("ring", input_bytes(size, p, collective), p, pure, gamma=0.0, collective=collective)
+        assert busbw(size, p, seconds, collective) == pytest.approx(1e9)
+    seconds = predict("ring", size, p, pure, gamma=0.0, collective="broadcast")
+    k = size // (512 << 10)
+    assert busbw(size, p, seconds, "broadcast") == pytest.approx(1e9 * k / (p - 2 + k))
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast"])
+def test_the_command_line_predicts_each_collective(
+    collective: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--collective X`: one row per rank count, size and algorithm of X's table that declares its
+    phases, size the whole buffer (an all-gather's input a G-th of it), busbw by X's factor."""
+    argv = ["--collective", collective, "--ranks", "4,1000", "--bytes", "1M,1G", "--link", "ndr400"]
+    assert main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in lines if not line.startswith("#")]
+    names = list(modelled(collective))
+    assert [r[2] for r in rows] == names * 4 and set(names) == set(algorithms.table(collective)) - {"auto"}
+    preset = PRESETS["ndr400"]
+    link = Link(preset.alpha, preset.beta)
+    for ranks, size, name, us, algbw, bus in rows:
+        p, nbytes = int(ranks), parse_size(size)
+        mine = input_bytes(nbytes, p, collective)
+        seconds = predict(name, mine, p, link, gamma=preset.gamma, collective=collective)
+        assert float(us) == pytest.approx(seconds * 1e6, abs=0.06)
+        assert float(algbw) == pytest.approx(nbytes / seconds / 1e9, abs=1e-3)
+        assert float(bus) == pytest.approx(busbw(nbytes, p, seconds, collective) / 1e9, abs=1e-3)
+    assert lines[1].startswith(f"# {collective_title(collective)}: size = the whole buffer")
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (["--collective", "allgather", "--wire", "bfloat16"], "--wire: all-reduce predictions only"),
+        (["--collective", "broadcast", "--algorithms", "ps"], "unknown algorithm 'ps'"),
+        (["--collective", "reduce_scatter", "--validate"], "--calibrate and --validate time all-reduces"),
+        (["--collective", "allgather", "--ranks", "1000", "--bytes", "512"], "less than a byte from each"),
+    ],
+)
+def test_the_command_line_refuses_what_a_collective_has_no_use_for(
+    args: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main([*args, "--link", "ndr400"]) == 2
+    assert said in capsys.readouterr().err

@@ -129,14 +129,27 @@ def load(
             raise ValueError(f"unknown algorithms {unknown}")
         return table
     except KeyError:
+        what = f"{size} ranks" if str(size).isdigit() else f"table {size}"
         warnings.warn(
-            f"hpcring: tuning file {path} has no entry for {size} ranks; using the defaults "
-            f"(run `mpiexec -n {size} python -m hpcring.bench --tune`)",
+            f"hpcring: tuning file {path} has no entry for {what}; using the defaults "
+            f"(run `{tune_command(size)}`)",
             stacklevel=2,
         )
     except (OSError, ValueError, TypeError, AttributeError) as error:
         warnings.warn(f"hpcring: ignoring tuning file {path} ({error}); using the defaults", stacklevel=2)
     return default
+
+
+def tune_command(key: int | str) -> str:
+    """The bench command that writes the table ``key`` (a `key_for` key) on one node of ranks:
+    "reduce_scatter:4" -> mpiexec -n 4 python -m hpcring.bench --tune --collective reduce_scatter."""
+    text = str(key)
+    collective, _, shape = text.removesuffix(IN_PLACE).rpartition(":")
+    nodes, _, per_node = shape.partition("x")
+    ranks = int(nodes) * int(per_node) if per_node.isdigit() and nodes.isdigit() else shape
+    flags = f" --collective {collective}" if collective else ""
+    flags += " --in-place" if text.endswith(IN_PLACE) else ""
+    return f"mpiexec -n {ranks} python -m hpcring.bench --tune{flags}"
 
 
 def default_table(key: int | str) -> tuple[tuple[int | None, str], ...]:

@@ -1,13 +1,15 @@
 """The bench's command line and driver: flags as in nccl-tests, then the sweep, on every rank.
 
-Usage errors are raised by argparse identically on every rank (argv is the same
-everywhere), before any collective, so rank 0 prints one message and every rank
-returns 2 without waiting for the others.
+Usage errors are raised by argparse identically on every rank (argv and the rank count are
+the same everywhere), before any collective, so rank 0 prints one message and every rank
+returns 2 without waiting for the others. ``--collective`` picks the collective measured; what
+differs between collectives is their description (`hpcring.bench.collectives`), not this driver.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import sys
 from typing import Any, NoReturn
@@ -15,14 +17,14 @@ from typing import Any, NoReturn
 import numpy as np
 from mpi4py import MPI
 
-from .. import ALGORITHMS, algorithms, config, exact
+from .. import algorithms, config, exact
 from ..algorithms.tuning import write_tuning
 from ..ops import BFLOAT16, DTYPES, OPS, check_op
 from ..units import format_size, parse_size
 from ..wire import WIDE
+from .collectives import COLLECTIVES
 from .data import sweep
 from .measure import (
-    BARE,
     REPRODUCIBLE,
     WIRE_TAGS,
     Device,
@@ -40,6 +42,7 @@ from .measure import (
 )
 from .report import (
     Progress,
+    algorithm_width,
     ceiling_line,
     format_footer,
     format_header,
@@ -112,9 +115,17 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line, flags as in nccl-tests where they exist there."""
     parser = _Parser(
         prog="python -m hpcring.bench",
-        description="Benchmark hpcring's all-reduce algorithms side by side (run under mpiexec).",
+        description="Benchmark hpcring's algorithms of a collective side by side with the bare MPI call "
+        "(run under mpiexec).",
     )
     add = parser.add_argument
+    add(
+        "--collective",
+        choices=algorithms.COLLECTIVES,
+        default=algorithms.ALLREDUCE,
+        help="the collective measured (default allreduce); a row's size is nccl-tests': the whole "
+        "buffer (the all-gather's output, the reduce-scatter's input)",
+    )
     add("-b", "--minbytes", type=_size_arg, default=8, metavar="SIZE", help="smallest message (default 8)")
     add("-e", "--maxbytes", type=_size_arg, default=16 << 20, metavar="SIZE", help="largest, measured (16M)")
     add("-f", "--stepfactor", type=_positive(float, 1.0001), default=2.0, help="size multiplier (default 2)")
@@ -122,13 +133,15 @@ def build_parser() -> argparse.ArgumentParser:
     add("-w", "--warmup", type=_positive(int, 0), default=5, help="untimed iterations first (default 5)")
     add("-c", "--check", type=int, choices=(0, 1), default=1, nargs="?", const=1, help="check results (1)")
     add("-d", "--dtype", default="float32", help=f"one of {', '.join(d.name for d in DTYPES)} (float32)")
-    add("-o", "--op", default="sum", help=f"one of {', '.join(OPS)} (sum)")
+    add("-o", "--op", default=None, help=f"one of {', '.join(OPS)} (sum; reductions only)")
+    add("-r", "--root", type=_positive(int, 0), default=0, help="the broadcast's root (default 0)")
     add(
         "-a",
         "--algorithms",
         default=None,
-        help=f"comma list of {', '.join((*ALGORITHMS, *algorithms.BASELINES))} "
-        "(default: all; nccl on GPUs only)",
+        help="comma list of the collective's algorithms: "
+        + "; ".join(f"{c}: {', '.join(algorithms.table(c))}" for c in algorithms.COLLECTIVES)
+        + " (default: all; nccl on GPUs only)",
     )
     add("--device", choices=("cpu", "gpu", "auto"), default="auto", help="gpu if CuPy sees one (auto)")
     add(
@@ -175,22 +188,39 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    """Parse and validate; every check is a pure function of argv, so all ranks agree without talking."""
+    """Parse and validate; every check is a pure function of argv and the rank count, so all ranks
+    agree without talking."""
     parser = build_parser()
     args = parser.parse_args(argv)
+    kind = COLLECTIVES[args.collective]
     if args.minbytes > args.maxbytes:
         parser.error(f"minbytes ({args.minbytes}) is larger than maxbytes ({args.maxbytes})")
     name = DTYPE_ALIASES.get(args.dtype, args.dtype)
     if name not in [d.name for d in DTYPES]:
         parser.error(f"unknown dtype {args.dtype!r}; choose one of {', '.join(d.name for d in DTYPES)}")
     args.dtype = np.dtype(name)
-    args.op = OP_ALIASES.get(args.op, args.op)
-    if args.op not in OPS:
+    if not kind.reduces and args.op is not None:
+        parser.error(f"-o: the {kind.title} reduces nothing")
+    args.op = OP_ALIASES.get(args.op, args.op or "sum") if kind.reduces else None
+    if kind.reduces and args.op not in OPS:
         parser.error(f"unknown op {args.op!r}; choose one of {', '.join(OPS)}")
-    try:
-        check_op(OPS[args.op], args.dtype)
-    except TypeError as error:
-        parser.error(str(error).removeprefix("hpcring.allreduce: "))
+    if kind.reduces:
+        try:
+            check_op(OPS[args.op], args.dtype)
+        except TypeError as error:
+            parser.error(str(error).removeprefix("hpcring.allreduce: "))
+    ranks = MPI.COMM_WORLD.Get_size()
+    if not kind.rooted and args.root:
+        parser.error(f"-r/--root: the {kind.title} has no root")
+    if args.root >= ranks:
+        parser.error(f"-r/--root {args.root}: there are {ranks} ranks")
+    for option, given in (("reproducible", args.reproducible), ("wire", args.wire is not None)):
+        if given and option not in kind.options:
+            parser.error(f"--{option}: all-reduce rows only (hpcring.{kind.name} has no {option}=)")
+    if args.in_place and kind.in_place_only:
+        parser.error(f"--in-place: the {kind.title} is always in place")
+    if args.in_place and args.tune and not kind.in_place_tables:
+        parser.error(f"--in-place with --tune: auto keeps one {kind.title} table, for both placements")
     if args.reproducible:
         try:
             exact.check(args.op, args.dtype, accumulated=True)
@@ -204,16 +234,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if args.tune or args.reproducible:
             parser.error("--wire with --tune or --reproducible: measure them apart")
     args.default_algorithms = args.algorithms is None
-    known = (*ALGORITHMS, *algorithms.BASELINES)
-    names = [a.strip() for a in (args.algorithms or ",".join(ALGORITHMS)).split(",") if a.strip()]
+    known = tuple(algorithms.table(args.collective))
+    given = args.algorithms or ",".join(algorithms.portable(args.collective))
+    names = [a.strip() for a in given.split(",") if a.strip()]
     unknown = [a for a in names if a not in known]
     if unknown or not names:
         parser.error(f"unknown algorithm {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
     if args.device == "cpu" and "nccl" in names:
         parser.error("algorithm 'nccl' needs --device gpu")
     args.algorithms = list(dict.fromkeys(names))
-    if not sweep(args.minbytes, args.maxbytes, args.stepfactor, args.dtype.itemsize):
-        parser.error(f"no size between minbytes and maxbytes holds a whole {args.dtype.name} element")
+    args.granule = kind.granule(args.dtype.itemsize, ranks)
+    if not sweep(args.minbytes, args.maxbytes, args.stepfactor, args.granule):
+        whole = f"a whole {args.dtype.name} element"
+        if args.granule != args.dtype.itemsize:
+            whole = f"{args.granule // args.dtype.itemsize} whole {args.dtype.name} elements (one per rank)"
+        parser.error(f"no size between minbytes and maxbytes holds {whole}")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib (pip install -e '.[bench]' in hpcring's clone)")
     return args
@@ -223,6 +258,8 @@ def _baselines(args: argparse.Namespace, comm: MPI.Intracomm, dev: Device) -> di
     """Add NCCL on GPUs (by default) and drop it where it cannot run; returns {name: why not run}."""
     from ..algorithms import nccl
 
+    if "nccl" not in algorithms.table(args.collective):  # by name: what this function is about
+        return {}
     if dev.name == "gpu" and args.default_algorithms:
         args.algorithms.append("nccl")
     if "nccl" not in args.algorithms:
@@ -280,18 +317,22 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
     header["not_run"] = not_run
     params = load_model(comm)
     header["model"] = model_source(params)
-    header.update(guidance_facts(comm, header["topology"], args.in_place))  # auto's table, the model's file
-    sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor, args.dtype.itemsize)
+    # auto's table, the model's file
+    header.update(guidance_facts(comm, header["topology"], args.in_place, args.collective))
+    sizes = sweep(args.minbytes, args.maxbytes, args.stepfactor, args.granule)
+    width = algorithm_width(header)
     if rank == 0:
         print(format_header(header), flush=True)
     # The bare library call is measured at every size whatever -a says: it is the footer's yardstick.
-    names = [BARE, *args.algorithms]
+    kind = COLLECTIVES[args.collective]
+    bare = kind.bare
+    names = [bare, *args.algorithms]
     if args.reproducible:  # each algorithm's reproducible row right after its plain one
-        names = [BARE, *(f"{a}{tag}" for a in args.algorithms for tag in ("", REPRODUCIBLE))]
+        names = [bare, *(f"{a}{tag}" for a in args.algorithms for tag in ("", REPRODUCIBLE))]
     if args.wire is not None:  # each algorithm's wire row right after its plain one
         tag = WIRE_TAGS[args.wire]
         narrows = [a for a in args.algorithms if algorithms.spec(algorithms.ALLREDUCE, a).narrowings]
-        names = [BARE, *(f"{a}{t}" for a in args.algorithms for t in ("", tag) if not t or a in narrows)]
+        names = [bare, *(f"{a}{t}" for a in args.algorithms for t in ("", tag) if not t or a in narrows)]
     progress = Progress(len(sizes) * len(names) * args.passes, enabled=rank == 0)
     passes: list[list[Row]] = []
     for done in range(args.passes):
@@ -303,38 +344,47 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
             for algorithm in names:
                 row = measure_row(args, comm, dev, nbytes, algorithm, corrupt_rank)
                 if params is not None:  # the model's `mpi` is the library's own algorithm
-                    modelled = "mpi" if algorithm == BARE else row.chosen or algorithm
+                    modelled = "mpi" if algorithm == bare else row.chosen or algorithm
                     wire = wire_of(algorithm)
                     if wire is not None:
                         modelled = modelled.removesuffix(WIRE_TAGS[wire])
-                    row.predicted_us = predicted_us(modelled, nbytes, comm, params, wire, args.dtype.itemsize)
+                    itemsize = args.dtype.itemsize
+                    row.predicted_us = predicted_us(
+                        modelled, row.count * itemsize, comm, params, wire, itemsize, args.collective
+                    )
                 passes[-1].append(row)
                 if rank == 0:
                     progress.clear()
-                    print(format_row(row), flush=True)
+                    print(format_row(row, width), flush=True)
                 progress.step(f"{algorithm} {format_size(nbytes)}B")
     rows = median_rows(passes)
     if rank == 0 and args.passes > 1:
         progress.clear()
         print(f"# per row, the pass with the median time of {args.passes}", flush=True)
-        print("\n".join(map(format_row, rows)), flush=True)
+        print("\n".join(format_row(row, width) for row in rows), flush=True)
 
-    summary = summarize(rows)
+    summary = summarize(rows, bare)
     every = [r for one in passes for r in one]
     failed = any(r.wrong for r in every) or not all(r.bytes_match for r in every)
     if dev.name != "gpu":  # rank 0 alone, the others asleep: the memory bandwidth one process gets
         header["copyto_GBps"] = copyto_GBps(comm, max(sizes))
     if rank == 0:
         progress.clear()
-        print(format_footer(rows, summary), flush=True)
+        print(format_footer(rows, summary, bare), flush=True)
         print(ceiling_line(header, rows), flush=True)
         if args.json:
             write_json(args.json, header, rows, summary, passes)
         if args.plot:
             plot(args.plot, header, rows)
-        if args.tune:
+        if args.tune:  # auto chooses by each rank's input: the all-gather's is a G-th of the row's size
+            by_input = [dataclasses.replace(r, size=r.count * args.dtype.itemsize) for r in rows]
             path, key = write_tuning(
-                rows, size=comm.Get_size(), header=header, known=algorithms.choices(), in_place=args.in_place
+                by_input,
+                size=comm.Get_size(),
+                header=header,
+                known=algorithms.choices(args.collective),
+                in_place=args.in_place,
+                collective=args.collective,
             )
             print(f"# tuning for {comm.Get_size()} ranks (table {key}) written to {path}", flush=True)
         if failed:

@@ -5,11 +5,14 @@ synchronous training step would wait for, and a row reports the median of those 
 Bytes sent are *measured* by the Channel (what hpcring hands to MPI) and set beside the
 textbook formula, so a disagreement is visible. This module is the one place in the bench
 that picks NumPy or CuPy (`Device`), and the one that asks the cost model for its column.
+What differs from one collective to another (its data, buffers, front end and bare call) is
+its description in `hpcring.bench.collectives`; nothing here asks which collective it is.
 
-Beside the algorithms, every size has a `BARE` row: ``comm.Allreduce`` on the same buffers
-straight through mpi4py, as a user of mpi4py writes it, nothing of hpcring between. It is
-the yardstick of the footer; hpcring's `mpi` row is the same library call through
-``hpcring.allreduce``, so the two differ by what hpcring's dispatch costs.
+Beside the algorithms, every size has a bare row: the collective's library call on the same
+buffers straight through mpi4py (``comm.Allreduce`` for the all-reduce, `BARE`), as a user of
+mpi4py writes it, nothing of hpcring between. It is the yardstick of the footer; hpcring's
+`mpi` row is the same library call through hpcring's front end, so the two differ by what
+hpcring's dispatch costs.
 """
 
 from __future__ import annotations
@@ -31,7 +34,6 @@ from .. import __version__, algorithms, exact, info, topology
 from ..algorithms import auto, ring_staged, tuning
 from ..algorithms.mpi import user_op
 from ..arrays import adapter_for
-from ..collectives import allreduce
 from ..comm import channel_for
 from ..gpu import copyto_bandwidth, gpu_identity, gpu_problem_anywhere, pinned_d2h_bandwidth, select_device
 from ..model.costs import ModelError, Params, predict
@@ -41,7 +43,8 @@ from ..polling import idle_barrier
 from ..units import busbw_factor
 from ..wire import WIRES
 from ..wire import bytes_sent as wire_bytes_sent
-from .data import expected_bytes_sent, expected_result, verifiable_input
+from .collectives import COLLECTIVES, Buffers, Collective
+from .data import expected_bytes_sent
 
 # ---------------------------------------------------------------------------------------
 # Device: the one place in the bench that picks NumPy or CuPy.
@@ -82,7 +85,8 @@ def device_for(choice: str, comm: MPI.Intracomm) -> Device | str:
 # The bare row's name: MPI's own function name, in MPI's spelling, so that nobody reads it as
 # hpcring's `mpi` (the same call through hpcring.allreduce, validation and agreement included),
 # and never a name `-a` or `allreduce(algorithm=...)` accepts: it is not hpcring's to dispatch.
-BARE = "MPI_Allreduce"
+# The all-reduce's; each collective names its own (`Collective.bare`).
+BARE = COLLECTIVES[algorithms.ALLREDUCE].bare
 
 
 @functools.cache
@@ -115,40 +119,54 @@ def bare_description(dev: Device, dtype: np.dtype) -> str:
     return how
 
 
-def bare_call(comm: MPI.Intracomm, dev: Device, x: Any, out: Any, op_name: str) -> Callable[[], None]:
-    """``comm.Allreduce`` of ``x`` into ``out`` (``out is x``: MPI.IN_PLACE), written as a user of
-    mpi4py writes it: the buffers to MPI, nothing of hpcring between. Where MPI has no datatype
-    (bfloat16), the words go as unsigned integers with a user-defined op, as an MPI program does
-    for a type of its own; mean is a sum divided by the rank count afterwards; on a GPU whose MPI
-    is not CUDA-aware, host arrays made once carry the data there and back."""
-    op, size, xp = OPS[op_name], comm.Get_size(), dev.xp
-    words = None if has_datatype(x.dtype) else np.dtype(f"u{x.dtype.itemsize}")
-    mpi_op = op.mpi_op() if words is None else user_op(op, x.dtype)
-    in_place = out is x
+def bare_call(
+    comm: MPI.Intracomm,
+    dev: Device,
+    kind: Collective,
+    b: Buffers,
+    in_place: bool,
+    op_name: str | None,
+    root: int = 0,
+) -> tuple[Callable[[], None], Any]:
+    """``kind``'s library call on ``b`` (``comm.Allreduce``, ``comm.Reduce_scatter_block``...),
+    written as a user of mpi4py writes it: the buffers to MPI, nothing of hpcring between; returns
+    the call and the view that holds this rank's result. Where MPI has no datatype (bfloat16),
+    the words go as unsigned integers (with a user-defined op where there is one to apply), as
+    an MPI program does for a type of its own; mean is a sum divided by the rank count
+    afterwards; on a GPU whose MPI is not CUDA-aware, host arrays made once carry the data there
+    and back (in place, the input is in the buffer MPI writes)."""
+    bare = kind.bare_call(comm, b, in_place, root)
+    size, xp, dtype = comm.Get_size(), dev.xp, bare.recv.dtype
+    op = None if op_name is None else OPS[op_name]
+    words = None if has_datatype(dtype) else np.dtype(f"u{dtype.itemsize}")
+    mpi_op = None if op is None else op.mpi_op() if words is None else user_op(op, dtype)
+    own_send = bare.send is not None and bare.send is not MPI.IN_PLACE  # an input buffer of its own
     staged = dev.name == "gpu" and not (dev.cuda_aware and words is None)
 
     def typed(array: Any) -> Any:
-        return array if words is None else array.view(words)
+        return array if words is None or array is None or array is MPI.IN_PLACE else array.view(words)
 
-    host_in = np.empty(x.shape, dtype=x.dtype) if staged else None
-    host_out = (host_in if in_place else np.empty_like(host_in)) if staged else None
-    src, dst = (typed(host_in), typed(host_out)) if staged else (typed(x), typed(out))
-    send = MPI.IN_PLACE if in_place else src
-    divide = op.name == "mean" and size > 1
-    device = dev.name == "gpu"
+    host_recv = np.empty(bare.recv.shape, dtype=dtype) if staged else None
+    host_send = np.empty(bare.send.shape, dtype=dtype) if staged and own_send else bare.send
+    src, dst = (typed(host_send), typed(host_recv)) if staged else (typed(bare.send), typed(bare.recv))
+    divide = op is not None and op.name == "mean" and size > 1
+    device, result = dev.name == "gpu", bare.result
 
     def call() -> None:
         if staged:
-            x.get(out=host_in)
+            if own_send:
+                bare.send.get(out=host_send)
+            else:
+                bare.recv.get(out=host_recv)
         elif device:
             dev.sync()  # mpi4py's rule: the stream's work done before MPI reads device memory
-        comm.Allreduce(send, dst, mpi_op)
+        bare.call(src, dst, mpi_op)
         if staged:
-            out.set(host_out)
+            bare.recv.set(host_recv)
         if divide:
-            xp.true_divide(out, size, out=out)
+            xp.true_divide(result, size, out=result)
 
-    return call
+    return call, result
 
 
 # ---------------------------------------------------------------------------------------
@@ -223,49 +241,55 @@ def measure_row(
     algorithm: str,
     corrupt_rank: int | None,
 ) -> Row:
-    """Warm up, time, measure traffic and check one (size, algorithm) cell; ``algorithm``
-    `BARE` times the bare library call the same way."""
+    """Warm up, time, measure traffic and check one (size, algorithm) cell of ``args.collective``;
+    ``algorithm`` the collective's bare name (`Collective.bare`) times the bare library call the
+    same way. ``nbytes`` is nccl-tests' size: the whole buffer (`Collective.count` says each
+    rank's input of it)."""
     rank, size, dtype = comm.Get_rank(), comm.Get_size(), args.dtype
-    count = nbytes // dtype.itemsize
+    kind = COLLECTIVES[args.collective]
+    count = kind.count(nbytes, size, dtype.itemsize)
     reproducible = algorithm.endswith(REPRODUCIBLE)  # allreduce(reproducible=True): "ring+rep"
     wire = wire_of(algorithm)  # allreduce(wire=...): "ring+bf16"
     label, algorithm = algorithm, algorithm.removesuffix(REPRODUCIBLE)
     if wire is not None:
         algorithm = algorithm.removesuffix(WIRE_TAGS[wire])
-    x = verifiable_input(dev.xp, count, dtype, args.op, rank)
-    # In place, the result lands in x: each call starts from the input rewritten (untimed),
-    # as a training step's fresh gradients; out of place, x stays as it is.
-    pristine = x.copy() if args.in_place else None
-    out = x if args.in_place else dev.xp.empty_like(x)
+    x = kind.inputs(dev.xp, count, dtype, args.op, rank, args.root)
+    b = kind.buffers(dev.xp, x, args.in_place, rank, size)
+    # In place, where the call rewrites x, each call starts from the input rewritten (untimed), as
+    # a training step's fresh gradients; out of place, x stays as it is.
+    original = b.x.copy()
+    rewritten = args.in_place and kind.rewrites_input
     agree = not args.no_agree
-    bare = algorithm == BARE
-    channel = None if bare else channel_for(comm, adapter_for(x))
+    bare = algorithm == kind.bare
+    channel = None if bare else channel_for(comm, adapter_for(b.x))
     # A chooser's row (auto) says what it chose for this size; a reproducible one chooses for the
     # sizes that travel there (named auto+rep, no choice)
-    chooser = not bare and algorithms.spec(algorithms.ALLREDUCE, algorithm).choose is not None
+    chooser = not bare and algorithms.spec(args.collective, algorithm).choose is not None
     chosen = (
-        auto.chosen(channel, nbytes, args.in_place) if chooser and not reproducible else None
+        auto.chosen(
+            channel,
+            b.x.nbytes,
+            args.in_place and kind.in_place_tables,
+            args.collective,
+            algorithms.choices(args.collective),
+        )
+        if chooser and not reproducible
+        else None
     )  # collective
 
     if bare:
-        call = bare_call(comm, dev, x, out, args.op)
+        call, result = bare_call(comm, dev, kind, b, args.in_place, args.op, args.root)
     else:
+        options = {"reproducible": reproducible, "wire": wire} if reproducible or wire else {}
 
         def call() -> None:
-            allreduce(
-                x,
-                op=args.op,
-                algorithm=algorithm,
-                comm=comm,
-                out=out,
-                check=agree,
-                reproducible=reproducible,
-                wire=wire,
-            )
+            kind.run(b, algorithm, comm, args.op, agree, args.root, **options)
+
+        result = b.result
 
     def refill() -> None:
-        if pristine is not None:
-            x[...] = pristine
+        if rewritten:
+            b.x[...] = original
             dev.sync()
 
     start = MPI.Wtime()
@@ -293,30 +317,36 @@ def measure_row(
 
     wrong: int | None = None
     if args.check:
-        expected = expected_result(dev.xp, count, dtype, args.op, size)
-        if pristine is None:
-            out[...] = expected + 1  # stale or untouched output can never pass
-        refill()  # in place, the input itself: it differs from the result wherever G > 1
+        expected = kind.expected(dev.xp, count, dtype, args.op, size, rank, args.root)
+        result[...] = expected + 1  # stale or untouched output can never pass
+        b.x[...] = original  # in place, the input itself: it differs from the result wherever G > 1
+        dev.sync()
         call()
-        if corrupt_rank == rank and count:
-            out[count // 2] += 1  # test hook: one wrong element on one rank
-        wrong = comm.allreduce(int((out != expected).sum()), op=MPI.SUM)
+        if corrupt_rank == rank and result.size:
+            flat = result.reshape(-1)
+            flat[flat.size // 2] += 1  # test hook: one wrong element on one rank
+        wrong = comm.allreduce(int((result != expected).sum()), op=MPI.SUM)
 
     median = statistics.median(times.tolist())
     algbw = nbytes / median / 1e9 if median > 0 else 0.0
     ran = chosen or algorithm
+    # Each rank's formula counts from its input, and, for a rooted collective, from the root.
+    root = {"root": args.root} if kind.rooted else {}
+    formula_of = functools.partial(expected_bytes_sent, collective=args.collective, **root)
     # The reproducible rows' formula is exact.bytes_sent's; auto's may choose again for the sizes
     # that travel there (codes and words), so that row is not counted against one.
-    formula_of = exact_bytes_sent(dtype) if reproducible else expected_bytes_sent
-    spec = None if bare else algorithms.spec(algorithms.ALLREDUCE, ran)
+    if reproducible:
+        formula_of = exact_bytes_sent(dtype)
+    spec = None if bare else algorithms.spec(args.collective, ran)
     if wire is not None and (chosen is None or auto.keep_wire(channel, spec)):
         narrowed = WIRES[wire]  # what travels: the formula in the wire's itemsize (auto: where it narrows)
 
         def formula_of(ran: str, nbytes: int, size: int, rank: int, itemsize: int, per_node: int = 1) -> Any:
             return wire_bytes_sent(ran, nbytes // itemsize, itemsize, narrowed, size, rank, per_node)
 
+    mine = count * dtype.itemsize  # the bytes of each rank's input, what the formulas count from
     if (
-        bare or (reproducible and chooser) or formula_of(ran, nbytes, size, rank, dtype.itemsize) is None
+        bare or (reproducible and chooser) or formula_of(ran, mine, size, rank, dtype.itemsize) is None
     ):  # MPI's: not visible
         measured: list[int] | None = None
         formula: list[int] | None = None
@@ -328,21 +358,19 @@ def measure_row(
         # Algorithms that run in node order (ranks placed round-robin, say) send what the rank
         # at that position of the order sends.
         place = nodes.order.index if spec is not None and spec.ring_order else int
-        formula = [
-            formula_of(ran, nbytes, size, place(r), dtype.itemsize, per_node) or 0 for r in range(size)
-        ]
+        formula = [formula_of(ran, mine, size, place(r), dtype.itemsize, per_node) or 0 for r in range(size)]
     return Row(
         size=nbytes,
         count=count,
         dtype=dtype.name,
-        op=args.op,
+        op=args.op if kind.reduces else "none",
         algorithm=label,
         iters=iters,
         time_us=median * 1e6,
         time_us_min=float(times.min()) * 1e6,
         time_us_max=float(times.max()) * 1e6,
         algbw=algbw,
-        busbw=algbw * busbw_factor(size),
+        busbw=algbw * busbw_factor(size, args.collective),
         bytes_sent=None if measured is None else max(measured),
         bytes_expected=None if formula is None else max(formula),
         bytes_sent_per_rank=measured,
@@ -380,7 +408,9 @@ def header_facts(
     per_host = sorted(set(comm.allgather(local_size)))
     nodes = topology.of(channel_for(comm, adapter_for(dev.xp.empty(0))).comm)  # what hierarchical sees
     facts = info()
+    kind = COLLECTIVES[args.collective]
     return {
+        "collective": kind.name,
         "hpcring": __version__,
         "mpi_library": facts["mpi_library"],
         "mpi4py": facts["mpi4py"],
@@ -394,9 +424,10 @@ def header_facts(
         "core": facts["core"],
         "core_reason": facts["core_reason"],
         "dtype": args.dtype.name,
-        "op": args.op,
+        "op": args.op if kind.reduces else "none",
+        "root": args.root if kind.rooted else None,
         "algorithms": args.algorithms,
-        "baseline": BARE,
+        "baseline": kind.bare,
         "baseline_call": bare_description(dev, args.dtype),
         "iters": args.iters,
         "passes": args.passes,
@@ -404,11 +435,11 @@ def header_facts(
         "max_time_s": args.max_time,
         "check": bool(args.check),
         "agree": not args.no_agree,
-        "placement": "in place, input rewritten before each call (untimed)"
-        if args.in_place
-        else "out-of-place (out=), input constant across iterations",
+        "placement": kind.placement(args.in_place),
         "time": "per iteration max over ranks; median over iterations",
-        "busbw_factor": busbw_factor(comm.Get_size()),
+        "busbw_factor": busbw_factor(comm.Get_size(), kind.name),
+        "busbw_formula": kind.busbw_formula,
+        "size_is": kind.size_is,  # None: the buffer, as the all-reduce's
         "argv": argv,
         **(_gpu_facts(comm) if dev.name == "gpu" else {}),
     }
@@ -472,20 +503,27 @@ def predicted_us(
     params: Params,
     wire: str | None = None,
     itemsize: int = 4,
+    collective: str = algorithms.ALLREDUCE,
 ) -> float | None:
-    """The cost model's time in us, on the nodes hpcring found (None where it cannot say)."""
+    """The cost model's time in us for a ``collective`` whose input is ``nbytes`` on each rank, on
+    the nodes hpcring found (None where it cannot say)."""
     nodes = topology.of(channel_for(comm, adapter_for(np.empty(0))).comm)
     per_node = nodes.per_node[0] if nodes.two_level else None
-    fallback = algorithms.spec(algorithms.ALLREDUCE, algorithm).fallback
+    fallback = algorithms.spec(collective, algorithm).fallback
     if per_node is None and fallback:
         algorithm = fallback  # what a two-level algorithm runs without a second level
     try:
-        return (
-            predict(
-                algorithm, nbytes, comm.Get_size(), params, per_node=per_node, wire=wire, itemsize=itemsize
-            )
-            * 1e6
+        seconds = predict(
+            algorithm,
+            nbytes,
+            comm.Get_size(),
+            params,
+            per_node=per_node,
+            wire=wire,
+            itemsize=itemsize,
+            collective=collective,
         )
+        return seconds * 1e6
     except ModelError:
         return None  # hierarchical on nodes, but the calibration saw one node only
 
@@ -494,21 +532,26 @@ def predicted_us(
 # What the header tells a newcomer: where `auto`'s table and the model's column come from.
 
 
-def guidance_facts(comm: MPI.Intracomm, shape: dict[str, Any], in_place: bool) -> dict[str, Any]:
+def guidance_facts(
+    comm: MPI.Intracomm, shape: dict[str, Any], in_place: bool, collective: str = algorithms.ALLREDUCE
+) -> dict[str, Any]:
     """Whether `auto` runs a tuned table or the built-in defaults, and where the cost model was
     looked for, so the header can say why a row chose what it did and why `predicted` is empty
     (rank 0 reads, as `auto` and `load_model` do; broadcast: collective)."""
     facts = None
     if comm.Get_rank() == 0:
-        facts = {"auto": _auto_facts(comm.Get_size(), shape, in_place), "model_path": str(default_path())}
+        auto_facts = _auto_facts(comm.Get_size(), shape, in_place, collective)
+        facts = {"auto": auto_facts, "model_path": str(default_path())}
     return comm.bcast(facts)
 
 
-def _auto_facts(size: int, shape: dict[str, Any], in_place: bool) -> dict[str, Any]:
-    """The table `auto` reads for this run (tuning.load's own answer) and whether it was tuned."""
+def _auto_facts(size: int, shape: dict[str, Any], in_place: bool, collective: str) -> dict[str, Any]:
+    """The table `auto` reads for this run of ``collective`` (tuning.load's own answer, in place
+    where this collective's auto keeps such tables) and whether it was tuned."""
     path = tuning.tuning_path()
-    plain = tuning.key_for(size, shape)
-    keys = [tuning.key_for(size, shape, in_place=True), plain] if in_place else [plain]
+    plain = tuning.key_for(size, shape, collective=collective)
+    in_place = in_place and COLLECTIVES[collective].in_place_tables
+    keys = [tuning.key_for(size, shape, True, collective), plain] if in_place else [plain]
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         table = tuning.load(keys[0], path, fallback=keys[1] if in_place else None)

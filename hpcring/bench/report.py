@@ -3,7 +3,8 @@
 The table has nccl-tests' shape (size, count, type, redop, algorithm, time, algbw,
 busbw, ...), with the bytes sent measured beside their formula and the cost model's
 prediction; the footer names the fastest row per size and each one's busbw relative to the
-bare library call (the `BARE` row, ``MPI_Allreduce`` straight through mpi4py).
+bare library call (the bare row: ``MPI_Allreduce``, `BARE`, for the all-reduce, the header's
+``baseline`` for every collective, straight through mpi4py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from ..algorithms import ALLREDUCE as MODEL_DEFAULT  # python -m hpcring.model's collective
 from ..units import format_size
+from .collectives import COLLECTIVES
 from .measure import BARE, Row
 
 _COLUMNS = (
@@ -24,7 +27,7 @@ _COLUMNS = (
     ("count", ">11", "(elements)"),
     ("type", ">10", ""),
     ("redop", ">6", ""),
-    ("algorithm", ">17", ""),
+    ("algorithm", ">17", ""),  # widened where the bare row's name is longer (`algorithm_width`)
     ("time", ">10", "(us)"),
     ("predicted", ">10", "(us)"),
     ("algbw", ">8", "(GB/s)"),
@@ -35,11 +38,26 @@ _COLUMNS = (
 )
 
 
+ALGORITHM_WIDTH = 17
+
+
+def algorithm_width(h: dict[str, Any]) -> int:
+    """The algorithm column's width: 17, or the bare row's name where longer (MPI_Reduce_scatter)."""
+    return max(ALGORITHM_WIDTH, len(h["baseline"]))
+
+
+def _columns(width: int) -> tuple[tuple[str, str, str], ...]:
+    return tuple((name, f">{width}" if name == "algorithm" else spec, unit) for name, spec, unit in _COLUMNS)
+
+
 def format_header(h: dict[str, Any]) -> str:
     """The lines above the table: what ran where, how it was timed, and the column names."""
     aware = "yes" if h["cuda_aware"] else "no"
+    kind = COLLECTIVES[h["collective"]]
+    columns = _columns(algorithm_width(h))
+    root = f"  root {h['root']}" if h.get("root") is not None else ""
     lines = [
-        f"# hpcring {h['hpcring']} all-reduce benchmark  ({h['mpi_library']}, mpi4py {h['mpi4py']})",
+        f"# hpcring {h['hpcring']} {kind.title} benchmark  ({h['mpi_library']}, mpi4py {h['mpi4py']})",
         f"# ranks {h['ranks']}  hosts {h['hosts']}  ranks/host {h['ranks_per_host']}  "
         f"device {h['device']}  CUDA-aware {aware} ({h['cuda_aware_reason']})",
         f"# topology: {h['topology']['describe']}, two-level {'yes' if h['topology']['two_level'] else 'no'}"
@@ -48,17 +66,19 @@ def format_header(h: dict[str, Any]) -> str:
         *_gpu_header(h),
         *(f"# {name}: not run: {why}" for name, why in h.get("not_run", {}).items()),
         *_guidance(h),
-        f"# {BARE}: the bare library call, mpi4py's comm.Allreduce on the same buffers "
+        f"# {h['baseline']}: the bare library call, mpi4py's {kind.mpi4py} on the same buffers "
         f"({h['baseline_call']}), nothing of hpcring between: the footer's yardstick "
-        "(mpi: the same call through hpcring.allreduce)",
-        f"# dtype {h['dtype']}  op {h['op']}  iters {h['iters']} (fewer past {h['max_time_s']:g} s/row)  "
+        f"(mpi: the same call through hpcring.{kind.name})",
+        f"# dtype {h['dtype']}  op {h['op']}{root}  iters {h['iters']} "
+        f"(fewer past {h['max_time_s']:g} s/row)  "
         f"warmup {h['warmup']}  passes {h['passes']}  check {int(h['check'])}  agree {int(h['agree'])}  "
         f"{h['placement']}",
-        f"# time: {h['time']};  busbw = algbw * 2(G-1)/G = algbw * {h['busbw_factor']:.4g};  "
+        *([f"# size: {h['size_is']};  count: elements of each rank's input"] if h.get("size_is") else []),
+        f"# time: {h['time']};  busbw = algbw * {h['busbw_formula']} = algbw * {h['busbw_factor']:.4g};  "
         "sent/rank: bytes handed to MPI per call, max over ranks",
         "#",
-        "# " + " ".join(f"{name:{spec}}" for name, spec, _ in _COLUMNS)[2:],
-        "# " + " ".join(f"{unit:{spec}}" for _, spec, unit in _COLUMNS)[2:],
+        "# " + " ".join(f"{name:{spec}}" for name, spec, _ in columns)[2:],
+        "# " + " ".join(f"{unit:{spec}}" for _, spec, unit in columns)[2:],
     ]
     return "\n".join(lines)
 
@@ -80,6 +100,8 @@ def _guidance(h: dict[str, Any]) -> list[str]:
             f"{name} above" if limit is None else f"{name} up to {format_size(limit)}"
             for limit, name in tuning["table"]
         )
+        if h.get("size_is"):  # auto chooses by what each rank passes in, not by a row's size
+            table += " (bytes of each rank's input)"
         if tuning["tuned"]:
             lines.append(f"# auto: tuned here, table {tuning['key']} of {_home(tuning['path'])}: {table}")
         else:
@@ -96,7 +118,8 @@ def _guidance(h: dict[str, Any]) -> list[str]:
             lines += [
                 f"# predicted: empty (-), no calibrated cost model at {_home(h['model_path'])}",
                 "#   calibrate: mpiexec --oversubscribe -n 2 python -m hpcring.model --calibrate;  a preset "
-                f"link instead: python -m hpcring.model --ranks {h['ranks']} --bytes 1M --link ndr400",
+                f"link instead: python -m hpcring.model --ranks {h['ranks']} --bytes 1M --link ndr400"
+                + ("" if h["collective"] == MODEL_DEFAULT else f" --collective {h['collective']}"),
             ]
     return lines
 
@@ -114,8 +137,9 @@ def _gpu_header(h: dict[str, Any]) -> list[str]:
     return lines
 
 
-def format_row(row: Row) -> str:
-    """One table line, aligned under `format_header`'s columns (``!``: bytes off the formula)."""
+def format_row(row: Row, width: int = ALGORITHM_WIDTH) -> str:
+    """One table line, aligned under `format_header`'s columns (``!``: bytes off the formula;
+    ``width``: the algorithm column's, `algorithm_width`)."""
 
     def num(value: int | None) -> str:
         return "-" if value is None else str(value)
@@ -135,22 +159,23 @@ def format_row(row: Row) -> str:
         num(row.bytes_expected),
         "N/A" if row.wrong is None else row.wrong,
     )
-    return " ".join(f"{cell:{spec}}" for cell, (_, spec, _) in zip(cells, _COLUMNS, strict=True))
+    return " ".join(f"{cell:{spec}}" for cell, (_, spec, _) in zip(cells, _columns(width), strict=True))
 
 
-def summarize(rows: list[Row]) -> list[dict[str, Any]]:
-    """Per size: the fastest row (the bare call included) and each row's busbw relative to the
-    bare call's (= the bare time / the row's time, which holds at one rank too, where busbw is 0)."""
+def summarize(rows: list[Row], bare: str = BARE) -> list[dict[str, Any]]:
+    """Per size: the fastest row (the bare call, the row named ``bare``, included) and each row's
+    busbw relative to the bare call's (= the bare time / the row's time, which holds at one rank
+    too, where busbw is 0)."""
     summary = []
     for nbytes in dict.fromkeys(r.size for r in rows):
         cells = [r for r in rows if r.size == nbytes]
         best = min(cells, key=lambda r: r.time_us)
-        base = next((r for r in cells if r.algorithm == BARE), None)
+        base = next((r for r in cells if r.algorithm == bare), None)
         relative = {
             r.algorithm: (base.time_us / r.time_us if base and r.time_us > 0 else None) for r in cells
         }
         summary.append(
-            {"size": nbytes, "best": best.algorithm, "baseline": BARE, "busbw_vs_baseline": relative}
+            {"size": nbytes, "best": best.algorithm, "baseline": bare, "busbw_vs_baseline": relative}
         )
     return summary
 
@@ -175,14 +200,14 @@ def noisy(rows: list[Row]) -> set[tuple[int, str]]:
     return found
 
 
-def format_footer(rows: list[Row], summary: list[dict[str, Any]]) -> str:
-    """The lines below the table: best per size against the bare call, then the verdicts, as
-    nccl-tests ends."""
+def format_footer(rows: list[Row], summary: list[dict[str, Any]], bare: str = BARE) -> str:
+    """The lines below the table: best per size against the bare call (the row named ``bare``),
+    then the verdicts, as nccl-tests ends."""
     names = list(dict.fromkeys(r.algorithm for r in rows))
-    width = max(12, len(BARE))  # `best` may be the bare call
+    width = max(12, len(bare))  # `best` may be the bare call
     lines = [
         "#",
-        f"# best per size, and busbw relative to {BARE} (>1: faster than the bare library call)",
+        f"# best per size, and busbw relative to {bare} (>1: faster than the bare library call)",
         "# " + f"{'size':>8} {'best':>{width}}  " + " ".join(f"{n:>{max(7, len(n))}}" for n in names),
     ]
     shaky = noisy(rows)
@@ -224,8 +249,9 @@ def ceiling_line(header: dict[str, Any], rows: list[Row]) -> str:
     if not ring:
         return "# ring not run: no figure against the copy bandwidth"
     top = max(ring, key=lambda r: r.size)
-    bare = next((r for r in rows if r.algorithm == BARE and r.size == top.size), None)
-    versus = f", {bare.time_us / top.time_us:.2f}x {BARE}" if bare and top.time_us > 0 else ""
+    name = header.get("baseline", BARE)
+    bare = next((r for r in rows if r.algorithm == name and r.size == top.size), None)
+    versus = f", {bare.time_us / top.time_us:.2f}x {name}" if bare and top.time_us > 0 else ""
     if header["device"] == "gpu":
         ceiling, what = header["pinned_d2h_GBps"], "pinned device-to-host"
     else:
@@ -272,13 +298,14 @@ _MARKERS = "osD^vP*Xh<>p"
 _STYLES = ("-", "--", "-.", ":")
 
 
-def line_styles(names: list[str]) -> dict[str, dict[str, Any]]:
-    """matplotlib keywords per algorithm: no two lines alike in marker and style (12 x 4 apart)."""
-    styles, others = {}, [n for n in names if n != BARE]
+def line_styles(names: list[str], bare: str = BARE) -> dict[str, dict[str, Any]]:
+    """matplotlib keywords per algorithm: no two lines alike in marker and style (12 x 4 apart);
+    the bare call (the line named ``bare``) black and dashed."""
+    styles, others = {}, [n for n in names if n != bare]
     for i, name in enumerate(others):
         styles[name] = {"marker": _MARKERS[i % len(_MARKERS)], "linestyle": _STYLES[i % len(_STYLES)]}
-    if BARE in names:
-        styles[BARE] = {"marker": "x", "linestyle": "--", "color": "black", "linewidth": 2}
+    if bare in names:
+        styles[bare] = {"marker": "x", "linestyle": "--", "color": "black", "linewidth": 2}
     return styles
 
 
@@ -304,7 +331,7 @@ def plot(path: str, header: dict[str, Any], rows: list[Row]) -> None:
     from matplotlib.ticker import NullLocator
 
     names = list(dict.fromkeys(r.algorithm for r in rows))
-    styles = line_styles(names)
+    styles = line_styles(names, header["baseline"])
     fig, ax = plt.subplots(figsize=(8, 5))
     for name in names:
         mine = [r for r in rows if r.algorithm == name]
@@ -322,12 +349,13 @@ def plot(path: str, header: dict[str, Any], rows: list[Row]) -> None:
     ax.xaxis.set_minor_locator(NullLocator())
     if all(r.busbw > 0 for r in rows):  # one rank has busbw 0 (factor 0): keep that linear
         ax.set_yscale("log")
-    ax.set_xlabel("message size (bytes; K, M, G = 1024^1, 1024^2, 1024^3)")
+    what = "the whole buffer, " if header.get("size_is") else ""
+    ax.set_xlabel(f"message size ({what}bytes; K, M, G = 1024^1, 1024^2, 1024^3)")
     ax.set_ylabel("busbw (GB/s)")
     ax.set_title(
-        f"hpcring all-reduce, {header['ranks']} ranks on {header['hosts']} "
+        f"hpcring {COLLECTIVES[header['collective']].title}, {header['ranks']} ranks on {header['hosts']} "
         f"host{'s' if header['hosts'] > 1 else ''}, {header['device']}, "
-        f"{header['dtype']} {header['op']}"
+        f"{header['dtype']}" + ("" if header["op"] == "none" else f" {header['op']}")
     )
     ax.grid(True, which="major", alpha=0.3)
     ax.legend(fontsize="small", ncols=2 if len(names) > 6 else 1)

@@ -1,4 +1,4 @@
-"""The alpha-beta-gamma cost model of every all-reduce here, its calibration, and predictions to 1000+ ranks.
+"""The alpha-beta-gamma cost model of every algorithm here, its calibration, and predictions to 1000+ ranks.
 
 A message of n bytes costs alpha + n*beta on a link; reducing n bytes locally costs n*gamma
 (Hockney's model as used by Thakur, Rabenseifner & Gropp 2005). Each algorithm is written
@@ -25,6 +25,22 @@ For n bytes on p ranks (p' = 2^floor(log2 p); every cost is 0 at p = 1):
                 unless each GPU has its own), ring all-gather inside the node.
 
 busbw = algbw * 2(p-1)/p (nccl-tests), algbw = n / time.
+
+The other collectives (``predict(..., collective=...)``, ``--collective``), n each rank's input
+(an all-gather's: one rank's row; p' and the fold as above):
+
+- reduce-scatter: ring (p-1)(a + n/p b) + (p-1)/p n g; naive the same messages at once, then
+  p-1 additions and 2 copies of a part; rabenseifner log2(p) a + (p-1)/p n (b + g) (p a power of
+  two; otherwise the whole buffer folded in and the folded rank's part sent back); mpi the
+  cheaper of ring and rabenseifner.
+- all-gather: ring and naive (p-1)(a + n b); rabenseifner log2(p) a + (p-1) n b (p a power of
+  two; otherwise the folded rank's row in and the whole output back); mpi the cheaper.
+- broadcast: naive (p-1)(a + n b) at the root; binomial ceil(log2 p)(a + n b); ring, a chain
+  pipelined in k = n / 512 KiB chunks, (p-2+k)(a + n/k b); mpi the cheaper of binomial and ring.
+
+Their busbw factors are nccl-tests': (p-1)/p for the reduce-scatter and the all-gather, 1 for
+the broadcast, with algbw = size / time where the size is the whole buffer (an all-gather's
+output, p inputs).
 
 The package, one concern a module:
 
@@ -56,4 +72,5 @@ Command line (only rank 0 prints; user errors exit 2 with one line, no traceback
     mpiexec -n 4 python -m hpcring.model --validate [--params FILE] [--sizes 1M,4M,16M]
     python -m hpcring.model --ranks 8,64,512,1000 --bytes 100M,1G [--link ndr400] [--plot t.png]
     python -m hpcring.model --ranks 64,1000 --bytes 1G --gpus-per-node 8 --intra nvlink4 --link ndr400
+    python -m hpcring.model --collective allgather --ranks 8,1000 --bytes 1G --link ndr400
 """

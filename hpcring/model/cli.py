@@ -2,6 +2,8 @@
 validation under mpiexec.
 
 Only rank 0 prints; a user error is one line on stderr and exit status 2 on every rank.
+``--collective`` predicts that collective's algorithms, sizes and busbw as the bench reports
+them (nccl-tests'); calibration and validation time all-reduces.
 """
 
 from __future__ import annotations
@@ -17,19 +19,19 @@ from pathlib import Path
 from typing import Any
 
 from .. import units
-from ..units import busbw, format_size
+from ..algorithms import ALLREDUCE, COLLECTIVES
+from ..units import busbw, busbw_formula, collective_title, format_size, input_bytes
 from .calibrate import calibrate, check_array, runnable, validate
 from .costs import (
     BCAST_FORMS,
     GB,
-    MODELLED,
     PRESETS,
-    TWO_LEVEL,
     Link,
     ModelError,
     Nodes,
     Preset,
     log2_floor,
+    modelled,
     predict,
     spec_of,
 )
@@ -70,7 +72,7 @@ class _Parser(argparse.ArgumentParser):
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="python -m hpcring.model",
-        description="Alpha-beta-gamma cost model of hpcring's all-reduce algorithms.",
+        description="Alpha-beta-gamma cost model of hpcring's algorithms (all-reduce by default).",
         epilog="Link presets (assumptions, see docs/scaling.md): "
         + "; ".join(f"{k}: {v.description}" for k, v in PRESETS.items()),
     )
@@ -84,7 +86,18 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--array", default="numpy", help="array module gamma is measured with: numpy, cupy")
     parser.add_argument("--params", help="calibration file to read (default: $HPCRING_MODEL or ~/.cache)")
     parser.add_argument("--ranks", default="8,64,512,1000", help="rank counts, e.g. 8,64,512,1000")
-    parser.add_argument("--bytes", default="100M,1G", help="sizes per rank, e.g. 1M,100M,1G (K/M/G = 1024^k)")
+    parser.add_argument(
+        "--bytes",
+        default="100M,1G",
+        help="sizes, e.g. 1M,100M,1G (K/M/G = 1024^k): each rank's buffer; with --collective, nccl-tests' "
+        "size, the whole buffer (an all-gather's output, G times each rank's input)",
+    )
+    parser.add_argument(
+        "--collective",
+        choices=COLLECTIVES,
+        default=ALLREDUCE,
+        help="predict this collective's algorithms (default allreduce; --validate times all-reduces)",
+    )
     parser.add_argument("--sizes", default="1M,4M,16M", help="--validate: sizes to time")
     parser.add_argument("--iterations", type=int, default=10, help="--validate: timed iterations per point")
     parser.add_argument("--algorithms", help="comma-separated (default: all that apply)")
@@ -191,13 +204,28 @@ def _predictions(args: argparse.Namespace, out: Any) -> None:
     ranks, sizes = parse_ranks(args.ranks), [parse_size(s) for s in args.bytes.split(",") if s.strip()]
     if not sizes:
         raise ModelError("--bytes needs at least one size")
-    known = [*MODELLED, *TWO_LEVEL] if isinstance(machine, Nodes) else list(MODELLED)
+    collective = args.collective
+    if args.wire and collective != ALLREDUCE:
+        raise ModelError(f"--wire: all-reduce predictions only (hpcring.{collective} has no wire=)")
+    known = [*modelled(collective), *(modelled(collective, True) if isinstance(machine, Nodes) else ())]
     algorithms = _names(args, known)
     if isinstance(machine, Nodes):
         for p in ranks:
             if p % machine.per_node:
                 raise ModelError(f"{p} ranks do not fill nodes of {machine.per_node} (--gpus-per-node)")
+    for p in ranks:
+        for nbytes in sizes:
+            if input_bytes(nbytes, p, collective) == 0:
+                raise ModelError(f"--bytes {nbytes} gathered from {p} ranks: less than a byte from each")
     print(f"# hpcring.model: {where}; ps Bcast {args.bcast}", file=out)
+    if collective != ALLREDUCE:  # what a row's size and busbw are, as the bench's
+        gathered = input_bytes(2, 2, collective) == 1
+        what = "the gathered output, G inputs" if gathered else "each rank's input"
+        print(
+            f"# {collective_title(collective)}: size = the whole buffer, as nccl-tests ({what}); "
+            f"busbw = algbw * {busbw_formula(collective)}",
+            file=out,
+        )
     print(
         f"# {'ranks':>6} {'size':>8} {'algorithm':>13} {'time (us)':>14} {'algbw (GB/s)':>13} "
         f"{'busbw (GB/s)':>13}",
@@ -213,17 +241,27 @@ def _predictions(args: argparse.Namespace, out: Any) -> None:
                     for w in (None, args.wire)
                     if w is None or spec_of(a).narrowings
                 ]
+            mine = input_bytes(nbytes, p, collective)  # what each rank passes in: what predict takes
             for algorithm, wire in wired:
-                t = predict(algorithm, nbytes, p, machine, gamma=gamma, bcast=args.bcast, wire=wire)
+                t = predict(
+                    algorithm,
+                    mine,
+                    p,
+                    machine,
+                    gamma=gamma,
+                    bcast=args.bcast,
+                    wire=wire,
+                    collective=collective,
+                )
                 name = algorithm if wire is None else f"{algorithm}+{wire}"
                 algbw = f"{nbytes / t / GB:13.3f}" if t > 0 else f"{'-':>13}"
-                bus = f"{busbw(nbytes, p, t) / GB:13.3f}" if t > 0 else f"{'-':>13}"
+                bus = f"{busbw(nbytes, p, t, collective) / GB:13.3f}" if t > 0 else f"{'-':>13}"
                 print(
                     f"  {p:>6} {format_size(nbytes):>8} {name:>13} {t * 1e6:14.1f} {algbw} {bus}",
                     file=out,
                 )
     if args.plot and out is sys.stdout:
-        _plot(args.plot, machine, gamma, ranks, sizes, algorithms, args.bcast, where)
+        _plot(args.plot, machine, gamma, ranks, sizes, algorithms, args.bcast, where, collective)
         print(f"# plot: {args.plot}", file=out)
 
 
@@ -236,6 +274,7 @@ def _plot(
     algorithms: list[str],
     bcast: str,
     where: str,
+    collective: str = ALLREDUCE,
 ) -> None:
     """Time vs ranks, log-log: ring and rabenseifner flatten out, ps and naive climb linearly."""
     import matplotlib
@@ -250,8 +289,19 @@ def _plot(
     fig, ax = plt.subplots(figsize=(8, 5))
     styles = ["-", "--", ":", "-."]
     for i, nbytes in enumerate(sizes):
-        for j, algorithm in enumerate(a for a in algorithms if not spec_of(a).modelled_as):
-            times = [predict(algorithm, nbytes, p, machine, gamma=gamma, bcast=bcast) for p in grid]
+        for j, algorithm in enumerate(a for a in algorithms if not spec_of(a, collective).modelled_as):
+            times = [
+                predict(
+                    algorithm,
+                    max(1, input_bytes(nbytes, p, collective)),
+                    p,
+                    machine,
+                    gamma=gamma,
+                    bcast=bcast,
+                    collective=collective,
+                )
+                for p in grid
+            ]
             ax.plot(
                 grid,
                 times,
@@ -262,7 +312,7 @@ def _plot(
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("ranks")
-    ax.set_ylabel("predicted time per all-reduce (s)")
+    ax.set_ylabel(f"predicted time per {collective_title(collective)} (s)")
     ax.set_title(textwrap.fill(where, 110), fontsize=7)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -365,6 +415,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = _parser().parse_args(argv)
         if args.calibrate or args.validate:
+            if args.collective != ALLREDUCE:
+                raise ModelError("--collective: for predictions; --calibrate and --validate time all-reduces")
             return _mpi_main(args)
         # Every rank checks the arguments (same exit code everywhere); only rank 0 prints.
         _predictions(args, sys.stdout if _rank_from_env() == 0 else io.StringIO())

@@ -18,7 +18,7 @@ from ..algorithms import ALLREDUCE, Spec
 from ..algorithms.base import Phase
 
 
-def _modelled(collective: str, two_level: bool = False) -> tuple[str, ...]:
+def modelled(collective: str = ALLREDUCE, two_level: bool = False) -> tuple[str, ...]:
     """The algorithms of ``collective`` the model prices on any machine (``two_level``: those it
     prices only on a machine of nodes)."""
     specs = algorithms.table(collective).items()
@@ -29,8 +29,8 @@ def _modelled(collective: str, two_level: bool = False) -> tuple[str, ...]:
 
 # The all-reduces the model prices on any machine; the two-level ones only on a machine of
 # nodes. Not hpcring.ALGORITHMS, which names what hpcring runs.
-MODELLED = _modelled(ALLREDUCE)
-TWO_LEVEL = _modelled(ALLREDUCE, two_level=True)
+MODELLED = modelled(ALLREDUCE)
+TWO_LEVEL = modelled(ALLREDUCE, two_level=True)
 BCAST_FORMS = ("binomial", "linear")
 
 
@@ -166,7 +166,7 @@ def spec_of(algorithm: str, collective: str = ALLREDUCE) -> Spec:
     except ValueError:
         spec = None
     if spec is None or not (spec.phases or spec.modelled_as or spec.levels):
-        known = ", ".join((*_modelled(collective), *_modelled(collective, True)))
+        known = ", ".join((*modelled(collective), *modelled(collective, True)))
         raise ModelError(f"unknown algorithm {algorithm!r}; choose one of {known}")
     return spec
 
@@ -274,15 +274,18 @@ def predict(
     itemsize: int = 4,
     collective: str = ALLREDUCE,
 ) -> float:
-    """Predicted seconds of one ``collective`` (an all-reduce) of ``nbytes`` per rank on ``ranks`` ranks.
+    """Predicted seconds of one ``collective`` (default the all-reduce) on ``ranks`` ranks, whose
+    input is ``nbytes`` on each rank: the buffer, which for an all-gather is one rank's row
+    (`hpcring.units.input_bytes` turns nccl-tests' size, the gathered output, into it).
 
     ``wire`` ("bfloat16", "float16"; elements of ``itemsize`` bytes) makes every message that
     fraction of its size, as `hpcring.allreduce(wire=...)` sends; the conversions themselves are
     not priced (docs/compression.md measures them).
 
     ``params`` is calibrated `Params` (a flat machine, gamma included), or a `Link` or
-    `Nodes` with ``gamma`` given. Algorithms: naive, ps, ring, rabenseifner, mpi, and on
-    `Nodes` also hierarchical. ``per_node`` with `Params` calibrated across nodes (they
+    `Nodes` with ``gamma`` given. Algorithms: those of ``collective``'s table that declare phases
+    (`modelled`; the all-reduce's naive, ps, ring, rabenseifner, mpi, and on `Nodes` also
+    hierarchical). ``per_node`` with `Params` calibrated across nodes (they
     hold the inter-node link too) predicts on nodes of that many ranks, ranks in blocks.
     """
     _check_size(nbytes, ranks)
