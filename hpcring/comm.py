@@ -1,16 +1,19 @@
-"""hpcring's state for one user communicator: its private duplicate and what hangs off it.
+"""hpcring's state for one user communicator: its private duplicates and what hangs off them.
 
-The first call on a communicator (collective) duplicates it, so hpcring's messages never
-meet the user's. The state is an MPI attribute of the user's communicator: it lives as
-long as that communicator, and the attribute's delete callback frees the duplicate and
-everything made for it (channels, a library's own communicator) when the user frees it, so
-nothing leaks one per call. Objects made for a communicator without communicating (`kept`:
-the non-blocking calls' progress engine, which posts its own ``Idup`` and makes no state)
-hang off a second attribute, freed the same way.
+The first call on a communicator (collective, blocking) duplicates it twice, so hpcring's
+messages never meet the user's: one duplicate for the calls made in the caller's thread, one for
+the non-blocking calls' progress engine (`hpcring.nonblocking`), so that the two never interleave
+their collectives differently on different ranks. The state is an MPI attribute of the user's
+communicator: it lives as long as that communicator, and the attribute's delete callback frees
+the duplicates and everything made for them (channels, the progress engine, a library's own
+communicator) when the user frees it, so nothing leaks one per call.
 
-Until the duplicate exists hpcring has no communicator of its own among these ranks, and it
-sends nothing on the user's: a rank that never makes the first call is a StallError on the
-others at their deadline, which cannot name it (`first_call_stall`).
+The duplicates are made at a blocking call, never left in flight: Open MPI 5 mismatches the
+messages of an ``MPI_Comm_idup`` still pending while a rank posts another non-blocking collective
+on the same communicator (open-mpi/ompi#2025: wrong sums, MPI_ERR_TRUNCATE), and the user may
+post one at any time. Until the first duplicate exists hpcring has no communicator of its own
+among these ranks, and it sends nothing on the user's: a rank that never makes the first call is
+a StallError on the others at their deadline, which cannot name it (`first_call_stall`).
 """
 
 from __future__ import annotations
@@ -33,7 +36,6 @@ from .polling import Waiter
 _lock = threading.Lock()  # guards the keyval, the table of communicators being set up, channel creation
 _keyval: int | None = None  # created on first use: importing hpcring must not need MPI initialized
 _creating: dict[int, threading.Lock] = {}  # communicator handle -> lock held while it is duplicated
-_kept_keyval: int | None = None  # the attribute of `kept` objects, created on first use
 FIRST_CALL = "the first hpcring call on this communicator"
 
 
@@ -44,6 +46,7 @@ class CommState:
     comm: MPI.Intracomm  # the private duplicate every hpcring message travels on
     lock: threading.Lock  # held while something is made for this communicator (possibly collectively)
     owned: bool = True  # ``comm`` is freed with this state (not where it was adopted: `adopt`)
+    background: MPI.Intracomm | None = None  # the progress engine's duplicate (`adopt`ed), freed with it
     busy: threading.Lock = field(default_factory=threading.Lock)  # one collective at a time
     channels: dict[Any, Channel] = field(default_factory=dict)  # per array adapter and device
     made: dict[str, Any] = field(default_factory=dict)  # `attached` objects, by key
@@ -99,8 +102,11 @@ class CommState:
         self.warm.clear()
         if self._agreement is not None:
             self._agreement.waiter.close()
-        if self.owned and not MPI.Is_finalized():
-            self.comm.Free()
+        if not MPI.Is_finalized():
+            if self.background is not None:
+                self.background.Free()  # its own state closes first (the attribute's callback)
+            if self.owned:
+                self.comm.Free()
 
 
 def _release(comm: MPI.Comm, keyval: int, state: CommState) -> None:
@@ -137,10 +143,25 @@ def state_of(comm: MPI.Intracomm, timeout: float | None = None) -> CommState:
             state = CommState(comm=duplicate(comm, timeout), lock=creating)
             if state.comm.Get_size() > 1:
                 watchdog.watch()  # the one blocking wait (`mpi`'s MPI_Allreduce), watched
+            state.background = _second(state, timeout)
             with _lock:
                 comm.Set_attr(_keyval, state)
                 _creating.pop(MPI._handleof(comm), None)
         return state
+
+
+def _second(state: CommState, timeout: float | None) -> MPI.Intracomm:
+    """The progress engine's duplicate, of hpcring's first (every rank is in this first call: it
+    has just duplicated the user's communicator), bounded, its stall notices on the first."""
+    if timeout is None:
+        timeout = config.current().timeout
+    second, request = state.comm.Idup()
+    waiter = state.agreement.waiter
+    woke = waiter.bounded(request, timeout)
+    if woke is not None:
+        raise waiter.stall(woke, FIRST_CALL, timeout)
+    adopt(second)
+    return second
 
 
 def duplicate(comm: MPI.Intracomm, timeout: float | None) -> MPI.Intracomm:
@@ -195,32 +216,6 @@ def adopt(comm: MPI.Intracomm) -> CommState:
         return state
 
 
-def kept(comm: MPI.Intracomm, key: str, build: Callable[[], Any]) -> Any:
-    """The object ``build()`` made for ``comm`` under ``key``, made once and kept as long as
-    ``comm`` (closed, where it has ``close()``, when the user frees it). Unlike `attached`, this
-    makes no state and no duplicate: ``build`` must not wait on the other ranks (it may post a
-    non-blocking collective, in the order every rank reaches it)."""
-    global _kept_keyval
-    with _lock:
-        if _kept_keyval is None:
-            _kept_keyval = MPI.Comm.Create_keyval(delete_fn=_release_kept)
-        table = comm.Get_attr(_kept_keyval)
-        if table is None:
-            table = {}
-            comm.Set_attr(_kept_keyval, table)
-        made = table.get(key)
-        if made is None:
-            made = table[key] = build()
-        return made
-
-
-def _release_kept(comm: MPI.Comm, keyval: int, table: dict[str, Any]) -> None:
-    for made in reversed(list(table.values())):
-        if hasattr(made, "close"):
-            made.close()
-    table.clear()
-
-
 def channel_for(comm: MPI.Intracomm, adapter: Any) -> Channel:
     """The cached Channel of ``comm`` for ``adapter``'s arrays (on its current device)."""
     return state_of(comm).channel(adapter)
@@ -263,7 +258,6 @@ __all__ = [
     "duplicate",
     "first_call_stall",
     "intracomm",
-    "kept",
     "known_state",
     "state_of",
     "wait_first",

@@ -1,14 +1,14 @@
 """The non-blocking collectives: `iallreduce`, `ireduce_scatter`, `iallgather`, `ibroadcast`
-run while the caller goes on computing, and never block the call that starts them.
+run while the caller goes on computing.
 
-Each user communicator gets one progress engine (`Progress`): its own communicator, made by an
-``MPI_Comm_idup`` posted by the first non-blocking call on the user's communicator (in that
-call's place in the communicator's collective order, on every rank) and waited for by the first
-request that needs it, not by the call; and, under MPI_THREAD_MULTIPLE (mpi4py's default), one
-worker thread. The engine runs the submitted collectives one after another, in submission
-order, through the call engine (so validation, the agreement step and every algorithm come
-along unchanged), on its own communicator: the main thread may still call the blocking
-collectives on the same communicator while requests are in flight.
+Each user communicator gets one progress engine (`Progress`): hpcring's second duplicate of it
+(made with its state by the first hpcring call on it, which is collective and blocking:
+`hpcring.comm`) and, under MPI_THREAD_MULTIPLE (mpi4py's default), one worker thread. The engine
+runs the submitted collectives one after another, in submission order, through the call engine
+(so validation, the agreement step and every algorithm come along unchanged), on that duplicate:
+the main thread may still call the blocking collectives on the same communicator, on the first
+duplicate, while requests are in flight. Once the state exists, a call only submits: it never
+blocks.
 
 Why a thread and not MPI_Iallreduce: the algorithms are written in Python over point-to-point
 calls, and a request must make progress while Python computes. mpi4py releases the GIL inside
@@ -18,14 +18,12 @@ worker's messages move while the main thread computes.
 Under a thread level below MPI_THREAD_MULTIPLE no thread may call MPI beside the caller's, so
 no worker is started: a request runs, in the caller's thread, when it (or a later request of the
 same communicator) is first tested or waited on, in submission order (`progress_mode()` says
-which; so does `hpcring.info()`). The call itself still only posts the ``Idup`` where it is the
-first. Only MPI's own non-blocking collectives progress while such a caller computes:
-`hpcring.Intracomm.Iallreduce` posts MPI_Iallreduce there (docs/embedding.md).
+which; so does `hpcring.info()`). Only MPI's own non-blocking collectives progress while such a
+caller computes: `hpcring.Intracomm.Iallreduce` posts MPI_Iallreduce there (docs/embedding.md).
 
 Rules: every rank submits the same sequence of calls on a communicator (a mismatch is
 caught by the agreement step and raised by `Request.wait` on every rank); the buffer
-belongs to hpcring until `wait()` returns. A rank that never makes the first non-blocking call
-on a communicator is a StallError (`hpcring.comm.first_call_stall`) on the others' requests.
+belongs to hpcring until `wait()` returns.
 """
 
 from __future__ import annotations
@@ -42,10 +40,9 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import config
 from .algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER
 from .arrays import adapter_for
-from .comm import CommState, adopt, intracomm, kept, wait_first
+from .comm import CommState, attached, intracomm, state_of
 from .engine import call
 
 
@@ -136,17 +133,15 @@ _Job = tuple[Request, Callable[[], Any]]
 
 
 class Progress:
-    """The progress engine of one user communicator: its own communicator (``Idup``, posted here)
-    and, under MPI_THREAD_MULTIPLE, one worker thread (module docstring)."""
+    """The progress engine of one user communicator: hpcring's second duplicate of it and, under
+    MPI_THREAD_MULTIPLE, one worker thread (module docstring). Made without communicating, once
+    the communicator's state exists."""
 
     def __init__(self, comm: MPI.Intracomm) -> None:
-        self.user = comm
-        # Posted now, in this call's place in the user's collective order on every rank; waited for
-        # by the first job that needs it (`ready`), never by the call that posts it.
-        self._comm, self._dup = comm.Idup()
-        self._state: CommState | None = None
-        self._failed: BaseException | None = None  # the Idup did not complete in time
-        self._ready_lock = threading.Lock()  # one thread tests the Idup's request at a time
+        background = state_of(comm).background
+        assert background is not None, "a communicator's state has its second duplicate"
+        self.comm: MPI.Intracomm = background
+        self.state: CommState = state_of(background)  # adopted with it: no further duplicate
         self.threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
         self._queue: deque[_Job] = deque()  # below MPI_THREAD_MULTIPLE: submitted, not yet run
@@ -156,30 +151,6 @@ class Progress:
             self._thread = threading.Thread(target=self._work, name="hpcring-progress", daemon=True)
             self._thread.start()
             _engines.add(self)
-
-    def ready(self, timeout: float | None = None) -> CommState:
-        """hpcring's state on this engine's communicator, once its ``Idup`` completed: waited for
-        here within ``timeout`` seconds (None: HPCRING_TIMEOUT), or StallError (for every later
-        call too: without its communicator the engine can run nothing)."""
-        state = self._state
-        if state is not None:
-            return state
-        with self._ready_lock:
-            if self._state is None:
-                if self._failed is not None:
-                    raise self._failed
-                try:
-                    wait_first(self.user, self._dup, config.current().timeout if timeout is None else timeout)
-                except BaseException as error:
-                    self._failed = error
-                    raise
-                self._state = adopt(self._comm)
-            return self._state
-
-    @property
-    def comm(self) -> MPI.Intracomm:
-        """This engine's own communicator, for blocking setup on it (waits for its ``Idup``)."""
-        return self.ready().comm
 
     def _work(self) -> None:
         while (job := self._jobs.get()) is not None:
@@ -226,11 +197,8 @@ class Progress:
             self._thread = None
 
     def close(self) -> None:
-        """Stop the worker, and free the communicator (where its ``Idup`` completed: a pending one
-        cannot be freed)."""
+        """Stop the worker (the communicator's state frees the duplicate)."""
         self.stop()
-        if self._state is not None and not MPI.Is_finalized() and self._comm != MPI.COMM_NULL:
-            self._comm.Free()
 
 
 _engines: weakref.WeakSet[Progress] = weakref.WeakSet()  # those whose worker runs
@@ -246,14 +214,14 @@ def _stop_workers() -> None:
 
 
 def progress_for(comm: MPI.Intracomm | None, caller: str = "hpcring.iallreduce") -> Progress:
-    """The progress engine of ``comm`` (COMM_WORLD if None). The first one on a communicator posts
-    its ``Idup`` (collective: every rank's first non-blocking call, in the same order) and returns
-    at once.
+    """The progress engine of ``comm`` (COMM_WORLD if None): collective and blocking only where
+    no hpcring call has been made on the communicator yet (it makes its state, `hpcring.comm`).
 
-    Kept with the communicator (`hpcring.comm.kept`), and closed when the user frees it.
+    Cached with hpcring's other per-communicator state (`hpcring.comm.attached`), and closed when
+    the user frees the communicator.
     """
     comm = intracomm(comm, caller)
-    return kept(comm, "engine", lambda: Progress(comm))
+    return attached(comm, "engine", lambda: Progress(comm))
 
 
 def _handoff(x: Any) -> Callable[[], AbstractContextManager[None]]:
@@ -280,8 +248,9 @@ def _start(
     progress = progress_for(comm, f"hpcring.i{collective}")
     entered = _handoff(x)
 
+    private = progress.comm
+
     def run() -> Any:
-        private = progress.ready(timeout).comm  # the first request waits for the Idup here, bounded
         with entered():
             return call(collective, x, out, op, algorithm, private, check, timeout, root, reproducible, wire)
 
