@@ -31,6 +31,7 @@ requests in ``MPI.Request.Waitall``, ``Waitany``, ``Testall``, ``Testsome``... (
 
 from __future__ import annotations
 
+import ctypes
 import operator
 import weakref
 from typing import Any, Literal
@@ -41,7 +42,8 @@ from mpi4py import MPI
 from . import algorithms, engine, nonblocking
 from .agreement import Row
 from .algorithms import ALLREDUCE
-from .comm import known_state
+from .arrays import NUMPY
+from .comm import CommState, known_state, state_of
 from .engine import call, resolve_timeout
 from .errors import StallError
 from .ops import OPS, mpi_op_name
@@ -117,29 +119,98 @@ class _Refused(Exception):
     """mpi4py would refuse this spec: its own error, from its own call."""
 
 
+class _Hidden:
+    """Memory mpi4py reads and hpcring cannot view (device memory without CuPy): its element type,
+    where the object says (``None``: it does not)."""
+
+    __slots__ = ("dtype",)
+
+    def __init__(self, dtype: np.dtype | None) -> None:
+        self.dtype = dtype
+
+
 def _view(buf: Any) -> Any:
-    """``buf``'s memory as an array hpcring takes (NumPy for host memory, CuPy for a device's), or
-    None where mpi4py can take it and hpcring cannot view it (device memory without CuPy); _Refused
-    where mpi4py cannot take it either."""
+    """``buf``'s memory as an array hpcring takes (NumPy for host memory, CuPy for a device's), a
+    `_Hidden` where mpi4py can take it and hpcring cannot view it (device memory without CuPy), or
+    _Refused where mpi4py cannot take it either."""
     if isinstance(buf, np.ndarray):
         return buf if type(buf) is np.ndarray else np.asarray(buf)  # a subclass: MPI sees its memory
-    if hasattr(buf, "__cuda_array_interface__"):  # CuPy, or a device tensor: CuPy views it
+    interface = getattr(buf, "__cuda_array_interface__", None)
+    if interface is not None:  # CuPy, or a device tensor: CuPy views it
         try:
             import cupy
 
             return buf if isinstance(buf, cupy.ndarray) else cupy.asarray(buf)
         except Exception:
-            return None
+            try:
+                return _Hidden(np.dtype(interface["typestr"]))
+            except (KeyError, TypeError):
+                return _Hidden(None)
     try:  # the buffer protocol: bytearray, array.array, memoryview...
         return np.asarray(memoryview(buf))
     except (TypeError, ValueError):
         pass
     if hasattr(buf, "__dlpack__"):  # a DLPack-only object (mpi4py 4 takes those too)
-        try:
-            return np.from_dlpack(buf)  # host memory, zero-copy
-        except Exception:
-            return None
+        return _from_dlpack(buf)
     raise _Refused
+
+
+# DLPack's C structures, as far as hpcring reads them (dlpack.h): the dtype and the device.
+class _DLDevice(ctypes.Structure):
+    _fields_ = (("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32))
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = (("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16))
+
+
+class _DLTensor(ctypes.Structure):
+    _fields_ = (
+        ("data", ctypes.c_void_p),
+        ("device", _DLDevice),
+        ("ndim", ctypes.c_int32),
+        ("dtype", _DLDataType),
+    )
+
+
+# Where the DLTensor sits in a capsule's managed tensor: first in DLPack 0.x's, after the version
+# (two uint32), the manager context, the deleter and the flags (uint64) in 1.x's.
+_CAPSULES = ((b"dltensor", 0), (b"dltensor_versioned", 8 + 2 * ctypes.sizeof(ctypes.c_void_p) + 8))
+_DL_KINDS = {0: "int", 1: "uint", 2: "float", 5: "complex"}  # kDLInt, kDLUInt, kDLFloat, kDLComplex
+_DL_HOST = {1, 3, 11}  # kDLCPU, kDLCUDAHost, kDLROCMHost: memory the host reads
+
+
+def _from_dlpack(buf: Any) -> Any:
+    """A DLPack-only object's memory as a NumPy array (host memory), else a `_Hidden`. The dtype is
+    read from the capsule the object hands out, dropped unconsumed (its destructor releases it),
+    and the memory taken through mpi4py's own DLPack reading (`MPI.buffer`), as MPI will take it:
+    NumPy's ``from_dlpack`` keeps the capsule's tensor past the capsule, which some producers free
+    with it."""
+    try:
+        capsule = buf.__dlpack__()
+    except Exception:
+        return _Hidden(None)
+    api = ctypes.pythonapi
+    api.PyCapsule_IsValid.restype = ctypes.c_int
+    api.PyCapsule_IsValid.argtypes = (ctypes.py_object, ctypes.c_char_p)
+    api.PyCapsule_GetPointer.restype = ctypes.c_void_p
+    api.PyCapsule_GetPointer.argtypes = (ctypes.py_object, ctypes.c_char_p)
+    dtype, host = None, False
+    for name, offset in _CAPSULES:
+        if api.PyCapsule_IsValid(capsule, name):
+            tensor = _DLTensor.from_address(api.PyCapsule_GetPointer(capsule, name) + offset)
+            kind, bits = _DL_KINDS.get(tensor.dtype.code), tensor.dtype.bits
+            if kind and tensor.dtype.lanes == 1:
+                dtype = np.dtype(f"{kind}{bits}")
+            host = tensor.device.device_type in _DL_HOST
+            break
+    del capsule
+    if dtype is None or not host:
+        return _Hidden(dtype)
+    try:
+        return np.frombuffer(MPI.buffer(buf), dtype=dtype)
+    except Exception:
+        return _Hidden(dtype)
 
 
 def _flat(array: Any, writable: bool) -> Any:
@@ -157,7 +228,7 @@ def _flat(array: Any, writable: bool) -> Any:
 
 class _Unviewable:
     """A buffer mpi4py takes and hpcring cannot view (device memory without CuPy): its element
-    count, for the agreement, and the problem every rank raises through hpcring's road."""
+    count, for the agreement; MPI's own all-reduce moves it, on hpcring's duplicate."""
 
     __slots__ = ("count", "obj")
 
@@ -209,9 +280,11 @@ def _typed(msg: Any, writable: bool) -> tuple[Any, np.dtype, Any] | None:
         if count is None and displ is None and type(buf) is np.ndarray and buf.dtype == dtype:
             return _flat(buf, writable), dtype, datatype  # [array, its own datatype]: as the array
     view = _view(buf)
-    if view is None:  # mpi4py takes it, hpcring cannot view it: count its elements by mpi4py's reading
+    if isinstance(view, _Hidden):  # mpi4py takes it, hpcring cannot view it: counted as mpi4py reads it
         if datatype is None:
-            return None  # the datatype mpi4py infers is unknown here: MPI's road
+            dtype = None if view.dtype is None else _inferred(view.dtype)
+            if dtype is None:
+                return None
         nbytes = MPI.buffer(buf).nbytes
         start = 0 if displ is None else operator.index(displ) * dtype.itemsize
         n = (nbytes - start) // dtype.itemsize if count is None else operator.index(count)
@@ -265,7 +338,8 @@ def route(sendbuf: Any, recvbuf: Any, op: Any) -> tuple[Any, Any, str, np.dtype]
     """(x, out or None for in place, op name, dtype) where hpcring takes the call, else None: MPI's.
 
     x is an `_Unviewable` where mpi4py takes the buffer and hpcring cannot view it: hpcring's road
-    still (the others take it), where the engine refuses it on every rank."""
+    still (the others take it): MPI's own all-reduce moves it behind hpcring's agreement with the
+    ``mpi`` algorithm; with another, it is refused on every rank."""
     name = _op_name(op)
     if name is None:
         return None
@@ -283,7 +357,7 @@ def route(sendbuf: Any, recvbuf: Any, op: Any) -> tuple[Any, Any, str, np.dtype]
             return None
         x = send[0]
         if isinstance(x, _Unviewable) or isinstance(out, _Unviewable):
-            return x, out, name, dtype  # the engine refuses it on every rank (check=True)
+            return x, out, name, dtype  # hpcring's road: MPI's all-reduce or a refusal, on every rank
         if type(x) is not type(out) or x.size != out.size or not _same_type(send, recv):
             return None  # mpi4py's error for mismatched specs, in its words
         if _overlap(x, out):  # aliased buffers: MPI's error (newer mpi4py: in place), not ours
@@ -579,9 +653,9 @@ class Intracomm(MPI.Intracomm):
         taken = route(sendbuf, recvbuf, op)
         if taken is None:
             return MPI.Intracomm.Allreduce(self, sendbuf, recvbuf, op)
-        x, out, name, _ = taken
+        x, out, name, dtype = taken
         if isinstance(x, _Unviewable) or isinstance(out, _Unviewable):
-            x, out = _refused(x), _refused(out)  # the engine refuses it, on every rank (check=True)
+            return self._hidden(sendbuf, recvbuf, op, x.size, dtype, name, out is None)
         call(
             ALLREDUCE,
             x,
@@ -611,7 +685,7 @@ class Intracomm(MPI.Intracomm):
         threaded = nonblocking.progress_mode() == "thread"
         if threaded and self._hpcring_algorithm != "mpi":
             if isinstance(x, _Unviewable) or isinstance(out, _Unviewable):
-                x, out = _refused(x), _refused(out)
+                x, out = _refused(x), _refused(out)  # the others run hpcring's: refused on every rank
             job = nonblocking.iallreduce(
                 x,
                 op=name,
@@ -629,42 +703,72 @@ class Intracomm(MPI.Intracomm):
         request = _unchecked(MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op))
         if threaded and self._hpcring_check:
             progress = nonblocking.progress_for(plain, "hpcring.Intracomm.Iallreduce")  # made: no wait
-            request._job = progress.defer(self._agreement(progress, x.size, dtype, name, out is None))
+            state, row = progress.state, (x.size, dtype, name, out is None, None)
+
+            def agree() -> None:
+                self._agree(state, *row, "Iallreduce")
+
+            request._job = progress.defer(agree)
             self._failing(request)
         return request
 
-    def _agreement(
-        self, progress: nonblocking.Progress, count: int, dtype: np.dtype, op: str, in_place: bool
-    ) -> Any:
-        """The job that agrees on an Iallreduce passed to MPI: hpcring's row (count, dtype, op,
-        placement, settings), on hpcring's own communicator, on the progress thread."""
-        algorithm, timeout = self._hpcring_algorithm, self._hpcring_timeout
-        what = f"hpcring.Intracomm.Iallreduce(op={op!r}, algorithm={algorithm!r})"
-
-        def agree() -> None:
-            state = progress.state
-            if state.comm.Get_size() == 1:
-                return
-            agreement = state.agreement
-            if agreement.settings is None:
-                agreement.settings = state.settings
-            row = Row(
-                collective=ALLREDUCE,
-                count=count,
-                dtype=dtype,
-                op=op,
-                algorithm=algorithm,
-                array=None,  # MPI reads the buffer: its kind is no business of the ranks'
-                placement=in_place,
-                root=0,
-                settings=state.settings.digest(),
-                wire=None,
+    def _hidden(
+        self, sendbuf: Any, recvbuf: Any, op: Any, count: int, dtype: np.dtype, name: str, in_place: bool
+    ) -> None:
+        """Allreduce of a buffer hpcring cannot view (device memory without CuPy): MPI_Allreduce on
+        hpcring's duplicate, with the buffers as given, behind the agreement. With the ``mpi``
+        algorithm it is what the engine runs for a NumPy array (so a rank with one agrees with it);
+        with another, ranks whose arrays run it would not: they disagree, on every rank."""
+        state = state_of(self._hpcring_plain, self._hpcring_timeout)
+        if not state.busy.acquire(False):
+            raise RuntimeError(
+                "hpcring.Intracomm.Allreduce: another thread is running a collective on this "
+                "communicator; give each thread its own communicator (comm.Dup())"
             )
-            state.calls = number = state.calls + 1
-            limit = resolve_timeout(state, timeout)
-            agreement([number, *row.words()], row, None, timeout=limit, what=what, caller=what)
+        try:
+            if self._hpcring_check:
+                kind = NUMPY.type_name if self._hpcring_algorithm == "mpi" else None
+                self._agree(state, count, dtype, name, in_place, kind, "Allreduce")
+            state.comm.Allreduce(sendbuf, recvbuf, op)
+        finally:
+            state.busy.release()
 
-        return agree
+    def _agree(
+        self,
+        state: CommState,
+        count: int,
+        dtype: np.dtype,
+        op: str,
+        in_place: bool,
+        array: str | None,
+        method: str,
+    ) -> None:
+        """hpcring's agreement on a call whose data MPI's own collective moves: the row of
+        `hpcring.agreement` (count, dtype, op, algorithm, placement, settings; ``array``: the kind
+        the ranks must agree on, None where MPI reads any buffer), on ``state``'s communicator,
+        numbered with the engine's calls there."""
+        if state.comm.Get_size() == 1:
+            return
+        agreement = state.agreement
+        if agreement.settings is None:
+            agreement.settings = state.settings
+        algorithm = self._hpcring_algorithm
+        row = Row(
+            collective=ALLREDUCE,
+            count=count,
+            dtype=dtype,
+            op=op,
+            algorithm=algorithm,
+            array=array,
+            placement=in_place,
+            root=0,
+            settings=state.settings.digest(),
+            wire=None,
+        )
+        state.calls = number = state.calls + 1
+        what = f"hpcring.Intracomm.{method}(op={op!r}, algorithm={algorithm!r})"
+        limit = resolve_timeout(state, self._hpcring_timeout)
+        agreement([number, *row.words()], row, None, timeout=limit, what=what, caller=what)
 
     def allreduce(self, sendobj: Any, op: Any = MPI.SUM) -> Any:
         """mpi4py's pickle-based allreduce; through hpcring for NumPy arrays and numbers.
@@ -708,8 +812,9 @@ def _unchecked(native: MPI.Request) -> Request:
 
 
 def _refused(array: Any) -> Any:
-    """What the engine is handed for a buffer hpcring cannot view: the object itself, which it
-    refuses on every rank alike (its kind is none hpcring knows)."""
+    """What the engine is handed for a buffer hpcring cannot view, where the other ranks run
+    hpcring's algorithm: the object itself, which it refuses on every rank alike (its kind is none
+    hpcring knows)."""
     return array.obj if isinstance(array, _Unviewable) else array
 
 

@@ -72,6 +72,21 @@ class DLPackOnly:
         return self._array.__dlpack_device__()
 
 
+class DeviceOnly:
+    """A buffer that only speaks the CUDA array interface (as a device tensor does), over host
+    memory: mpi4py takes its pointer, hpcring cannot view it without CuPy."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self._array = array
+        self.__cuda_array_interface__ = {
+            "shape": array.shape,
+            "typestr": array.dtype.str,
+            "data": (array.ctypes.data, False),
+            "version": 3,
+            "strides": None,
+        }
+
+
 # --- defect 1: hpcring's messages never meet the user's -------------------------------------------
 
 
@@ -287,6 +302,39 @@ def test_numpy_on_one_rank_dlpack_on_the_others(routed: list[str], algorithm: st
     comm.Allreduce([held(x), MPI.DOUBLE], [held(typed), MPI.DOUBLE], op=MPI.SUM)
     ok = all(bool((r == want).all()) for r in (total, in_place, later, typed))
     assert everywhere(WORLD, ok and routed == ["sum"] * 4)
+
+
+@pytest.mark.parametrize("algorithm", ["mpi", "ring"])
+def test_numpy_on_one_rank_device_memory_on_the_others(routed: list[str], algorithm: str) -> None:
+    """Rank 0 passes NumPy arrays, the others memory hpcring cannot view (the CUDA array interface
+    without CuPy): one road on every rank; with ``mpi``, MPI's all-reduce on hpcring's duplicate
+    behind the agreement (the sum); with another algorithm, the same error on every rank."""
+    try:
+        import cupy  # noqa: F401
+
+        pytest.skip("CuPy views the memory: nothing here is hidden from hpcring")
+    except ImportError:
+        pass
+    comm = prepared(WORLD, algorithm=algorithm, timeout=10)
+    routed.clear()
+    want = WORLD.size * (WORLD.size + 1) / 2
+
+    def held(array: np.ndarray) -> Any:
+        return array if WORLD.rank == 0 else DeviceOnly(array)
+
+    x, total, in_place = np.full(7, WORLD.rank + 1.0), np.zeros(7), np.full(7, WORLD.rank + 1.0)
+    if algorithm == "mpi" or WORLD.size == 1:
+        comm.Allreduce(held(x), held(total), op=MPI.SUM)
+        comm.Allreduce(MPI.IN_PLACE, held(in_place), op=MPI.SUM)
+        ok = bool((total == want).all() and (in_place == want).all())
+    else:
+        try:
+            comm.Allreduce(held(x), held(total), op=MPI.SUM)
+            ok = False
+        except Exception as error:  # the agreement's disagreement, or the engine's refusal
+            ok = "hpcring" in str(error)
+        routed.append("sum")
+    assert everywhere(WORLD, ok and routed == ["sum"] * 2)
 
 
 def test_the_road_is_the_datatypes_and_the_ops(routed: list[str]) -> None:
