@@ -338,8 +338,8 @@ def route(sendbuf: Any, recvbuf: Any, op: Any) -> tuple[Any, Any, str, np.dtype]
     """(x, out or None for in place, op name, dtype) where hpcring takes the call, else None: MPI's.
 
     x is an `_Unviewable` where mpi4py takes the buffer and hpcring cannot view it: hpcring's road
-    still (the others take it): MPI's own all-reduce moves it behind hpcring's agreement with the
-    ``mpi`` algorithm; with another, it is refused on every rank."""
+    still (the others take it): MPI's own all-reduce moves it on hpcring's duplicate, behind
+    hpcring's agreement (a rank whose array runs another algorithm disagrees, on every rank)."""
     name = _op_name(op)
     if name is None:
         return None
@@ -357,7 +357,7 @@ def route(sendbuf: Any, recvbuf: Any, op: Any) -> tuple[Any, Any, str, np.dtype]
             return None
         x = send[0]
         if isinstance(x, _Unviewable) or isinstance(out, _Unviewable):
-            return x, out, name, dtype  # hpcring's road: MPI's all-reduce or a refusal, on every rank
+            return x, out, name, dtype  # hpcring's road: MPI's all-reduce, behind the agreement
         if type(x) is not type(out) or x.size != out.size or not _same_type(send, recv):
             return None  # mpi4py's error for mismatched specs, in its words
         if _overlap(x, out):  # aliased buffers: MPI's error (newer mpi4py: in place), not ours
@@ -685,16 +685,17 @@ class Intracomm(MPI.Intracomm):
         threaded = nonblocking.progress_mode() == "thread"
         if threaded and self._hpcring_algorithm != "mpi":
             if isinstance(x, _Unviewable) or isinstance(out, _Unviewable):
-                x, out = _refused(x), _refused(out)  # the others run hpcring's: refused on every rank
-            job = nonblocking.iallreduce(
-                x,
-                op=name,
-                algorithm=self._hpcring_algorithm,
-                comm=self._hpcring_plain,
-                out=out,
-                check=self._hpcring_check,
-                timeout=self._hpcring_timeout,
-            )
+                job = self._hidden_job(sendbuf, recvbuf, op, x.size, dtype, name, out is None)
+            else:
+                job = nonblocking.iallreduce(
+                    x,
+                    op=name,
+                    algorithm=self._hpcring_algorithm,
+                    comm=self._hpcring_plain,
+                    out=out,
+                    check=self._hpcring_check,
+                    timeout=self._hpcring_timeout,
+                )
             general = GeneralRequest(MPI.Grequest.Start())
             general._job, general._reported = job, False
             self._failing(general)  # first: an error is kept before MPI can see the request done
@@ -732,6 +733,22 @@ class Intracomm(MPI.Intracomm):
             state.comm.Allreduce(sendbuf, recvbuf, op)
         finally:
             state.busy.release()
+
+    def _hidden_job(
+        self, sendbuf: Any, recvbuf: Any, op: Any, count: int, dtype: np.dtype, name: str, in_place: bool
+    ) -> nonblocking.Request:
+        """`_hidden` as an Iallreduce job on the progress thread: the agreement (the others' arrays
+        run hpcring's algorithm there: they disagree, on every rank, and nothing is left posted),
+        then MPI_Allreduce on the progress engine's duplicate."""
+        progress = nonblocking.progress_for(self._hpcring_plain, "hpcring.Intracomm.Iallreduce")
+        state, check = progress.state, self._hpcring_check
+
+        def run() -> None:
+            if check:
+                self._agree(state, count, dtype, name, in_place, None, "Iallreduce")
+            state.comm.Allreduce(sendbuf, recvbuf, op)
+
+        return progress.defer(run)
 
     def _agree(
         self,
@@ -809,13 +826,6 @@ def _unchecked(native: MPI.Request) -> Request:
     request = Request(native)
     request._job, request._reported = None, False
     return request
-
-
-def _refused(array: Any) -> Any:
-    """What the engine is handed for a buffer hpcring cannot view, where the other ranks run
-    hpcring's algorithm: the object itself, which it refuses on every rank alike (its kind is none
-    hpcring knows)."""
-    return array.obj if isinstance(array, _Unviewable) else array
 
 
 def _sub(self: Intracomm, remain_dims: Any) -> Intracomm:

@@ -308,7 +308,8 @@ def test_numpy_on_one_rank_dlpack_on_the_others(routed: list[str], algorithm: st
 def test_numpy_on_one_rank_device_memory_on_the_others(routed: list[str], algorithm: str) -> None:
     """Rank 0 passes NumPy arrays, the others memory hpcring cannot view (the CUDA array interface
     without CuPy): one road on every rank; with ``mpi``, MPI's all-reduce on hpcring's duplicate
-    behind the agreement (the sum); with another algorithm, the same error on every rank."""
+    behind the agreement (the sum), Iallreduce too; with another algorithm, Allreduce and
+    Iallreduce raise on every rank, leaving nothing posted."""
     try:
         import cupy  # noqa: F401
 
@@ -323,18 +324,25 @@ def test_numpy_on_one_rank_device_memory_on_the_others(routed: list[str], algori
         return array if WORLD.rank == 0 else DeviceOnly(array)
 
     x, total, in_place = np.full(7, WORLD.rank + 1.0), np.zeros(7), np.full(7, WORLD.rank + 1.0)
+    later = np.zeros(7)
     if algorithm == "mpi" or WORLD.size == 1:
         comm.Allreduce(held(x), held(total), op=MPI.SUM)
         comm.Allreduce(MPI.IN_PLACE, held(in_place), op=MPI.SUM)
-        ok = bool((total == want).all() and (in_place == want).all())
+        comm.Iallreduce(held(x), held(later), op=MPI.SUM).Wait()
+        ok = all(bool((r == want).all()) for r in (total, in_place, later))
     else:
-        try:
-            comm.Allreduce(held(x), held(total), op=MPI.SUM)
-            ok = False
-        except Exception as error:  # the agreement's disagreement, or the engine's refusal
-            ok = "hpcring" in str(error)
+        raised = []
+        for run in (
+            lambda: comm.Allreduce(held(x), held(total), op=MPI.SUM),
+            lambda: comm.Iallreduce(held(x), held(later), op=MPI.SUM).Wait(),
+        ):
+            try:
+                run()
+            except Exception as error:  # the agreement's disagreement
+                raised.append("hpcring" in str(error))
         routed.append("sum")
-    assert everywhere(WORLD, ok and routed == ["sum"] * 2)
+        ok = raised == [True, True]
+    assert everywhere(WORLD, ok and routed == ["sum"] * 3)
 
 
 def test_the_road_is_the_datatypes_and_the_ops(routed: list[str]) -> None:
