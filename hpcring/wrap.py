@@ -683,7 +683,8 @@ class Intracomm(MPI.Intracomm):
         if known_state(plain) is None:  # hpcring has no communicator here yet: MPI's call, as it is
             return _unchecked(MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op))
         threaded = nonblocking.progress_mode() == "thread"
-        if threaded and self._hpcring_algorithm != "mpi":
+        # by name: MPI_Iallreduce is the mpi algorithm's own non-blocking form
+        if threaded and self._hpcring_algorithm != "mpi":  # by name: (above)
             if isinstance(x, _Unviewable) or isinstance(out, _Unviewable):
                 job = self._hidden_job(sendbuf, recvbuf, op, x.size, dtype, name, out is None)
             else:
@@ -728,7 +729,8 @@ class Intracomm(MPI.Intracomm):
             )
         try:
             if self._hpcring_check:
-                kind = NUMPY.type_name if self._hpcring_algorithm == "mpi" else None
+                # by name: the mpi algorithm's engine call is MPI_Allreduce on this duplicate too
+                kind = NUMPY.type_name if self._hpcring_algorithm == "mpi" else None  # by name: (above)
                 self._agree(state, count, dtype, name, in_place, kind, "Allreduce")
             state.comm.Allreduce(sendbuf, recvbuf, op)
         finally:
