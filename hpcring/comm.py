@@ -1,10 +1,19 @@
-"""hpcring's state for one user communicator: its private duplicate and what hangs off it.
+"""hpcring's state for one user communicator: its private duplicates and what hangs off them.
 
-The first call on a communicator (collective) duplicates it, so hpcring's messages never
-meet the user's. The state is an MPI attribute of the user's communicator: it lives as
-long as that communicator, and the attribute's delete callback frees the duplicate and
-everything made for it (channels, the iallreduce engine, a library's own communicator)
-when the user frees it, so nothing leaks one per call.
+The first call on a communicator (collective, blocking) duplicates it twice, so hpcring's
+messages never meet the user's: one duplicate for the calls made in the caller's thread, one for
+the non-blocking calls' progress engine (`hpcring.nonblocking`), so that the two never interleave
+their collectives differently on different ranks. The state is an MPI attribute of the user's
+communicator: it lives as long as that communicator, and the attribute's delete callback frees
+the duplicates and everything made for them (channels, the progress engine, a library's own
+communicator) when the user frees it, so nothing leaks one per call.
+
+The duplicates are made at a blocking call, never left in flight: Open MPI 5 mismatches the
+messages of an ``MPI_Comm_idup`` still pending while a rank posts another non-blocking collective
+on the same communicator (open-mpi/ompi#2025: wrong sums, MPI_ERR_TRUNCATE), and the user may
+post one at any time. Until the first duplicate exists hpcring has no communicator of its own
+among these ranks, and it sends nothing on the user's: a rank that never makes the first call is
+a StallError on the others at their deadline, which cannot name it (`first_call_stall`).
 """
 
 from __future__ import annotations
@@ -20,12 +29,14 @@ from . import config, watchdog
 from .agreement import Agreement
 from .arrays import device_key
 from .channel import Channel
-from .flight import Recorder, Where
+from .errors import StallError
+from .flight import Recorder
 from .polling import Waiter
 
 _lock = threading.Lock()  # guards the keyval, the table of communicators being set up, channel creation
 _keyval: int | None = None  # created on first use: importing hpcring must not need MPI initialized
 _creating: dict[int, threading.Lock] = {}  # communicator handle -> lock held while it is duplicated
+FIRST_CALL = "the first hpcring call on this communicator"
 
 
 @dataclass(eq=False)
@@ -34,6 +45,8 @@ class CommState:
 
     comm: MPI.Intracomm  # the private duplicate every hpcring message travels on
     lock: threading.Lock  # held while something is made for this communicator (possibly collectively)
+    owned: bool = True  # ``comm`` is freed with this state (not where it was adopted: `adopt`)
+    background: MPI.Intracomm | None = None  # the progress engine's duplicate (`adopt`ed), freed with it
     busy: threading.Lock = field(default_factory=threading.Lock)  # one collective at a time
     channels: dict[Any, Channel] = field(default_factory=dict)  # per array adapter and device
     made: dict[str, Any] = field(default_factory=dict)  # `attached` objects, by key
@@ -90,7 +103,10 @@ class CommState:
         if self._agreement is not None:
             self._agreement.waiter.close()
         if not MPI.Is_finalized():
-            self.comm.Free()
+            if self.background is not None:
+                self.background.Free()  # its own state closes first (the attribute's callback)
+            if self.owned:
+                self.comm.Free()
 
 
 def _release(comm: MPI.Comm, keyval: int, state: CommState) -> None:
@@ -127,28 +143,77 @@ def state_of(comm: MPI.Intracomm, timeout: float | None = None) -> CommState:
             state = CommState(comm=duplicate(comm, timeout), lock=creating)
             if state.comm.Get_size() > 1:
                 watchdog.watch()  # the one blocking wait (`mpi`'s MPI_Allreduce), watched
+            state.background = _second(state, timeout)
             with _lock:
                 comm.Set_attr(_keyval, state)
                 _creating.pop(MPI._handleof(comm), None)
         return state
 
 
-def duplicate(comm: MPI.Intracomm, timeout: float | None) -> MPI.Intracomm:
-    """``comm.Idup()`` waited for against the deadline: a rank that never makes its first call
-    becomes a StallError on the others. The stall notices of this wait travel on ``comm`` itself
-    (under MPI_TAG_UB, found by Iprobe: `hpcring.polling.Waiter`), as no duplicate exists yet."""
+def _second(state: CommState, timeout: float | None) -> MPI.Intracomm:
+    """The progress engine's duplicate, of hpcring's first (every rank is in this first call: it
+    has just duplicated the user's communicator), bounded, its stall notices on the first."""
     if timeout is None:
         timeout = config.current().timeout
-    if comm.Get_size() == 1:
-        return comm.Dup()
-    dup, request = comm.Idup()
-    waiter = Waiter(comm, probe=True)
+    second, request = state.comm.Idup()
+    waiter = state.agreement.waiter
     woke = waiter.bounded(request, timeout)
     if woke is not None:
-        raise waiter.stall(
-            woke, "the first hpcring call on this communicator", timeout, 0, -1, Where.FIRST_CALL
-        )
+        raise waiter.stall(woke, FIRST_CALL, timeout)
+    adopt(second)
+    return second
+
+
+def duplicate(comm: MPI.Intracomm, timeout: float | None) -> MPI.Intracomm:
+    """``comm.Idup()`` waited for against the deadline (None: HPCRING_TIMEOUT; 0: no limit): a rank
+    that never makes its first call becomes a StallError on the others (`first_call_stall`)."""
+    if timeout is None:
+        timeout = config.current().timeout
+    dup, request = comm.Idup()
+    wait_first(comm, request, timeout)
     return dup
+
+
+def wait_first(comm: MPI.Intracomm, request: MPI.Request, timeout: float) -> None:
+    """Wait for the ``Idup`` of ``comm`` that a first call posted, within ``timeout`` seconds (0: no
+    limit), or raise `first_call_stall`. Nothing is sent meanwhile: hpcring has no communicator of
+    its own yet, and a notice on ``comm`` could be received as the user's data."""
+    waiter = Waiter(comm, notices=False)
+    if waiter.bounded(request, timeout) is not None:
+        raise first_call_stall(timeout)
+
+
+def first_call_stall(timeout: float) -> StallError:
+    """The StallError of a first call that not every rank made: which rank is missing cannot be
+    known (a notice naming it would travel on the user's communicator, where a receive of the
+    user's with MPI.ANY_TAG takes it as data), so every rank that did arrive says so at its own
+    deadline; from the first call on, a StallError names the rank."""
+    return StallError(
+        [],
+        FIRST_CALL,
+        timeout,
+        detail=(
+            "; which rank cannot be known: hpcring sends nothing on your communicator, and the "
+            "communicator of its own that would carry the news is what this first call makes"
+        ),
+    )
+
+
+def adopt(comm: MPI.Intracomm) -> CommState:
+    """hpcring's state on a communicator that hpcring made itself (a duplicate, complete): its
+    messages travel on ``comm`` as it is, with no further duplicate. Local; ``comm`` stays its
+    maker's to free (freeing it closes the state)."""
+    global _keyval
+    with _lock:
+        if _keyval is None:
+            _keyval = MPI.Comm.Create_keyval(delete_fn=_release)
+        state = comm.Get_attr(_keyval)
+        if state is None:
+            state = CommState(comm=comm, lock=threading.Lock(), owned=False)
+            if state.comm.Get_size() > 1:
+                watchdog.watch()
+            comm.Set_attr(_keyval, state)
+        return state
 
 
 def channel_for(comm: MPI.Intracomm, adapter: Any) -> Channel:
@@ -184,4 +249,16 @@ def intracomm(comm: MPI.Intracomm | None, caller: str) -> MPI.Intracomm:
     return comm
 
 
-__all__ = ["CommState", "attached", "channel_for", "duplicate", "intracomm", "known_state", "state_of"]
+__all__ = [
+    "FIRST_CALL",
+    "CommState",
+    "adopt",
+    "attached",
+    "channel_for",
+    "duplicate",
+    "first_call_stall",
+    "intracomm",
+    "known_state",
+    "state_of",
+    "wait_first",
+]

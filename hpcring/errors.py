@@ -23,14 +23,16 @@ class StallError(TimeoutError):
     """Some ranks did not arrive at a collective in time: a hang turned into an error."""
 
     def __init__(self, missing: list[int], what: str, timeout: float, detail: str = "") -> None:
-        """``detail``: appended to the message as it is (the flight record's lines, or "; ...")."""
+        """``missing``: the ranks, [] where they cannot be known (a first call); ``detail``: appended
+        to the message as it is (the flight record's lines, or "; ...")."""
         self.missing = list(missing)
         # rank -> the stall notice it sent: [rank, call number, peer it waited for or -1, where]
         # (`hpcring.flight.Where` names the last word).
         self.waiting: dict[int, list[int]] = {}
-        ranks = ", ".join(map(str, self.missing)) or "?"
+        ranks = ", ".join(map(str, self.missing))
+        who = f"rank{'s' if len(self.missing) != 1 else ''} {ranks}" if self.missing else "a rank"
         super().__init__(
-            f"hpcring: rank{'s' if len(self.missing) != 1 else ''} {ranks} did not arrive at "
+            f"hpcring: {who} did not arrive at "
             f"{what} within {timeout:g} s (HPCRING_TIMEOUT / timeout=); they are stuck elsewhere, "
             f"crashed, or skipped the call{detail}"
         )

@@ -1,23 +1,29 @@
 """The non-blocking collectives: `iallreduce`, `ireduce_scatter`, `iallgather`, `ibroadcast`
 run while the caller goes on computing.
 
-Each user communicator gets one worker thread and its own duplicate of the communicator,
-both made collectively on the first non-blocking call on it (`Progress`). The worker runs the
-submitted collectives one after another, in submission order, through the engine (so
-validation, the agreement step and every algorithm come along unchanged). Because the
-worker owns its duplicate, the main thread may still call the blocking collectives on the
-same communicator while requests are in flight.
+Each user communicator gets one progress engine (`Progress`): hpcring's second duplicate of it
+(made with its state by the first hpcring call on it, which is collective and blocking:
+`hpcring.comm`) and, under MPI_THREAD_MULTIPLE (mpi4py's default), one worker thread. The engine
+runs the submitted collectives one after another, in submission order, through the call engine
+(so validation, the agreement step and every algorithm come along unchanged), on that duplicate:
+the main thread may still call the blocking collectives on the same communicator, on the first
+duplicate, while requests are in flight. Once the state exists, a call only submits: it never
+blocks.
 
-Why a thread and not MPI_Iallreduce: the algorithms are written in Python over
-point-to-point calls, and a request must make progress while Python computes. mpi4py
-releases the GIL inside every MPI call, and NumPy releases it inside matmul and large
-element-wise kernels, so the worker's messages move while the main thread computes.
+Why a thread and not MPI_Iallreduce: the algorithms are written in Python over point-to-point
+calls, and a request must make progress while Python computes. mpi4py releases the GIL inside
+every MPI call, and NumPy releases it inside matmul and large element-wise kernels, so the
+worker's messages move while the main thread computes.
+
+Under a thread level below MPI_THREAD_MULTIPLE no thread may call MPI beside the caller's, so
+no worker is started: a request runs, in the caller's thread, when it (or a later request of the
+same communicator) is first tested or waited on, in submission order (`progress_mode()` says
+which; so does `hpcring.info()`). Only MPI's own non-blocking collectives progress while such a
+caller computes: `hpcring.Intracomm.Iallreduce` posts MPI_Iallreduce there (docs/embedding.md).
 
 Rules: every rank submits the same sequence of calls on a communicator (a mismatch is
 caught by the agreement step and raised by `Request.wait` on every rank); the buffer
-belongs to hpcring until `wait()` returns. Under an MPI thread level below
-MPI_THREAD_MULTIPLE no thread is started: each call runs at once, in the caller, and its
-request is already complete (`progress_mode()` says which; so does `hpcring.info()`).
+belongs to hpcring until `wait()` returns.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import queue
 import threading
 import time
 import weakref
+from collections import deque
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -35,34 +42,53 @@ from mpi4py import MPI
 
 from .algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER
 from .arrays import adapter_for
-from .comm import attached, duplicate, intracomm, state_of
+from .comm import CommState, attached, intracomm, state_of
 from .engine import call
 
 
 class Request:
     """A submitted collective: `test()` polls, `wait()` blocks and returns the result (or raises)."""
 
-    def __init__(self) -> None:
+    def __init__(self, progress: Progress | None = None) -> None:
         self._done = threading.Event()
         self._result: Any = None
         self._error: BaseException | None = None
+        self._progress = progress  # below MPI_THREAD_MULTIPLE: whose queue runs this request
+        self._then: list[Callable[[Request], None]] = []  # run once finished, where it finished
+        self._then_lock = threading.Lock()
         self.started: float | None = None  # time.perf_counter() when the worker began it
         self.finished: float | None = None
 
     def test(self) -> bool:
-        """True once the collective has finished (successfully or not); never blocks, never raises."""
+        """True once the collective has finished (successfully or not); never raises. Never blocks
+        under MPI_THREAD_MULTIPLE; below it, the first test runs the collective (module docstring)."""
+        if not self._done.is_set() and self._progress is not None:
+            self._progress.run_until(self)
         return self._done.is_set()
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until finished; return what the blocking collective returns, or raise what it raised.
 
-        ``timeout`` (seconds) bounds this wait only: TimeoutError leaves the request running.
-        """
+        ``timeout`` (seconds) bounds this wait only: TimeoutError leaves the request running (below
+        MPI_THREAD_MULTIPLE the collective runs here, bounded by its own timeout= instead)."""
+        if not self._done.is_set() and self._progress is not None:
+            self._progress.run_until(self)
         if not self._done.wait(timeout):
             raise TimeoutError(f"hpcring: request not finished after {timeout:g} s")
         if self._error is not None:
             raise self._error
         return self._result
+
+    def join(self) -> None:
+        """Block until finished, raising nothing (`error` says how it ended)."""
+        if not self._done.is_set() and self._progress is not None:
+            self._progress.run_until(self)
+        self._done.wait()
+
+    @property
+    def error(self) -> BaseException | None:
+        """What the collective raised, once finished (None: it succeeded, or is still running)."""
+        return self._error
 
     @property
     def seconds(self) -> float:
@@ -70,6 +96,15 @@ class Request:
         if self.started is None or self.finished is None:
             return 0.0
         return self.finished - self.started
+
+    def then(self, callback: Callable[[Request], None]) -> None:
+        """Call ``callback(request)`` once it has finished, on the thread that finished it (at once,
+        here, if it has): how an MPI generalized request that stands for it is completed."""
+        with self._then_lock:
+            if not self._done.is_set():
+                self._then.append(callback)
+                return
+        callback(self)
 
     def _run(self, call: Callable[[], Any]) -> None:
         self.started = time.perf_counter()
@@ -79,11 +114,16 @@ class Request:
             self._error = error
         finally:
             self.finished = time.perf_counter()
-            self._done.set()
+            with self._then_lock:
+                self._done.set()
+                callbacks, self._then = self._then, []
+            for callback in callbacks:
+                callback(self)
 
 
 def progress_mode() -> str:
-    """How requests progress in this process: 'thread' (overlap) or 'inline' (no overlap)."""
+    """How requests progress in this process: 'thread' (overlap) or 'inline' (in the caller's
+    thread, when it tests or waits)."""
     if not MPI.Is_initialized():
         return "unknown (MPI not initialized)"
     return "thread" if MPI.Query_thread() >= MPI.THREAD_MULTIPLE else "inline"
@@ -93,14 +133,19 @@ _Job = tuple[Request, Callable[[], Any]]
 
 
 class Progress:
-    """The progress engine: one worker thread and one private communicator per user communicator
-    (made collectively)."""
+    """The progress engine of one user communicator: hpcring's second duplicate of it and, under
+    MPI_THREAD_MULTIPLE, one worker thread (module docstring). Made without communicating, once
+    the communicator's state exists."""
 
     def __init__(self, comm: MPI.Intracomm) -> None:
-        self.comm = duplicate(comm, None)  # bounded by HPCRING_TIMEOUT, as every first call
-        state_of(self.comm)  # allreduce's own duplicate, made here: the worker runs no Dup
+        background = state_of(comm).background
+        assert background is not None, "a communicator's state has its second duplicate"
+        self.comm: MPI.Intracomm = background
+        self.state: CommState = state_of(background)  # adopted with it: no further duplicate
         self.threaded = MPI.Query_thread() >= MPI.THREAD_MULTIPLE
         self._jobs: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._queue: deque[_Job] = deque()  # below MPI_THREAD_MULTIPLE: submitted, not yet run
+        self._running = threading.RLock()  # below it: one thread runs the queue (SERIALIZED)
         self._thread: threading.Thread | None = None
         if self.threaded:
             self._thread = threading.Thread(target=self._work, name="hpcring-progress", daemon=True)
@@ -112,13 +157,36 @@ class Progress:
             request, call = job
             request._run(call)
 
-    def submit(self, call: Callable[[], Any]) -> Request:
-        request = Request()
-        if self._thread is None:
-            request._run(call)
-        else:
+    def defer(self, call: Callable[[], Any]) -> Request:
+        """Queue ``call`` behind every call submitted before it; return its Request at once. The
+        worker runs it; below MPI_THREAD_MULTIPLE, the caller's first test or wait of it (or of a
+        later request) does."""
+        if self._thread is not None:
+            request = Request()
             self._jobs.put((request, call))
+        else:
+            request = Request(self)
+            self._queue.append((request, call))
         return request
+
+    def submit(self, call: Callable[[], Any]) -> Request:
+        """Run ``call`` after every call submitted before it: on the worker; below
+        MPI_THREAD_MULTIPLE, now, in the caller (after running those)."""
+        if self._thread is not None:
+            return self.defer(call)
+        self.run_until(None)
+        request = Request()
+        request._run(call)
+        return request
+
+    def run_until(self, request: Request | None) -> None:
+        """Below MPI_THREAD_MULTIPLE: run the queued calls, in order, up to ``request`` (None: all)."""
+        if self._thread is not None:
+            return
+        with self._running:
+            while self._queue and (request is None or not request._done.is_set()):
+                queued, call = self._queue.popleft()
+                queued._run(call)
 
     def stop(self) -> None:
         """Stop the worker after the requests already submitted (it may still be inside one,
@@ -129,10 +197,8 @@ class Progress:
             self._thread = None
 
     def close(self) -> None:
-        """Stop the worker, and free the communicator."""
+        """Stop the worker (the communicator's state frees the duplicate)."""
         self.stop()
-        if not MPI.Is_finalized() and self.comm != MPI.COMM_NULL:
-            self.comm.Free()
 
 
 _engines: weakref.WeakSet[Progress] = weakref.WeakSet()  # those whose worker runs
@@ -148,8 +214,8 @@ def _stop_workers() -> None:
 
 
 def progress_for(comm: MPI.Intracomm | None, caller: str = "hpcring.iallreduce") -> Progress:
-    """The progress engine of ``comm`` (COMM_WORLD if None); collective the first time on a
-    communicator.
+    """The progress engine of ``comm`` (COMM_WORLD if None): collective and blocking only where
+    no hpcring call has been made on the communicator yet (it makes its state, `hpcring.comm`).
 
     Cached with hpcring's other per-communicator state (`hpcring.comm.attached`), and closed when
     the user frees the communicator.
@@ -181,13 +247,14 @@ def _start(
     """Submit ``collective`` to the progress engine of ``comm`` and return its Request."""
     progress = progress_for(comm, f"hpcring.i{collective}")
     entered = _handoff(x)
+
     private = progress.comm
 
     def run() -> Any:
         with entered():
             return call(collective, x, out, op, algorithm, private, check, timeout, root, reproducible, wire)
 
-    return progress.submit(run)
+    return progress.defer(run)
 
 
 def iallreduce(

@@ -11,9 +11,9 @@ a rank that late is milliseconds away, and a waiting rank should not hold a core
 
 A stall notice is a few int64s (`NOTICE`: who sent it, its call, the peer it waited for, where
 it waited). On hpcring's private duplicate a receive stays posted for the next one. Before the
-duplicate exists (the first call's ``Idup``) notices travel on the user's communicator under the
-largest tag (``MPI_TAG_UB``), and are looked for with ``Iprobe`` only, so that nothing stays
-posted on a communicator hpcring does not own.
+duplicate exists (the first call's ``Idup``) there is none: nothing of hpcring's travels on a
+communicator the user owns, where a receive of the user's with ``MPI.ANY_TAG`` would take a
+notice as data, so that wait sends and looks for none (``notices=False``).
 """
 
 from __future__ import annotations
@@ -65,15 +65,14 @@ def idle_barrier(comm: Any) -> None:
 class Waiter:
     """Deadline-bounded waits on one communicator, cut short by other ranks' stall notices.
 
-    ``probe=True`` (the user's communicator, before hpcring has its duplicate): notices are
-    sent under MPI_TAG_UB and found with Iprobe, no receive is left posted."""
+    ``notices=False`` (a communicator hpcring does not own: the user's, before hpcring has its
+    duplicate): nothing is sent on it and nothing looked for; a wait ends at its deadline."""
 
-    def __init__(self, comm: MPI.Intracomm, probe: bool = False) -> None:
+    def __init__(self, comm: MPI.Intracomm, notices: bool = True) -> None:
         self.comm = comm
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
-        self.probe = probe
-        # MPI_TAG_UB is cached on MPI_COMM_WORLD (Open MPI: not on a communicator made by a split)
-        self.tag = (comm.Get_attr(MPI.TAG_UB) or MPI.COMM_WORLD.Get_attr(MPI.TAG_UB)) if probe else TAG_NOTICE
+        self.notices = notices
+        self.tag = TAG_NOTICE
         self._incoming = np.zeros(NOTICE, dtype=np.int64)
         self._notice: MPI.Request | None = None  # the receive posted for the next notice
         self._sent: list[Any] = []  # notices in flight, and their buffers, kept alive
@@ -82,12 +81,8 @@ class Waiter:
 
     def _arrived(self) -> bool:
         """Whether a notice came in (it is then in ``_incoming``)."""
-        if self.probe:
-            status = MPI.Status()
-            if not self.comm.Iprobe(MPI.ANY_SOURCE, self.tag, status):
-                return False
-            self.comm.Recv(self._incoming, status.Get_source(), self.tag)
-            return True
+        if not self.notices:
+            return False
         if self._notice is None:
             self._notice = self.comm.Irecv(self._incoming, MPI.ANY_SOURCE, self.tag)
             _close_at_exit(self)
@@ -142,6 +137,8 @@ class Waiter:
 
     def notify_all(self, call: int = -1, peer: int = -1, where: int = Where.AGREEMENT) -> None:
         """Tell every other rank that this one stopped waiting (tiny messages, sent eagerly)."""
+        if not self.notices:
+            return
         word = np.array([self.rank, call, peer, where], dtype=np.int64)
         self._sent.append(word)
         for r in range(self.size):
@@ -152,7 +149,7 @@ class Waiter:
         """Collect other ranks' notices for up to ``seconds`` (until every rank is heard)."""
         end = time.monotonic() + seconds
         heard |= set(self.heard)
-        while len(heard) < self.size and time.monotonic() < end:
+        while self.notices and len(heard) < self.size and time.monotonic() < end:
             if self._arrived():
                 heard.add(self._take_notice())
             else:

@@ -281,12 +281,13 @@ def test_first_calls_on_a_fresh_communicator() -> None:
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast"])
 def test_a_rank_that_never_arrives_is_named(collective: str) -> None:
-    """The last rank skips the first call on a fresh communicator: the others raise StallError
+    """The last rank skips a call on a communicator hpcring has used: the others raise StallError
     naming it within the timeout (plus the second they listen for the others' notices)."""
     if WORLD.size == 1:
         pytest.skip("needs a rank to miss")
     missing, timeout = WORLD.size - 1, 1.5
     comm = WORLD.Dup()
+    hpcring.allreduce(np.ones(1), comm=comm)  # every rank: hpcring's own communicator exists now
     ok = True
     if WORLD.rank != missing:
         start = time.monotonic()
@@ -296,6 +297,30 @@ def test_a_rank_that_never_arrives_is_named(collective: str) -> None:
         except hpcring.StallError as error:
             elapsed = time.monotonic() - start
             ok = error.missing == [missing] and timeout - 0.1 <= elapsed <= timeout + 2.0
+    assert everywhere(WORLD, ok)
+    comm.Free()
+
+
+@pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "broadcast"])
+def test_a_rank_that_skips_the_first_call(collective: str) -> None:
+    """The last rank skips the first call on a fresh communicator: the others raise StallError at
+    their deadline, saying that a rank did not arrive, not which (hpcring sends nothing on the
+    user's communicator, and its own is what the first call makes)."""
+    if WORLD.size == 1:
+        pytest.skip("needs a rank to miss")
+    missing, timeout = WORLD.size - 1, 1.0
+    comm = WORLD.Dup()
+    ok = True
+    if WORLD.rank != missing:
+        start = time.monotonic()
+        try:
+            getattr(hpcring, collective)(np.ones(100), comm=comm, timeout=timeout)
+            ok = False
+        except hpcring.StallError as error:
+            elapsed = time.monotonic() - start
+            ok = error.missing == [] and timeout - 0.1 <= elapsed <= timeout + 1.0
+            ok &= str(error).startswith("hpcring: a rank did not arrive at the first hpcring call")
+            ok &= "which rank cannot be known" in str(error)
     assert everywhere(WORLD, ok)
     comm.Free()
 

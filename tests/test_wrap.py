@@ -2,9 +2,8 @@
 
 Written once, valid at any rank count. With algorithm ``mpi`` underneath, every routed call must
 give the bits `MPI.COMM_WORLD.Allreduce` gives on the same data; the other algorithms get small
-integers, exact in any order, checked against the exact reduction. A spy on the engine's entry
-(`hpcring.engine.call`, as the front ends reach it) tells the calls hpcring ran from the ones
-passed to MPI.
+integers, exact in any order, checked against the exact reduction. A spy on the wrapper's road
+(`hpcring.wrap.route`) tells the calls hpcring took from the ones passed to MPI.
 """
 
 from __future__ import annotations
@@ -19,7 +18,7 @@ from helpers import everywhere, identical_everywhere, open_mpi, raises_everywher
 from mpi4py import MPI
 
 import hpcring
-from hpcring import collectives, engine, nonblocking, wrap
+from hpcring import wrap
 
 pytestmark = pytest.mark.mpi
 
@@ -30,16 +29,17 @@ DTYPES = [np.float64, np.float32, np.int32, np.int64, np.complex128]
 
 @pytest.fixture
 def routed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The ops of the calls that went through hpcring's engine (the wrapper's, and iallreduce's)."""
+    """The ops of the calls hpcring took (`hpcring.wrap.route`'s choice; the rest went to MPI)."""
     calls: list[str] = []
-    real = engine.call
+    real = wrap.route
 
-    def spy(collective: str, x: Any, out: Any, op: Any, *args: Any) -> Any:
-        calls.append(op)
-        return real(collective, x, out, op, *args)
+    def spy(sendbuf: Any, recvbuf: Any, op: Any) -> Any:
+        taken = real(sendbuf, recvbuf, op)
+        if taken is not None:
+            calls.append(taken[2])
+        return taken
 
-    monkeypatch.setattr(collectives, "call", spy)
-    monkeypatch.setattr(nonblocking, "call", spy)
+    monkeypatch.setattr(wrap, "route", spy)
     yield calls
 
 

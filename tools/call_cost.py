@@ -2,11 +2,15 @@
 
     mpiexec -n 2 python tools/call_cost.py [--sizes 8,4K,64K,1M] [-d float32,float64] [--in-place]
     mpiexec -n 2 python tools/call_cost.py --late-rank 1 --late-us 300
+    mpiexec -n 2 python tools/call_cost.py --sizes 8,4K --rows wrap,wrap:nocheck,wrap:typed,bare:typed
     python tools/call_cost.py --python-only          # one rank: hpcring's dispatch against np.copyto
 
 `bare` is ``comm.Allreduce`` on the user's NumPy buffers straight through mpi4py (MPI.IN_PLACE
 in place), nothing of hpcring between; every other row goes through ``hpcring.allreduce``
 (``ALG:nocheck`` is ``check=False``; ``plan:ALG`` is ``hpcring.plan`` where the tree has it).
+``wrap`` is ``comm.Allreduce`` on ``hpcring.Intracomm(MPI.COMM_WORLD)`` (its defaults), ``wrap:nocheck``
+with ``check=False``, ``wrap:typed`` the typed spec ``[buf, MPI.FLOAT]`` (``[buf, MPI.DOUBLE]``)
+through it, and ``bare:typed`` that spec on the plain communicator: what a drop-in costs.
 Each pass: a barrier, N calls timed on every rank, the max over ranks of elapsed/N. Variants
 are interleaved pass by pass so machine noise hits them alike; the median over passes is
 reported, with min and max in the JSON. hpcring comes from PYTHONPATH, so alternate runs on
@@ -132,9 +136,32 @@ def variants(rows: str, python_only: bool) -> list[Variant]:
 
         return make
 
+    def dropin(spec: str) -> Callable[[np.ndarray, np.ndarray | None], Call]:
+        """The drop-in communicator (``wrap...``), or the typed spec on the plain one (``bare:typed``)."""
+        head, *words = spec.split(":")
+        known = [["typed"]] if head == "bare" else [[], ["nocheck"], ["typed"], ["typed", "nocheck"]]
+        if words not in known:
+            raise ValueError(f"--rows {spec}: use wrap[:typed][:nocheck] or bare:typed")
+        on = comm if head == "bare" else hpcring.Intracomm(comm, check="nocheck" not in words)
+
+        def make(x: np.ndarray, out: np.ndarray | None) -> Call:
+            typed = "typed" in words
+            send = [x, MPI._typedict[x.dtype.char]] if typed else x
+            if out is None:
+                return lambda: on.Allreduce(MPI.IN_PLACE, send, op=MPI.SUM)
+            recv = [out, MPI._typedict[out.dtype.char]] if typed else out
+            return lambda: on.Allreduce(send, recv, op=MPI.SUM)
+
+        return make
+
     out = [Variant("copyto" if python_only else "bare", bare)]
     for spec in rows.split(","):
         head, _, tail = spec.partition(":")
+        if head in ("wrap", "bare"):
+            if python_only:
+                raise ValueError(f"--rows {spec}: the drop-in runs MPI: not with --python-only")
+            out.append(Variant(spec, dropin(spec)))
+            continue
         if head == "plan":
             if not hasattr(hpcring, "plan"):
                 raise ValueError(f"--rows {spec}: this hpcring ({hpcring.__file__}) has no plan()")
