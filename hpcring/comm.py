@@ -46,6 +46,9 @@ class CommState:
     _agreement: Agreement | None = None
 
     def __post_init__(self) -> None:
+        # MPI errors come back as exceptions whatever the user's communicator does with them: under
+        # MPI's fault tolerance a failed rank is then an error of the test loops too (`hpcring.ulfm`).
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.flight = Recorder(self.comm.Get_rank(), self.comm.Get_size())
         self.settings = config.current()
         try:  # read once: a read costs ~1 us; a bad value is read again per call, and raises there
@@ -151,6 +154,14 @@ def duplicate(comm: MPI.Intracomm, timeout: float | None) -> MPI.Intracomm:
     return dup
 
 
+def discard(comm: MPI.Intracomm) -> None:
+    """Drop hpcring's state for ``comm`` (closed, its duplicate freed), as freeing ``comm`` would;
+    local. A communicator that lost ranks (`hpcring.shrink`) keeps no revoked duplicate: a later
+    call on it starts afresh and fails as any operation on it does."""
+    if _keyval is not None and comm.Get_attr(_keyval) is not None:
+        comm.Delete_attr(_keyval)
+
+
 def channel_for(comm: MPI.Intracomm, adapter: Any) -> Channel:
     """The cached Channel of ``comm`` for ``adapter``'s arrays (on its current device)."""
     return state_of(comm).channel(adapter)
@@ -184,4 +195,13 @@ def intracomm(comm: MPI.Intracomm | None, caller: str) -> MPI.Intracomm:
     return comm
 
 
-__all__ = ["CommState", "attached", "channel_for", "duplicate", "intracomm", "known_state", "state_of"]
+__all__ = [
+    "CommState",
+    "attached",
+    "channel_for",
+    "discard",
+    "duplicate",
+    "intracomm",
+    "known_state",
+    "state_of",
+]
