@@ -24,7 +24,9 @@ rank count, so a run that loses ranks ends with the weights of the uninterrupted
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import signal
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -40,6 +42,11 @@ from .comm import discard, intracomm, known_state
 from .errors import RankFailedError
 
 RESIDUES = 30  # bits of MPI_Comm_agree's flag that carry "step mod RESIDUES" (an int: 31 bits and a sign)
+# Seconds a process that lost ranks gives MPI_Finalize (and what runs at exit before it): Open MPI
+# 5.0's can hang after failures (open-mpi/ompi#11404; seen here in about one job in three of
+# ranks that died by os._exit or a crash, never by SIGKILL); the process then ends by SIGALRM.
+FINALIZE_WITHIN = 20
+_bounded: list[bool] = []  # whether the exit is bounded already (once per process)
 
 
 def require(comm: MPI.Intracomm | None = None, caller: str = "hpcring.elastic") -> None:
@@ -74,6 +81,7 @@ def shrink(comm: MPI.Intracomm | None = None) -> MPI.Intracomm:
     problem = ulfm.launch_problem()
     if problem is not None:
         raise RuntimeError(f"hpcring.shrink: {problem}")
+    bound_the_exit()
     current = comm
     while True:
         revoke_all(current)
@@ -99,6 +107,21 @@ def shrink(comm: MPI.Intracomm | None = None) -> MPI.Intracomm:
         if made:
             return survivors
         current = survivors  # another rank died meanwhile: shrink again
+
+
+def bound_the_exit() -> None:
+    """End this process FINALIZE_WITHIN seconds into its exit where MPI_Finalize hangs: SIGALRM,
+    its default action (the kernel's, no Python needed) armed by a handler that runs before
+    mpi4py finalizes MPI (Python's exit handlers run first)."""
+    if _bounded or not hasattr(signal, "alarm"):
+        return
+    _bounded.append(True)
+
+    def arm() -> None:
+        signal.signal(signal.SIGALRM, signal.SIG_DFL)
+        signal.alarm(FINALIZE_WITHIN)
+
+    atexit.register(arm)
 
 
 def revoke_all(comm: MPI.Intracomm) -> None:
@@ -308,4 +331,14 @@ class Elastic:
         return survivors
 
 
-__all__ = ["Elastic", "Recovery", "agree_step", "is_failure", "rebuild", "require", "revoke_all", "shrink"]
+__all__ = [
+    "Elastic",
+    "Recovery",
+    "agree_step",
+    "bound_the_exit",
+    "is_failure",
+    "rebuild",
+    "require",
+    "revoke_all",
+    "shrink",
+]

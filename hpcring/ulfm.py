@@ -48,14 +48,19 @@ _settings: dict[str, str | None] = {}  # MPI_T control variables read once per p
 
 
 def is_failure(error: BaseException, comm: MPI.Comm | None = None) -> bool:
-    """Whether ``error`` is MPI saying that a rank failed or that a survivor revoked ``comm``
-    (an error in a status array counts where ``comm`` shows a failure or a revoke)."""
+    """Whether ``error`` is MPI saying that a rank failed or that a survivor revoked ``comm``.
+
+    The failure classes say so themselves. Other errors can carry a failure too (an error in a
+    status array; a non-blocking collective's schedule cut short, MPI_ERR_OTHER from Open MPI's
+    libnbc): under fault tolerance, they count where ``comm`` shows a failed rank or a revoke
+    within NAMED_WITHIN seconds."""
     if not isinstance(error, MPI.Exception):
         return False
-    kind = error.Get_error_class()
-    if kind in _FAILURES:
+    if error.Get_error_class() in _FAILURES:
         return True
-    return kind == MPI.ERR_IN_STATUS and comm is not None and (revoked(comm) or bool(failed_ranks(comm)))
+    if comm is None or not enabled():
+        return False
+    return revoked(comm) or bool(named(comm))
 
 
 def failed_ranks(comm: MPI.Comm) -> list[int]:
@@ -133,11 +138,12 @@ def rank_failed(call: Any, error: BaseException, number: int, moving: bool) -> R
 
 
 def named(comm: MPI.Comm) -> list[int]:
-    """The failed ranks of ``comm``; a rank that learned of the failure from a revoke may hear
-    which rank died a moment later, so it asks again for up to NAMED_WITHIN seconds."""
+    """The failed ranks of ``comm``; a rank that learned of the failure from a revoke (or from an
+    error that does not say) may hear which rank died a moment later, so it asks again for up
+    to NAMED_WITHIN seconds."""
     failed = failed_ranks(comm)
     deadline = time.monotonic() + NAMED_WITHIN
-    while not failed and time.monotonic() < deadline:
+    while not failed and time.monotonic() < deadline and not MPI.Is_finalized():
         time.sleep(1e-3)
         failed = failed_ranks(comm)
     return failed
