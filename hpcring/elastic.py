@@ -35,17 +35,17 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import ulfm
+from . import config, ulfm
 from .arrays import adapter_for
 from .collectives import allreduce
 from .comm import discard, intracomm, known_state
-from .errors import RankFailedError
+from .errors import RankFailedError, StallError
 
 RESIDUES = 30  # bits of MPI_Comm_agree's flag that carry "step mod RESIDUES" (an int: 31 bits and a sign)
 # Seconds a process that lost ranks gives MPI_Finalize (and what runs at exit before it): Open MPI
-# 5.0's can hang after failures (open-mpi/ompi#11404; seen here in about one job in three of
-# ranks that died by os._exit or a crash, never by SIGKILL); the process then ends by SIGALRM.
-FINALIZE_WITHIN = 20
+# 5.0's can hang after failures (open-mpi/ompi#11404; here in about one job in five that lost
+# ranks, all survivors inside its finalize); the process then ends by SIGALRM.
+FINALIZE_WITHIN = 10
 _bounded: list[bool] = []  # whether the exit is bounded already (once per process)
 
 
@@ -85,6 +85,11 @@ def shrink(comm: MPI.Intracomm | None = None) -> MPI.Intracomm:
     current = comm
     while True:
         revoke_all(current)
+        try:  # bounded: a survivor stuck elsewhere is a StallError here, not a hang in the shrink
+            meet(current, 1)
+        except MPI.Exception as error:  # one more rank died meanwhile: the shrink drops it too
+            if not ulfm.is_failure(error, current):
+                raise
         survivors = current.Shrink()
         made = 1
         try:
@@ -95,7 +100,7 @@ def shrink(comm: MPI.Intracomm | None = None) -> MPI.Intracomm:
             ulfm.revoke(survivors)  # the others may still wait in the rebuild: they come to the Agree
             made = 0
         try:
-            made = survivors.Agree(made)  # uniform: every survivor sees the same, or the same error
+            made = agree(survivors, made)  # uniform: every survivor sees the same, or the same error
         except MPI.Exception as error:
             if not ulfm.is_failure(error, survivors):
                 raise
@@ -122,6 +127,41 @@ def bound_the_exit() -> None:
         signal.alarm(FINALIZE_WITHIN)
 
     atexit.register(arm)
+
+
+def agree(comm: MPI.Intracomm, flag: int) -> int:
+    """``MPI_Comm_agree`` (the AND of every live rank's ``flag``, the same on all, or the same error
+    on all), waited for within HPCRING_TIMEOUT: StallError where a survivor never comes."""
+    word = np.array([flag], dtype=np.intc)
+    finish(comm.Iagree(word), "the survivors' agreement (MPI_Comm_agree)")
+    return int(word[0])
+
+
+def meet(comm: MPI.Intracomm, flag: int) -> int:
+    """Every live rank of ``comm`` gets here, or StallError after HPCRING_TIMEOUT: the failures
+    known so far acknowledged (``MPI_Comm_ack_failed``), so that the agreement that follows waits
+    for every survivor instead of failing at once; it returns the AND of the survivors' ``flag``,
+    or raises alike on all where one more rank died meanwhile."""
+    comm.Ack_failed()
+    return agree(comm, flag)
+
+
+def finish(request: MPI.Request, what: str) -> None:
+    """Wait for a recovery step that every survivor must join, testing it (so a failure during
+    it raises at once, as MPI reports it) within HPCRING_TIMEOUT (0: no limit). A survivor that
+    never joins is alive but stuck (Open MPI's TCP transport was seen to deadlock inside a
+    process while it handled a failure): StallError, not a hang."""
+    timeout = config.current().timeout
+    deadline = time.monotonic() + timeout if timeout else None
+    spins = 0
+    while not request.Test():
+        spins += 1
+        if spins > 100:
+            time.sleep(5e-4)
+            if deadline is not None and time.monotonic() > deadline:
+                raise StallError(
+                    [], what, timeout, detail="; a survivor alive but stuck inside MPI cannot join a recovery"
+                )
 
 
 def revoke_all(comm: MPI.Intracomm) -> None:
@@ -161,17 +201,21 @@ def _free(comm: MPI.Intracomm) -> None:
 def agree_step(comm: MPI.Intracomm, completed: int) -> int:
     """The last step completed on every rank of ``comm``, each rank having completed
     ``completed``: one ``MPI_Comm_agree`` (fault tolerant and uniform: every rank gets the same
-    answer, or the same error).
-
-    The agreement ANDs one int, so each rank clears the bit of its step modulo RESIDUES; the
-    cleared bits are the steps present, and the lowest is where the run of them begins. Ranks of
-    a data-parallel loop are at most one step apart (a step's all-reduce needs every rank); two
-    apart, or steps that do not follow on, is an error rather than a guess."""
+    answer, or the same error). Each rank clears the bit of its step modulo RESIDUES in an
+    all-ones flag; the agreement ANDs them (`lowest`)."""
     full = (1 << RESIDUES) - 1
-    agreed = comm.Agree(full & ~(1 << (completed % RESIDUES)))
+    return lowest(agree(comm, full & ~(1 << (completed % RESIDUES))), completed)
+
+
+def lowest(agreed: int, completed: int) -> int:
+    """The lowest step of the ranks from the AND of their flags (`agree_step`), seen from a rank
+    that completed ``completed``: the cleared bits are the steps present modulo RESIDUES, and the
+    lowest is where their run begins. Ranks of a data-parallel loop are at most one step apart
+    (a step's all-reduce needs every rank); two apart, or steps that do not follow on, is an
+    error rather than a guess."""
     present = [r for r in range(RESIDUES) if not (agreed >> r) & 1]
     starts = [r for r in present if (r - 1) % RESIDUES not in present]
-    if len(starts) != 1 or len(present) > 2:
+    if len(starts) != 1 or len(present) > 2 or completed % RESIDUES not in present:
         raise RuntimeError(
             f"hpcring.elastic: the survivors are more than one step apart (steps modulo {RESIDUES}: "
             f"{present}); every step must run a collective over every rank (its all-reduce)"
@@ -273,8 +317,8 @@ class Elastic:
         loop both reach (the one that caught it revokes first, so that none stays in a collective)."""
         if not healthy:
             revoke_all(self.comm)
-        try:
-            return bool(self.comm.Agree(int(healthy)))
+        try:  # the agreement also spreads what each knows of failures: decided alike on all
+            return bool(meet(self.comm, int(healthy))) and not ulfm.failed_ranks(self.comm)
         except MPI.Exception as error:  # a failed rank: every survivor hears it here alike
             if not ulfm.is_failure(error, self.comm):
                 raise
@@ -334,9 +378,12 @@ class Elastic:
 __all__ = [
     "Elastic",
     "Recovery",
+    "agree",
     "agree_step",
     "bound_the_exit",
     "is_failure",
+    "lowest",
+    "meet",
     "rebuild",
     "require",
     "revoke_all",

@@ -152,8 +152,12 @@ class Job:
         return [line for _, line in self.lines]
 
     def stop(self) -> None:
-        """End the job's whole process group (a hang)."""
+        """End the job (a hang): its ranks first, each by its process id (the launcher puts them in
+        process groups of their own), then the launcher's process group."""
         if self.process.poll() is None:
+            for pid in descendants(self.process.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
