@@ -3,7 +3,7 @@ survivors shrink and resume, and what elastic mode costs per step when nothing f
 
     python tools/elastic_figures.py [--repeats 3] [--json figures.json]
 
-Three parts, each from real jobs under ``mpiexec --with-ft ulfm --mca pml ob1 --mca btl tcp,self``
+Four parts, each from real jobs under ``mpiexec --with-ft ulfm --mca pml ob1 --mca btl tcp,self``
 (Open MPI; tests/ulfm_helpers.py launches them):
 
 - detection: tests/ulfm_job.py at 4 ranks, a rank SIGKILLing itself inside an all-reduce (ring,
