@@ -12,13 +12,15 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-from .errors import StallError, abort_on_error, aborting  # no MPI needed to import these
+from .errors import RankFailedError, StallError, abort_on_error, aborting  # no MPI needed to import these
 from .tracing import from_environment as _trace_from_environment
 from .tracing import trace
 
 if TYPE_CHECKING:
+    from . import elastic
     from .accumulator import ExactSum
     from .collectives import allgather, allreduce, broadcast, reduce_scatter
+    from .elastic import shrink
     from .gpu import select_device
     from .nonblocking import Request, iallgather, iallreduce, ibroadcast, ireduce_scatter
     from .persistent import Plan, plan
@@ -44,6 +46,7 @@ _LAZY = {
     "ExactSum": "accumulator",
     "GradientSync": "training",
     "Intracomm": "wrap",
+    "shrink": "elastic",
     "select_device": "gpu",  # imports CuPy where it is installed: also on first use
 }
 
@@ -54,6 +57,8 @@ def __getattr__(name: str) -> Any:
 
     if name in _LAZY:
         made = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    elif name == "elastic":  # the module: hpcring.elastic.Elastic, its loop (docs/elastic.md)
+        made = importlib.import_module(".elastic", __name__)
     elif name == "_progress_mode":
         from .nonblocking import progress_mode as made
     elif name == "ALGORITHMS":
@@ -104,6 +109,7 @@ __all__ = [
     "GradientSync",
     "Intracomm",
     "Plan",
+    "RankFailedError",
     "Request",
     "StallError",
     "__version__",
@@ -112,6 +118,7 @@ __all__ = [
     "allgather",
     "allreduce",
     "broadcast",
+    "elastic",
     "iallgather",
     "iallreduce",
     "ibroadcast",
@@ -120,6 +127,7 @@ __all__ = [
     "plan",
     "reduce_scatter",
     "select_device",
+    "shrink",
     "trace",
 ]
 

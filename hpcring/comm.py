@@ -59,6 +59,9 @@ class CommState:
     _agreement: Agreement | None = None
 
     def __post_init__(self) -> None:
+        # MPI errors come back as exceptions whatever the user's communicator does with them: under
+        # MPI's fault tolerance a failed rank is then an error of the test loops too (`hpcring.ulfm`).
+        self.comm.Set_errhandler(MPI.ERRORS_RETURN)
         self.flight = Recorder(self.comm.Get_rank(), self.comm.Get_size())
         self.settings = config.current()
         try:  # read once: a read costs ~1 us; a bad value is read again per call, and raises there
@@ -216,6 +219,14 @@ def adopt(comm: MPI.Intracomm) -> CommState:
         return state
 
 
+def discard(comm: MPI.Intracomm) -> None:
+    """Drop hpcring's state for ``comm`` (closed, its duplicate freed), as freeing ``comm`` would;
+    local. A communicator that lost ranks (`hpcring.shrink`) keeps no revoked duplicate: a later
+    call on it starts afresh and fails as any operation on it does."""
+    if _keyval is not None and comm.Get_attr(_keyval) is not None:
+        comm.Delete_attr(_keyval)
+
+
 def channel_for(comm: MPI.Intracomm, adapter: Any) -> Channel:
     """The cached Channel of ``comm`` for ``adapter``'s arrays (on its current device)."""
     return state_of(comm).channel(adapter)
@@ -255,6 +266,7 @@ __all__ = [
     "adopt",
     "attached",
     "channel_for",
+    "discard",
     "duplicate",
     "first_call_stall",
     "intracomm",

@@ -39,6 +39,7 @@ from .ops import DTYPES, OPS, Op, check_op, op_name
 from .partition import segment
 from .polling import abandon
 from .tracing import local_copy
+from .ulfm import first_call_failed, rank_failed
 from .units import format_bytes
 
 WARM_CALLS = 256  # kinds of call remembered per communicator
@@ -182,6 +183,11 @@ class Call:
             self._agree(timeout, problem)
             if problem is None and nbytes is not None and not self.settled:
                 self.settle(nbytes)
+        except MPI.Exception as error:
+            failure = rank_failed(self, error, self.state.calls, moving=False)
+            if failure is None:
+                raise
+            raise failure from error
         finally:
             self._leave()
         if problem is not None:
@@ -224,9 +230,13 @@ class Call:
                 dst, out = self.move(x, out)
             except BaseException as error:
                 slot.number = self.state.calls if check else 0
-                flight.failed(slot, error)
-                if isinstance(error, StallError):  # MPI may still use what the frames hold
-                    abandon(error)
+                # MPI's fault tolerance (ULFM): a rank died, or a survivor revoked the communicator
+                failure = rank_failed(self, error, slot.number, moving=slot.phase == MOVING)
+                flight.failed(slot, failure or error)
+                if isinstance(error, StallError) or failure is not None:  # MPI may still use
+                    abandon(error)  # what the frames hold
+                if failure is not None:
+                    raise failure from error
                 raise
             slot.end = clock()  # done: an end after the start (a failed call negates its phase)
         finally:
@@ -380,6 +390,9 @@ def first(
         made, problem = prepare(options, x, out, comm, check, timeout, parts)
     except Exception as error:  # check=False: this rank's own input error (check=True agrees on it)
         dump_on_error(error)
+        failure = first_call_failed(comm, error, options.caller)  # a rank died in the duplicate
+        if failure is not None:
+            raise failure from error
         raise
     result = made(x, out, check, timeout, problem)
     if key is not None and problem is None and _cacheable(made, out):

@@ -38,6 +38,30 @@ class StallError(TimeoutError):
         )
 
 
+class RankFailedError(RuntimeError):
+    """Ranks of the communicator died during a collective, and MPI's fault tolerance (ULFM) said
+    so: the survivors get this error instead of a hang or an abort, and can go on together on
+    ``hpcring.shrink(comm)`` (docs/elastic.md)."""
+
+    def __init__(
+        self, failed: list[int], what: str, detail: str = "", error_class: int | None = None
+    ) -> None:
+        """``failed``: the ranks (of the communicator the call was made on) that MPI reports
+        failed; ``what``: the call; ``detail``: appended as it is; ``error_class``: MPI's."""
+        self.failed = list(failed)
+        self.what = what
+        self.error_class = error_class
+        if self.failed:
+            plural = "s" if len(self.failed) != 1 else ""
+            who = f"rank{plural} {', '.join(map(str, self.failed))} failed"
+        else:  # the communicator was revoked by a survivor before this rank heard which one died
+            who = "a rank failed (another rank revoked the communicator; MPI has not named it yet)"
+        super().__init__(
+            f"hpcring: {who} during {what}{detail}; the survivors can go on together on "
+            "comm = hpcring.shrink(comm) (docs/elastic.md)"
+        )
+
+
 R = TypeVar("R")
 
 

@@ -20,6 +20,7 @@ from mpi4py import MPI
 from .algorithms import ALLREDUCE
 from .comm import intracomm
 from .engine import Call, Options, prepare, resolve_timeout
+from .ulfm import rank_failed
 
 
 class Plan:
@@ -81,7 +82,13 @@ class Plan:
         if self._request is not None:
             timeout = resolve_timeout(call.state, self._timeout)
             waiter = call.state.agreement.waiter
-            woke = waiter.bounded(self._request, timeout)
+            try:
+                woke = waiter.bounded(self._request, timeout)
+            except MPI.Exception as error:  # MPI's fault tolerance: a rank died (`hpcring.ulfm`)
+                failure = rank_failed(call, error, call.state.calls, moving=True)
+                if failure is None:
+                    raise
+                raise failure from error
             if woke is not None:
                 raise waiter.stall(woke, f"{call.what} plan", timeout, call.state.calls)
             if call.mean:

@@ -132,8 +132,9 @@ class Waiter:
         operation pending on it."""
         notice, self._notice = self._notice, None
         if notice is not None and not MPI.Is_finalized():
-            notice.Cancel()
-            notice.Wait()
+            with contextlib.suppress(MPI.Exception):  # a revoked communicator (a rank died): gone too
+                notice.Cancel()
+                notice.Wait()
 
     def notify_all(self, call: int = -1, peer: int = -1, where: int = Where.AGREEMENT) -> None:
         """Tell every other rank that this one stopped waiting (tiny messages, sent eagerly)."""

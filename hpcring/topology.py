@@ -164,4 +164,9 @@ def of(comm: MPI.Intracomm, waiter: Waiter | None = None, timeout: float | None 
     return topo
 
 
-__all__ = ["Topology", "discover", "of"]
+def known(comm: MPI.Intracomm) -> Topology | None:
+    """``comm``'s topology where `of` has found it, else None (local: discovers nothing)."""
+    return None if _keyval is None else comm.Get_attr(_keyval)
+
+
+__all__ = ["Topology", "discover", "known", "of"]

@@ -10,9 +10,11 @@ one whose algorithm declares itself blocking and that has been inside it longer 
 timeout plus GRACE tells the other ranks
 it stopped waiting (a stall notice, as any wait does), listens a moment for theirs, prints
 which ranks did not answer, writes the flight record where ``HPCRING_FLIGHT_RECORDER`` asks,
-and ends the job with MPI_Abort: the one way out of a blocking collective. The thread runs only
-where MPI was initialized with MPI_THREAD_MULTIPLE (mpi4py's default), the thread level at which
-it may call MPI while the main thread is blocked inside it.
+and ends the job with MPI_Abort: the one way out of a blocking collective. Under MPI's fault
+tolerance, where the library knows of a failed rank, a revoke is the way out instead: the blocked
+call returns and raises RankFailedError, no abort. The thread runs only where MPI was initialized
+with MPI_THREAD_MULTIPLE (mpi4py's default), the thread level at which it may call MPI while the
+main thread is blocked inside it.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import time
 
 from mpi4py import MPI
 
-from . import flight
+from . import flight, ulfm
 
 PERIOD = 0.25  # seconds between looks at the records
 GRACE = 0.25  # seconds past a call's timeout before the watchdog acts (then it listens 1 s)
@@ -76,8 +78,13 @@ def overdue(recorder: flight.Recorder, now: float) -> flight.Slot | None:
 
 
 def end_the_job(recorder: flight.Recorder, slot: flight.Slot) -> None:
-    """Name the ranks that did not say they were waiting too, keep the record, and abort."""
+    """Name the ranks that did not say they were waiting too, keep the record, and abort; under
+    MPI's fault tolerance, where a rank is known to have failed, revoke instead: the blocked call
+    then returns, and raises RankFailedError (`hpcring.ulfm`)."""
     call, number = slot.call, slot.number
+    if ulfm.enabled() and ulfm.failed_ranks(call.state.comm):
+        ulfm.revoke_state(call.state)
+        return
     what = f"the blocking {call.row.collective} of call {number} ({flight.summary(flight.facts(call))})"
     error = call.channel.waiter.stall(
         recorder.rank, what, call.channel.timeout, number, -1, flight.Where.ALGORITHM

@@ -154,7 +154,10 @@ STEPS = {  # the examples' step knobs, so a training run is seconds
 # is 5-25 s of the 2 cores; running each again here would double CI's cost). A documented
 # example with a flag its test file does not name is run here all the same.
 EXAMPLE_TESTS = {
-    "train": "test_exact_example.py",  # with and without --reproducible, at 1-4 ranks
+    "train": (
+        "test_exact_example.py",
+        "test_elastic.py",
+    ),  # --reproducible at 1-4 ranks; --elastic, ranks killed
     "torch_ddp": "test_framework_examples.py",  # the hook and --gloo
     "jax_step": "test_framework_examples.py",
     "torch_fsdp": "test_framework_examples.py",  # DDP and FSDP2 on hpcring and on gloo
@@ -179,10 +182,12 @@ def run_by_example_test(code: str) -> str | None:
     example = re.search(r"-m hpcring\.examples\.(\w+)((?: --?[\w-]+)*)", code)
     if not example or example.group(1) not in EXAMPLE_TESTS or re.match(r"\w+=", code):
         return None  # not there, or under a setting of the page's own (HPCRING_TRACE=...)
-    test = EXAMPLE_TESTS[example.group(1)]
-    text = (ROOT / "tests" / test).read_text()
+    tests = EXAMPLE_TESTS[example.group(1)]
+    tests = (tests,) if isinstance(tests, str) else tests
+    text = "".join((ROOT / "tests" / test).read_text() for test in tests)
     flags = example.group(2).split()
-    return f"run by tests/{test}" if all(f'"{flag}"' in text for flag in flags) else None
+    names = " and ".join(f"tests/{test}" for test in tests)
+    return f"run by {names}" if all(f'"{flag}"' in text for flag in flags) else None
 
 
 def small(code: str) -> str:

@@ -22,6 +22,13 @@ BLAS thread per rank (``--threads 1``, the default) and the same CPU kind on eve
 microbatch's gradient must itself come out with the same bits wherever it is computed.
 Without the flag each rank's gradient is one matmul over its share of the batch, so the digest
 changes with G (``--digest`` prints it).
+
+``--elastic`` survives lost ranks (`hpcring.elastic`, docs/elastic.md): launched under MPI's fault
+tolerance (``mpiexec --with-ft ulfm --mca pml ob1 --mca btl tcp,self``), a rank that dies makes
+the survivors shrink to a smaller communicator, agree on the last step completed on all of them,
+undo a step only some applied, and go on with the global batch split over fewer ranks. The
+lowest surviving rank prints ``step S/T ranks G`` after each step. With ``--reproducible`` the
+run ends with the weights digest of the run that lost nothing, at any rank count.
 """
 
 from __future__ import annotations
@@ -40,6 +47,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcring
+from hpcring import ulfm
 from hpcring.gpu import gpu_problem_anywhere
 from hpcring.training import GradientSync
 
@@ -170,6 +178,8 @@ class Result:
     steps: list[dict[str, float]] = field(default_factory=list)  # seconds per step on this rank
     params: list[Any] = field(default_factory=list)
     buckets: list[tuple[str, int]] = field(default_factory=list)  # (dtype, bytes) in launch order
+    recoveries: list[Any] = field(default_factory=list)  # --elastic: `hpcring.elastic.Recovery`s
+    comm: Any = None  # --elastic: the survivors' communicator at the end
 
 
 def train(
@@ -286,6 +296,108 @@ def train(
     return result
 
 
+def train_elastic(
+    comm: MPI.Intracomm,
+    *,
+    epochs: int = 20,
+    batch: int = 64,
+    width: int = 128,
+    depth: int = 2,
+    optimizer: str = "adam",
+    lr: float = 1e-3,
+    algorithm: str = "auto",
+    bucket_mb: float = 25.0,
+    overlap: bool = True,
+    device: str = "cpu",
+    dtype: str = "float32",
+    seed: int = 0,
+    max_steps: int | None = None,
+    reproducible: bool = False,
+    microbatches: int = 12,
+    wire: str | None = None,
+    error_feedback: bool = False,
+    progress: Callable[[int, int, MPI.Intracomm], None] | None = None,
+    on_failure: Callable[[BaseException | None], None] | None = None,
+    on_recovery: Callable[[Any], None] | None = None,
+) -> Result:
+    """`train` on `hpcring.elastic.Elastic`: the same steps, batches and optimizer, each step's
+    global batch split over the ranks alive at that step. ``progress(step, total, comm)`` after
+    each step (``comm``: the survivors' communicator); ``on_failure``, ``on_recovery``: the
+    loop's hooks. Returns the survivors' weights, a `Result` with the step times and recoveries."""
+    from hpcring.elastic import Elastic
+
+    xp = array_module(device, comm)
+    np_dtype = np.dtype(dtype)
+    x_train, y_train, x_test, y_test = load_digits_split()
+    sizes = [x_train.shape[1], *[width] * depth, 10]
+    params = init_params(sizes, seed, np_dtype, xp)
+    opt = Optimizer(optimizer, params, lr, xp)
+    per_epoch = len(y_train) // batch  # fixed global batches; the tail of an epoch is dropped
+    total = epochs * per_epoch if max_steps is None else min(max_steps, epochs * per_epoch)
+    order_rng = np.random.default_rng(seed + 1)  # the epochs' orders, as `train` draws them
+    orders = [order_rng.permutation(len(y_train)) for _ in range(-(-total // per_epoch))]
+    flat = xp.zeros(sum(int(p.size) for p in params), dtype=np_dtype)
+    bounds = list(itertools.accumulate((int(p.size) for p in params), initial=0))
+    grads = [flat[a:b].reshape(p.shape) for a, b, p in zip(bounds[:-1], bounds[1:], params, strict=True)]
+    acc = hpcring.ExactSum(like=flat) if reproducible else None
+    syncs: dict[int, GradientSync] = {}  # per communicator: GradientSync is bound to one
+    result = Result()
+    began = [0.0]
+
+    def compute(comm: MPI.Intracomm, t: int) -> list[Any]:
+        """Step t's gradient, summed over the ranks alive now (collective: a failure stops it)."""
+        began[0] = time.perf_counter()
+        epoch, k = divmod(t, per_epoch)
+        samples = orders[epoch][k * batch : (k + 1) * batch]
+        size, rank = comm.Get_size(), comm.Get_rank()
+        if acc is not None:
+            _exact_step(
+                params, grads, flat, acc, samples, microbatches, size, rank,
+                (x_train, y_train, np_dtype, batch, xp, comm, algorithm),
+            )  # fmt: skip
+            return grads
+        sync = syncs.get(id(comm))
+        if sync is None:  # a new communicator (the survivors'): a GradientSync of its own
+            syncs.clear()
+            sync = syncs[id(comm)] = GradientSync(
+                [xp.zeros_like(p) for p in params],
+                comm=comm,
+                bucket_bytes=max(int(bucket_mb * (1 << 20)), 1),
+                algorithm=algorithm,
+                op="sum",
+                wire=wire,
+                error_feedback=error_feedback,
+            )
+        mine = np.array_split(samples, size)[rank]
+        xb, yb = xp.asarray(x_train[mine].astype(np_dtype)), xp.asarray(y_train[mine])
+        loss_and_backward(
+            params, sync.grads, xb, yb, 1.0 / batch, xp, sync.ready if overlap else lambda i: None
+        )
+        if not overlap:
+            sync.ready_all()
+        sync.wait()
+        return sync.grads
+
+    def apply(t: int, gradients: list[Any]) -> None:
+        """Local: the optimizer's step t (its step count follows t, so a step done again is the same)."""
+        opt.t = t
+        opt.step(gradients)
+        if xp is not np:
+            xp.cuda.get_current_stream().synchronize()
+        result.steps.append({"step": time.perf_counter() - began[0]})
+        if progress is not None:
+            progress(t + 1, total, loop.comm)
+
+    loop = Elastic([*params, *opt.m, *opt.v], comm=comm, on_failure=on_failure, on_recovery=on_recovery)
+    loop.run(compute, apply, total)
+    predicted = forward(params, xp.asarray(x_test.astype(np_dtype)), xp)[-1].argmax(axis=1)
+    result.epochs.append({"accuracy": float((predicted == xp.asarray(y_test)).mean())})
+    result.params = params
+    result.recoveries = loop.recoveries
+    result.comm = loop.comm
+    return result
+
+
 def _exact_step(
     params: list[Any],
     grads: list[Any],
@@ -352,6 +464,12 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="the same weights for any rank count: microbatch gradients summed by hpcring.ExactSum",
     )
     parser.add_argument("--microbatches", type=int, default=12, help="per global batch, with --reproducible")
+    parser.add_argument(
+        "--elastic",
+        action="store_true",
+        help="survive lost ranks (launch: mpiexec --with-ft ulfm --mca pml ob1 --mca btl tcp,self; "
+        "docs/elastic.md)",
+    )
     parser.add_argument("--digest", action="store_true", help="print the final weights' SHA-256")
     parser.add_argument(
         "--wire", choices=("bfloat16", "float16"), help="send gradients narrowed (docs/compression.md)"
@@ -376,6 +494,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
+    if args.elastic:  # before anything runs, on every rank: how to launch, where this launch cannot
+        problem = ulfm.launch_problem()
+        if problem is not None:
+            raise SystemExit(f"hpcring.examples.train --elastic: {problem}")
     limit_threads(args.threads)
     say = print if rank == 0 else (lambda *a, **k: None)
     lr = args.lr if args.lr is not None else (1e-3 if args.optimizer == "adam" else 0.05)
@@ -401,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
 
+    if args.elastic:
+        return run_elastic(args, comm, lr, report)
     result = train(
         comm,
         epochs=args.epochs,
@@ -436,6 +560,57 @@ def main(argv: list[str] | None = None) -> int:
         say(f"# final test accuracy {100 * result.epochs[-1]['accuracy']:.1f}%")
     if args.reproducible or args.digest:
         say(f"# weights digest {_digest(result.params, np if args.device != 'gpu' else _cupy())}")
+    return 0
+
+
+def run_elastic(args: argparse.Namespace, comm: MPI.Intracomm, lr: float, report: Any) -> int:
+    """``--elastic``: the loop of `train_elastic`, its progress printed by the lowest surviving rank."""
+
+    def progress(step: int, total: int, now: MPI.Intracomm) -> None:
+        if now.Get_rank() == 0:
+            print(f"step {step}/{total} ranks {now.Get_size()}", flush=True)
+
+    def on_recovery(made: Any) -> None:
+        lost = ", ".join(map(str, made.lost)) or "?"
+        if made.rank == 0:  # the lowest surviving rank
+            print(
+                f"# lost rank{'s' if len(made.lost) != 1 else ''} {lost} (of {made.before}): "
+                f"{made.before} -> {made.after} ranks, shrunk and agreed in {1e3 * made.seconds:.1f} ms; "
+                f"going on after step {made.step}",
+                flush=True,
+            )
+
+    result = train_elastic(
+        comm,
+        epochs=args.epochs,
+        batch=args.batch,
+        width=args.width,
+        depth=args.depth,
+        optimizer=args.optimizer,
+        lr=lr,
+        algorithm=args.algorithm,
+        bucket_mb=args.bucket_mb,
+        overlap=not args.no_overlap,
+        device=args.device,
+        dtype=args.dtype,
+        seed=args.seed,
+        max_steps=args.max_steps,
+        reproducible=args.reproducible,
+        microbatches=args.microbatches,
+        wire=args.wire,
+        error_feedback=args.error_feedback,
+        progress=progress,
+        on_recovery=on_recovery,
+    )
+    if result.comm.Get_rank() == 0:
+        warm = result.steps[min(5, len(result.steps) - 1) :]
+        if warm:
+            median = 1e3 * statistics.median(s["step"] for s in warm)
+            print(f"# median per step (lowest surviving rank, after 5 warm-up steps): {median:.2f} ms")
+        print(f"# final test accuracy {100 * result.epochs[-1]['accuracy']:.1f}%")
+        print(
+            f"# weights digest {_digest(result.params, np if args.device != 'gpu' else _cupy())}", flush=True
+        )
     return 0
 
 

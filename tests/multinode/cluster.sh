@@ -6,6 +6,8 @@
 #   tests/multinode/cluster.sh up HOSTS [RATE]     e.g. up 2 1gbit (RATE: tc syntax; default 1gbit)
 #   tests/multinode/cluster.sh run RANKS_PER_HOST [MPIRUN_ARGS...] -- COMMAND...
 #   tests/multinode/cluster.sh counters            bytes each host's eth0 sent (tc -s), one line per host
+#   tests/multinode/cluster.sh kill HOST           SIGKILL every process of host HOST (h1: its daemon, its ranks)
+#   tests/multinode/cluster.sh kill-ranks HOST     SIGKILL the MPI ranks of host HOST (its daemon lives on)
 #   tests/multinode/cluster.sh down                remove every namespace, end leftover daemons by PID
 #   tests/multinode/cluster.sh check               exit 0 if this machine can host the cluster, else say why (exit 3)
 #
@@ -17,6 +19,8 @@
 # (--prtemca plm_ssh_agent) that enters their namespaces. Needs root and `ip netns`;
 # without them `check` (and every command) says so and exits 3, which tests turn into a skip.
 # HPCRING_CLUSTER_MAP=node places ranks round-robin over hosts (default slot: host by host).
+# HPCRING_CLUSTER_BTL: Open MPI's transports (default tcp,sm,self; tcp,self for a fault-tolerant
+# job, whose failures shared memory does not report: docs/elastic.md).
 # State (hostfile, ssh stand-in): $HPCRING_CLUSTER_DIR, default /tmp/hpcring-cluster.
 set -euo pipefail
 export PATH="$PATH:/usr/local/sbin:/usr/sbin:/sbin"
@@ -111,7 +115,7 @@ run() {
   local -a args=(
     -n $((per_host * ${#names[@]})) --hostfile "$state/hostfile" --map-by "${HPCRING_CLUSTER_MAP:-slot}"
     --prtemca plm_ssh_agent "$state/ssh" --prtemca oob_tcp_if_include "$subnet.0/24"
-    --mca pml ob1 --mca btl tcp,sm,self --mca btl_tcp_if_include "$subnet.0/24"
+    --mca pml ob1 --mca btl "${HPCRING_CLUSTER_BTL:-tcp,sm,self}" --mca btl_tcp_if_include "$subnet.0/24"
     --mca mpi_yield_when_idle 1 --bind-to none -x HPCRING_WAIT_SLEEP_US
   )
   ip netns exec "${prefix}-h0" unshare --uts sh -c 'hostname h0; exec "$@"' sh \
@@ -123,6 +127,18 @@ counters() { # host, bytes sent through its shaped eth0
     local sent
     sent=$(tc -s -n "${prefix}-$name" qdisc show dev eth0 | awk '/Sent/ {print $2; exit}')
     echo "$name ${sent:-0}"
+  done
+}
+
+kill_host() { # a host that dies: every process in its namespace (the job's daemon, its ranks), SIGKILL;
+  # with "ranks", only the MPI ranks (an out-of-memory kill, a GPU fault: the daemon lives on)
+  local host=${1:?usage: kill HOST} which=${2:-all} pid
+  ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "${prefix}-$host" || cannot "no host $host is up"
+  for pid in $(ip netns pids "${prefix}-$host" 2>/dev/null); do
+    if [[ $which == ranks ]] && ! tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK='; then
+      continue
+    fi
+    kill -KILL "$pid" 2>/dev/null || true
   done
 }
 
@@ -147,6 +163,8 @@ case ${1:-} in
   down) check; down ;;
   run) shift; run "$@" ;;
   counters) counters ;;
+  kill) shift; check; kill_host "${1:-}" all ;;
+  kill-ranks) shift; check; kill_host "${1:-}" ranks ;;
   check) check; echo "ok: root, ip netns, tc and unshare are available" ;;
-  *) echo "usage: $0 up HOSTS [RATE] | run RANKS_PER_HOST [MPIRUN_ARGS...] -- COMMAND... | counters | down | check" >&2; exit 2 ;;
+  *) echo "usage: $0 up HOSTS [RATE] | run RANKS_PER_HOST [MPIRUN_ARGS...] -- COMMAND... | counters | kill HOST | kill-ranks HOST | down | check" >&2; exit 2 ;;
 esac

@@ -6,7 +6,10 @@
 #   - the same hosts with ranks placed round-robin (--map-by node): topology, ring order by
 #     host, and correctness again;
 #   - every host's shaped link carried the traffic (tc -s counters grew by >= 4 MiB each);
-#   - the bench header reports the topology.
+#   - the bench header reports the topology;
+#   - under MPI's fault tolerance, every rank of host h1 killed mid-training: the elastic digits
+#     run goes on with host h0's ranks and ends with the uninterrupted run's weights
+#     (tests/multinode/test_kill_host.py, driven from outside the cluster).
 # Without root or network namespaces it says so and exits 0 (SKIP), never silently.
 # Knobs: HPCRING_VENV (default: the active venv, else .venv), HPCRING_CLUSTER_RATE (1gbit).
 set -euo pipefail
@@ -55,4 +58,6 @@ echo "$header"
 grep -q "hosts 2  ranks/host 2" <<<"$header" || { echo "FAIL: bench header lacks 2 hosts x 2" >&2; exit 1; }
 grep -q "topology: 2 nodes x 2 ranks, two-level yes" <<<"$header" ||
   { echo "FAIL: bench header lacks the topology" >&2; exit 1; }
+echo "== a whole host's ranks die in the middle of an elastic training run (ULFM)"
+timeout --signal=KILL 400 python -m pytest -q -s -o timeout=300 tests/multinode/test_kill_host.py
 echo "tests/multinode/run.sh: passed in $((SECONDS - started)) s"

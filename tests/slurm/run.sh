@@ -7,7 +7,10 @@
 #   - test.slurm (mpirun): exit 0 on a subset of the tests, world size asserted inside;
 #   - ring.slurm with a corrupted element (HPCRING_BENCH_CORRUPT): SLURM reports FAILED;
 #   - ring.slurm with srun --mpi=pmi2 (separate singletons, exit 0 on their own): FAILED;
-#   - jobs/scaling.sh at 2 and 4 ranks: its dependent report job writes scaling.txt and .png.
+#   - jobs/scaling.sh at 2 and 4 ranks: its dependent report job writes scaling.txt and .png;
+#   - train.slurm with HPCRING_ELASTIC=1 (mpirun under MPI's fault tolerance): rank 1 SIGKILLed
+#     after step 20, the run ends on 3 ranks with the one-rank weights digest; with srun, FAILED
+#     at once saying why.
 # The daemons are stopped by PID on every exit (trap). Needs root and apt-get; where the
 # packages cannot be installed it says so and exits 0 (SKIP), never silently.
 # Knobs: HPCRING_VENV (default: the active venv, else .venv), HPCRING_SLURM_KEEP=1 keeps the scratch
@@ -218,5 +221,39 @@ $(cat "$work/scaling/scaling.txt" "$work"/scaling/*.out)"
 done
 [[ -s $work/scaling/scaling.png ]] || fail "scaling report wrote no scaling.png"
 echo "   scaling: 2 and 4 ranks in $work/scaling/scaling.txt and scaling.png"
+
+# -- the elastic training run: a rank killed from outside (by its job id and rank), the survivors go on
+elastic=$(HPCRING_ELASTIC=1 HPCRING_TRAIN_ARGS="--reproducible --max-steps 60 --digest" submit elastic jobs/train.slurm)
+elastic_srun=$(HPCRING_ELASTIC=1 HPCRING_LAUNCHER=srun submit elastic-srun jobs/train.slurm)
+jobs_submitted+=("$elastic" "$elastic_srun")
+out=$work/elastic-$elastic.out
+for _ in $(seq $((2 * ${HPCRING_SLURM_WAIT:-180}))); do
+  grep -q '^step 20/' "$out" 2>/dev/null && break
+  sleep 0.5
+done
+grep -q '^step 20/' "$out" || fail "elastic job $elastic never reached step 20: $(cat "$out")"
+victim=""
+for pid in $(ls /proc | grep -E '^[0-9]+$'); do  # rank 1 of that job: its environment says so
+  environ=$(tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ") || continue
+  if grep -qx "SLURM_JOB_ID=$elastic" <<<"$environ" && grep -qx 'OMPI_COMM_WORLD_RANK=1' <<<"$environ" &&
+    grep -q 'hpcring.examples.train' "/proc/$pid/cmdline" 2>/dev/null; then
+    victim=$pid
+  fi
+done
+[[ -n $victim ]] || fail "elastic job $elastic: no process of rank 1 found"
+kill -KILL "$victim"
+got=$(wait_job "$elastic")
+echo "   elastic (job $elastic): rank 1 (pid $victim) killed after step 20; $got after $((SECONDS - started)) s"
+expected=$("$venv/bin/python" -c 'import numpy as np
+from mpi4py import MPI
+from hpcring.examples import train
+print(train._digest(train.train(MPI.COMM_SELF, max_steps=60, reproducible=True).params, np))')
+grep -q '^step 60/60 ranks 3$' "$out" || fail "elastic job $elastic did not end on 3 ranks: $(tail -5 "$out")"
+[[ $(tail -1 "$out") == "# weights digest $expected" ]] ||
+  fail "elastic job $elastic: last line $(tail -1 "$out"), expected the one-rank digest $expected"
+echo "   elastic: ended on 3 ranks with the one-rank digest ${expected:0:16}..."
+expect_state "$elastic_srun" elastic-srun FAILED
+grep -q 'needs HPCRING_LAUNCHER=mpirun' "$work/elastic-srun-$elastic_srun.out" ||
+  fail "elastic-srun job $elastic_srun failed, but not saying why: $(cat "$work/elastic-srun-$elastic_srun.out")"
 
 echo "== SLURM templates OK in $((SECONDS - started)) s"

@@ -1,0 +1,182 @@
+"""Jobs under MPI's fault tolerance (ULFM) for the elastic tests: launched, watched line by line,
+and a rank killed from outside (SIGKILL) when a line shows; every wait bounded.
+
+Only Open MPI's launcher starts such a job (``--with-ft ulfm``); MPICH's Hydra has no ULFM this
+way, so the tests skip there, saying so (`NO_ULFM`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+from helpers import launcher_env, mpiexec, open_mpi
+
+ULFM = ["--with-ft", "ulfm", "--mca", "pml", "ob1", "--mca", "btl", "tcp,self"]
+NO_ULFM = pytest.mark.skipif(
+    not open_mpi() or mpiexec() is None,
+    reason="MPICH: its Hydra launcher has no ULFM (--with-ft ulfm is Open MPI's); elastic not tested here",
+)
+DIGEST = re.compile(r"^# weights digest ([0-9a-f]{64})$")
+STEP = re.compile(r"^step (\d+)/(\d+) ranks (\d+)$")
+
+
+def ulfm_launch(ranks: int, *flags: str) -> list[str]:
+    """The launch line of a fault-tolerant job of ``ranks`` ranks (more than the cores allowed)."""
+    return [mpiexec() or "mpiexec", "--oversubscribe", *ULFM, *flags, "-n", str(ranks)]
+
+
+def descendants(pid: int) -> list[int]:
+    """Every process below ``pid`` (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(entry.name))
+    found, todo = [], [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def rank_pid(root: int, rank: int) -> int:
+    """The process of MPI rank ``rank`` in the job launched as process ``root`` (Open MPI sets
+    OMPI_COMM_WORLD_RANK in each rank's environment)."""
+    wanted = f"OMPI_COMM_WORLD_RANK={rank}".encode()
+    for pid in descendants(root):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if wanted in environ and b"PMIX_RANK=" + str(rank).encode() in environ:
+            return pid
+    raise LookupError(f"no process of rank {rank} below {root}")
+
+
+class Job:
+    """A launched job whose stdout is read by a thread: `wait_for` a line, `kill` a rank, `finish`."""
+
+    def __init__(self, command: Sequence[str], timeout: float, env: dict[str, str] | None = None) -> None:
+        self.command = list(command)
+        self.deadline = time.monotonic() + timeout
+        self.lines: list[tuple[float, str]] = []  # (time.time() when read, line)
+        self.killed: dict[int, float] = {}  # rank -> time.time() of its SIGKILL
+        self.pids: dict[int, int] = {}  # rank -> its process, once found
+        self._queue: queue.Queue[tuple[float, str] | None] = queue.Queue()
+        self.process = subprocess.Popen(
+            self.command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env={**launcher_env(), **(env or {})},
+            start_new_session=True,  # its own process group: ended as one where it hangs
+        )
+        self._errors: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_errors, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self._queue.put((time.time(), line.rstrip("\n")))
+        self._queue.put(None)
+
+    def _read_errors(self) -> None:
+        assert self.process.stderr is not None
+        for line in self.process.stderr:
+            self._errors.append(line.rstrip("\n"))
+
+    @property
+    def stderr(self) -> str:
+        return "\n".join(self._errors)
+
+    def _next(self) -> tuple[float, str] | None:
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            self.stop()
+            pytest.fail(f"job ran past its time limit: {' '.join(self.command)}\n{self.output()}")
+        try:
+            item = self._queue.get(timeout=left)
+        except queue.Empty:
+            return self._next()
+        if item is not None:
+            self.lines.append(item)
+        return item
+
+    def wait_for(self, pattern: str) -> str:
+        """The first line (from now) that matches ``pattern``; fails where the job ends first."""
+        regex = re.compile(pattern)
+        while (item := self._next()) is not None:
+            if regex.search(item[1]):
+                return item[1]
+        self.process.wait(timeout=30)
+        pytest.fail(f"the job ended without a line matching {pattern!r}:\n{self.output()}")
+
+    def find(self, ranks: int) -> None:
+        """Find the processes of ranks 0 .. ``ranks`` - 1 now (every rank has started), so that a
+        later `kill` takes no time: /proc is read here, not while the job runs on."""
+        self.pids.update({rank: rank_pid(self.process.pid, rank) for rank in range(ranks)})
+
+    def kill(self, rank: int) -> None:
+        """SIGKILL rank ``rank``, from outside, as a node that dies does."""
+        pid = self.pids.get(rank) or rank_pid(self.process.pid, rank)
+        self.killed[rank] = time.time()
+        os.kill(pid, signal.SIGKILL)
+
+    def finish(self) -> list[str]:
+        """Every line, once the job has ended (within its time limit)."""
+        while self._next() is not None:
+            pass
+        left = max(self.deadline - time.monotonic(), 1.0)
+        try:
+            self.process.wait(timeout=left)
+        except subprocess.TimeoutExpired:
+            self.stop()
+            pytest.fail(f"job did not end: {' '.join(self.command)}\n{self.output()}")
+        return [line for _, line in self.lines]
+
+    def stop(self) -> None:
+        """End the job (a hang): its ranks first, each by its process id (the launcher puts them in
+        process groups of their own), then the launcher's process group."""
+        if self.process.poll() is None:
+            for pid in descendants(self.process.pid):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+
+    def output(self) -> str:
+        return "\n".join(line for _, line in self.lines) + "\n--- stderr ---\n" + self.stderr
+
+
+def digest_of(lines: Sequence[str]) -> str:
+    """The weights digest a run printed last (it must be the last line)."""
+    assert lines, "no output"
+    match = DIGEST.match(lines[-1])
+    assert match, f"the last line is not the weights digest: {lines[-5:]}"
+    return match.group(1)
+
+
+def steps_of(lines: Sequence[str]) -> list[tuple[int, int, int]]:
+    """(step, total, ranks) of every progress line."""
+    return [tuple(map(int, m.groups())) for line in lines if (m := STEP.match(line))]  # type: ignore[misc]
+
+
+PYTHON = sys.executable
