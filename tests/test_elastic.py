@@ -12,9 +12,9 @@ stop every rank before training, saying how to launch. Serial tests: each launch
 every job is bounded (a hang fails the test, the job is ended).
 
 The whole file takes about 3.5 minutes on 2 busy cores; by default (CI) it runs a representative
-part in about 1.5: detection on every algorithm, the bad launches, and rank 0 killed mid-training
-(the digest compared with the one-rank run). The longer training runs (`LONG`: 17-30 s each) run
-with ``HPCRING_ELASTIC_ALL=1 python -m pytest -q tests/test_elastic.py``.
+part in about 2: detection on every algorithm, the bad launches, rank 0 killed mid-training and
+two ranks killed in one run (the digests compared with the one-rank run). The longer training
+runs (`LONG`: 17-30 s each) run with ``HPCRING_ELASTIC_ALL=1 python -m pytest -q tests/test_elastic.py``.
 """
 
 from __future__ import annotations
@@ -103,7 +103,6 @@ def test_middle_rank_killed_at_3_ranks(one_rank: str) -> None:
     assert digest_of(lines) == one_rank
 
 
-@LONG
 def test_two_ranks_killed_in_one_run(one_rank: str) -> None:
     lines = run(4, [(3, 10), (1, 30)])
     sizes = [g for _, _, g in steps_of(lines)]
