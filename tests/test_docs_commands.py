@@ -12,7 +12,7 @@ by line (continuation lines joined, ``&&`` chains split into their commands). Tw
   checkout on PYTHONPATH and a timeout each. Not run: a line ending in ``# on a cluster`` or
   ``# your script`` (the page shows a fragment of the reader's own program), a block after
   ``<!-- docs-check: cluster-only -->``, and by rule (`NOT_RUN`) what installs, needs SLURM,
-  root network namespaces or a GPU. A file the command runs (``python first.py``) is written
+  root network namespaces or a GPU, or runs the tests or the linter on a clone. A file the command runs (``python first.py``) is written
   from the page's python block that opens with the comment ``# first.py``.
 
 Sizes are cut to fit CI (2 shared cores, about two minutes for all pages), each cut said in
@@ -138,6 +138,8 @@ NOT_RUN = (
     (r"tests/multinode/cluster\.sh", "needs root network namespaces (tests/multinode, CI's own job)"),
     (r"tests/gpu/", "needs a GPU"),
     (r"^bash tests/run\.sh$", "the whole test suite, which CI runs as it is"),
+    (r"python3? -m pytest\b", "runs tests of the reader's clone, which CI runs as they are"),
+    (r"^ruff ", "lints the reader's clone, which CI does"),
     (r"^ompi_info\b", "Open MPI's tool, absent from the mpi4py wheel's Open MPI"),
 )
 BENCH_TOP = 4 << 10  # the bench's largest size here: all its rows to 4 KiB, a few seconds at 2 ranks
