@@ -12,8 +12,9 @@ by line (continuation lines joined, ``&&`` chains split into their commands). Tw
   checkout on PYTHONPATH and a timeout each. Not run: a line ending in ``# on a cluster`` or
   ``# your script`` (the page shows a fragment of the reader's own program), a block after
   ``<!-- docs-check: cluster-only -->``, and by rule (`NOT_RUN`) what installs, needs SLURM,
-  root network namespaces or a GPU, or runs the tests or the linter on a clone. A file the command runs (``python first.py``) is written
-  from the page's python block that opens with the comment ``# first.py``.
+  root network namespaces or a GPU, or runs the tests or the linter on a clone. A file the
+  command runs (``python first.py``) is written from the page's python block that opens with
+  the comment ``# first.py``.
 
 Sizes are cut to fit CI (2 shared cores, about two minutes for all pages), each cut said in
 `small`: ``mpiexec`` at 2 ranks, with ``--oversubscribe`` under Open MPI and without it under
