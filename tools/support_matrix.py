@@ -80,31 +80,53 @@ def algorithms_section() -> list[str]:
     return lines
 
 
+def _kinds() -> list[str]:
+    """The array kinds hpcring ships, as `hpcring.arrays` names them."""
+    return list(arrays.NAMES[: len(arrays.SHIPPED)])
+
+
 def traits_section() -> list[str]:
     lines = ["## What each algorithm takes", ""]
-    kinds = list(arrays.NAMES[: len(arrays.SHIPPED)])
     for c in algorithms.COLLECTIVES:
-        table = algorithms.table(c)
         lines += [f"### `{c}`", ""]
-        head = ["algorithm", "`wire=`", "chooser", "`hpcring.plan` persistent", *kinds]
-        rows = []
-        for name, spec in table.items():
-            baseline = " (baseline)" if name in algorithms.BASELINES else ""
-            rows.append(
-                [
-                    f"`{name}`{baseline}",
-                    _mark(spec.narrowings is not None),
-                    _mark(spec.choose is not None),
-                    _mark(spec.persistent is not None),
-                    *(_mark(_accepts(spec, kind)) for kind in kinds),
-                ]
-            )
-        lines += _table(head, rows)
+        rows = [
+            [
+                f"`{name}`" + (" (baseline)" if name in algorithms.BASELINES else ""),
+                _mark(spec.narrowings is not None),
+                _mark(spec.choose is not None),
+                _mark(spec.persistent is not None),
+            ]
+            for name, spec in algorithms.table(c).items()
+        ]
+        lines += _table(["algorithm", "`wire=`", "chooser", "persistent (`hpcring.plan`)"], rows)
     lines += [
         "A baseline runs only where its library does (NCCL: CuPy arrays, one GPU per rank); it is",
         "not among what `auto` chooses from. `wire=` exists on `allreduce` only.",
         "",
     ]
+    return lines
+
+
+def kinds_section() -> list[str]:
+    kinds = _kinds()
+    lines = [
+        "## Array kinds",
+        "",
+        "Which array kinds each algorithm runs on. An array of a kind an algorithm refuses is a",
+        "`TypeError` on every rank (with `check=True`, the default).",
+        "",
+    ]
+    by_name: dict[str, dict[str, list[str]]] = {}
+    for c in algorithms.COLLECTIVES:
+        for name, spec in algorithms.table(c).items():
+            cells = [_mark(_accepts(spec, kind)) for kind in kinds]
+            by_name.setdefault(name, {}).setdefault(" ".join(cells), []).append(c)
+    rows = []
+    for name, variants in by_name.items():
+        for cells, collectives in variants.items():
+            label = f"`{name}`" if len(variants) == 1 else f"`{name}` ({', '.join(collectives)})"
+            rows.append([label, *cells.split(" ")])
+    lines += _table(["algorithm", *kinds], rows)
     return lines
 
 
@@ -134,7 +156,7 @@ def dtypes_section() -> list[str]:
         f"`reproducible=True` applies to the ops {', '.join(f'`{o}`' for o in exact.OPS_REPRODUCIBLE)}"
         " (max and min are exact as they are). "
         f"`wire=` takes {', '.join(f'`{w!r}`' for w in wire.WIRES)}, on host arrays only"
-        f" ({', '.join(k for k in arrays.NAMES[: len(arrays.SHIPPED)] if not _on_gpu(k))}).",
+        f" ({', '.join(k for k in _kinds() if not _on_gpu(k))}).",
         "",
         "A torch tensor or a JAX array is reduced as the NumPy dtype of the same name (bfloat16:",
         "ml_dtypes', as JAX's own).",
@@ -144,7 +166,7 @@ def dtypes_section() -> list[str]:
 
 
 def render() -> str:
-    lines = [INTRO, *algorithms_section(), *traits_section(), *dtypes_section()]
+    lines = [INTRO, *algorithms_section(), *traits_section(), *kinds_section(), *dtypes_section()]
     return "\n".join(lines).rstrip("\n") + "\n"
 
 
