@@ -126,3 +126,81 @@ def test_stall_inside_a_compiled_program(algorithm: str) -> None:
             ok &= missing in error.missing and timeout - 0.1 <= elapsed <= timeout + 2.0
     assert everywhere(WORLD, ok)
     comm.Free()
+
+
+def _through_engine(
+    collective: str, kwargs: dict, x: np.ndarray, in_place: bool, comm: MPI.Intracomm
+) -> list:
+    """Four calls of one kind on ``comm`` (seen, recorded, then the warm call in C): their results."""
+    function = getattr(hpcring, collective)
+    got = []
+    for _ in range(4):
+        a = x.copy()
+        if collective == "allreduce":  # out=x: in place; else a fresh out
+            got.append(function(a, out=a if in_place else np.empty_like(a), comm=comm, **kwargs).copy())
+        else:  # broadcast in place; reduce-scatter and all-gather make their out
+            got.append(function(a, comm=comm, **kwargs).copy())
+    return got
+
+
+VARIANTS = {
+    "sum": {},
+    "max": {"op": "max"},
+    "mean": {"op": "mean"},
+    "wire": {"wire": "bfloat16"},
+    "reproducible": {"reproducible": True},
+}
+
+
+@needs_core
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("name", _algorithms())
+def test_engine_allreduce_compiled_is_python(name: str, variant: str, in_place: bool) -> None:
+    """Whole all-reduces (wire=, reproducible=, mean included) through the engine: every call of a
+    kind under the compiled core gives the Python core's bits, on every rank."""
+    if variant == "wire" and algorithms.spec(ALLREDUCE, name).narrowings is None:
+        pytest.skip(f"{name} refuses wire=")
+    ok, detail = True, ""
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+        for n in (7, 1001):
+            x = _input(dtype, n, n + 1)
+            results = {}
+            for which in ("python", "c"):
+                comm = WORLD.Dup()
+                with kernels.using(which):
+                    results[which] = _through_engine(
+                        "allreduce", {"algorithm": name, **VARIANTS[variant]}, x, in_place, comm
+                    )
+                comm.Free()
+            expected = results["python"][0].tobytes()
+            same = all(r.tobytes() == expected for rs in results.values() for r in rs)
+            if not same:
+                detail = f"{dtype} n={n}: the compiled core's bits differ"
+            ok &= same and identical_everywhere(WORLD, results["c"][-1])
+    assert everywhere(WORLD, ok), detail
+
+
+@needs_core
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast"])
+@pytest.mark.parametrize("name", _algorithms())
+def test_engine_other_collectives_compiled_is_python(collective: str, name: str) -> None:
+    """Reduce-scatter, all-gather and broadcast through the engine: the compiled core's bits are the
+    Python core's, every call of a kind."""
+    if name not in algorithms.table(collective):
+        pytest.skip(f"{name} has no {collective}")
+    kwargs = {"algorithm": name, **({"root": WORLD.size - 1} if collective == "broadcast" else {})}
+    ok = True
+    for n in (WORLD.size * 3, 1001 * WORLD.size):
+        x = _input(np.dtype(np.float32), n, n)
+        results = {}
+        for which in ("python", "c"):
+            comm = WORLD.Dup()
+            with kernels.using(which):
+                results[which] = _through_engine(collective, kwargs, x, True, comm)
+            comm.Free()
+        expected = results["python"][0].tobytes()
+        ok &= all(r.tobytes() == expected for rs in results.values() for r in rs)
+    assert everywhere(WORLD, ok)
