@@ -36,11 +36,12 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
 
 def reduce_scatter(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     """dst <- this rank's part of op over all ranks of src, by MPI_Reduce_scatter with the parts'
-    counts (the library may not alias its input and output: in place, through scratch)."""
+    counts (the library may not alias its input and output: in place, or an empty part whose
+    view points into the input, which MPICH refuses as aliased, through scratch)."""
     counts = [stop - start for start, stop in segment_bounds(src.size, ch.size)]
     start = sum(counts[: ch.rank])
     into = dst
-    if same_memory(dst, src[start : start + counts[ch.rank]]):
+    if not dst.size or same_memory(dst, src[start : start + counts[ch.rank]]):
         into = ch.scratch("mpi", dst.size, dst.dtype)
     send, recv, mpi_op = _typed(op, src, into)
     ch.reduce_scatter(send, recv, counts, mpi_op)
