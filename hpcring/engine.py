@@ -356,7 +356,10 @@ class Call:
         channel = self.channel
         wire = channel.wire if isinstance(channel, wires.WireChannel) else None
         op = reduction if reduction is not None else self.reduction
-        placed = "same" if dst is src else _offset_inside(dst, src)  # a part of src, or None: apart
+        # dst a part of src (reduce-scatter in place), src a row of dst (all-gather in place), or apart
+        placed = "same" if dst is src else _offset_inside(dst, src)
+        if placed is None and (row := _offset_inside(src, dst)) is not None:
+            placed = ("row", row)
         key = (spec.collective, spec.name, src.size, dst.size, src.dtype, placed, op, self.options.root, wire)
         programs = channel.resource("compiled-programs", dict)
         made = programs.get(key)

@@ -625,9 +625,12 @@ def record(
     s = Sym(tape, SRC, 0, (src.size,), src.dtype)
     if dst is src or (dst.nbytes == src.nbytes and _address(dst) == _address(src)):
         d = s
-    elif _inside(dst, src):
+    elif _inside(dst, src):  # a reduce-scatter in place: the output is this rank's part
         offset = _address(dst) - _address(src)
         d = Sym(tape, SRC, offset, (dst.size,), dst.dtype)
+    elif _inside(src, dst):  # an all-gather in place: the input is this rank's row
+        d = Sym(tape, DST, 0, (dst.size,), dst.dtype)
+        s = Sym(tape, DST, _address(src) - _address(dst), (src.size,), src.dtype)
     else:
         d = Sym(tape, DST, 0, (dst.size,), dst.dtype)
     try:
