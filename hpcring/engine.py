@@ -438,11 +438,15 @@ class Call:
 
     def compiled_failed(self, slot: Any, error: BaseException, check: bool) -> None:
         """A compiled warm call raised after taking its flight slot: recorded as the Python path
-        records a failure (the requests a StallError leaves pending are kept)."""
+        records a failure (the requests a StallError leaves pending are kept), and an MPI error
+        that is a failed rank (ULFM) raised as the RankFailedError the Python path raises."""
         slot.number = self.state.calls if check else 0
-        self.flight.failed(slot, error)
-        if isinstance(error, StallError):
+        failure = rank_failed(self, error, slot.number, moving=slot.phase == MOVING)
+        self.flight.failed(slot, failure or error)
+        if isinstance(error, StallError) or failure is not None:
             abandon(error)
+        if failure is not None:
+            raise failure from error
 
 
 # ---- the warm path ---------------------------------------------------------------------------
