@@ -144,16 +144,26 @@ class Agreement:
         buf = np.array([*words, verdict, *[-v for v in words], verdict], dtype=np.int64)
         request = self.comm.Iallreduce(MPI.IN_PLACE, buf, MPI.MAX)
         if not request.Test():
-            deadline = time.monotonic() + timeout if timeout > 0 else None
-            woke = self.waiter.wait(request, deadline)
-            if woke is not None:
-                number = words[0]
-                raise self.waiter.stall(woke, f"{what} call {number} on this communicator", timeout, number)
+            self.wait(request, words[0], timeout, what)
         got, width = buf.tolist(), len(words) + 1
         if got[width - 1] or any(
             high + low for high, low in zip(got[: width - 1], got[width:], strict=False)
         ):
-            self._raise_for(np.array([*words, verdict], dtype=np.int64), row, problem, caller)
+            self.disagree(words, row, problem, caller)
+
+    def wait(self, request: MPI.Request, number: int, timeout: float, what: str) -> None:
+        """Wait for the agreement's collective of call ``number`` within ``timeout`` (0: no limit),
+        or raise StallError naming the ranks that did not arrive (the compiled core's agreement
+        comes here too, once its own spinning is over)."""
+        deadline = time.monotonic() + timeout if timeout > 0 else None
+        woke = self.waiter.wait(request, deadline)
+        if woke is not None:
+            raise self.waiter.stall(woke, f"{what} call {number} on this communicator", timeout, number)
+
+    def disagree(self, words: Sequence[int], row: Row, problem: Exception | None, caller: str) -> None:
+        """The collective showed something off (``words``: this rank's call number and row): raise
+        the same exception on every rank (every rank comes here: each saw the same maxima)."""
+        self._raise_for(np.array([*words, int(problem is not None)], dtype=np.int64), row, problem, caller)
 
     def _raise_for(self, mine: np.ndarray, row: Row, problem: Exception | None, what: str) -> None:
         """The same exception on every rank, from every rank's row (every rank is here: the

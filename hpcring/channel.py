@@ -155,6 +155,11 @@ class Channel:
         self._schedules.clear()
         self._resources.clear()
 
+    def scratch_table(self) -> dict[str, Any]:
+        """The scratch buffers by name (shared with a wire twin): where the compiled core finds
+        the scratch a program's rows name, and notices one grown since."""
+        return self._scratch
+
     def scratch_held(self) -> int:
         """Bytes of scratch this channel already holds (reused, so not needed again)."""
         return sum(buf.nbytes for buf in self._scratch.values())

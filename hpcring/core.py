@@ -6,12 +6,12 @@ hpcring's compiled core is two C extensions, both optional (setup.py builds them
   conversions). No MPI in it, hence no MPI ABI to match; `hpcring.kernels` selects it.
 - ``hpcring._core_openmpi`` or ``hpcring._core_mpich`` (``_core`` below), built against one
   MPI's ``mpi.h`` and mpi4py's C API, and named after that MPI's family, so builds for both live
-  side by side (two virtual environments on one source tree). Today it holds the
-  facts the ABI check below compares and one bare ``MPI_Allreduce``; the warm call and the
-  schedules' step loops are to come there. An extension built against Open MPI's header must not
-  run against MPICH (handles are pointers in one and integers in the other), so it is used only
-  where its view of ``MPI_COMM_WORLD``, the size of a handle and the library's version string are
-  mpi4py's, as mpi4jax checks at import.
+  side by side (two virtual environments on one source tree). It runs the step tables that
+  `hpcring.program` records from the algorithms (`program`) and the warm call of a NumPy
+  all-reduce or broadcast (`caller`, `Table`, `warm`), returning to Python only on slow paths. An
+  extension built against Open MPI's header must not run against MPICH (handles are pointers in
+  one and integers in the other), so it is used only where its view of ``MPI_COMM_WORLD``, the
+  size of a handle and the library's version string are mpi4py's, as mpi4jax checks at import.
 
 ``HPCRING_CORE=python`` turns both off; ``HPCRING_CORE=c`` makes a missing ``_kernels`` an
 ImportError. The pure-Python core is the reference: both give the same bits.
@@ -20,9 +20,13 @@ ImportError. The pure-Python core is the reference: both give the same bits.
 from __future__ import annotations
 
 import importlib
+import threading
+from collections.abc import Callable
 from typing import Any
 
-from . import kernels
+import numpy as np
+
+from . import flight, kernels, tracing
 
 _MPI_CORE: list[Any] = []  # [module or None, why], made on first use
 
@@ -56,7 +60,105 @@ def _load_mpi_core() -> tuple[Any, str]:
     )
     if why:
         return None, f"{name} not used: {why}"
+    try:
+        _setup(_core, MPI)
+    except Exception as error:  # a module of another build than this file expects: Python's path
+        return None, f"{name} failed its setup ({type(error).__name__}: {error})"
     return _core, f"{name} built against {_core.MPI_VENDOR}'s mpi.h, the MPI mpi4py runs"
+
+
+def _unset(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError("hpcring.core: the engine has not given its Python call yet")
+
+
+def _setup(module: Any, MPI: Any) -> None:
+    """Hand the extension what it compares with and calls: the kernels' measurements, the array
+    and communicator types, the flight record's slots, the tracer, the engine's Python call."""
+    samples = []
+    for array in _samples():
+        data = array.__array_interface__["data"][0]
+        samples.append((array, data, array.shape, array.flags.c_contiguous, array.flags.writeable))
+    caller, arrays_ok = module.setup(
+        *kernels.QUIRKS,
+        tuple(kernels.OFF),
+        np.ndarray,
+        samples,
+        MPI.Intracomm,
+        MPI.Exception,
+        tracing,
+        tracing.NullTracer,
+        flight.Slot,
+        flight.Recorder,
+        _unset,
+        threading.main_thread().ident,
+    )
+    _CALLER[:] = [caller, arrays_ok]
+    module.enable(kernels.ACTIVE == "c")
+    kernels.LISTENERS.append(lambda active: module.enable(active == "c"))
+
+
+def _samples() -> list[np.ndarray]:
+    """Arrays whose fields the extension must read as NumPy describes them (else its warm calls
+    stay off): contiguous, strided, read-only, empty, 0-d."""
+    base = np.arange(12, dtype=np.float32).reshape(3, 4)
+    frozen = np.zeros(5)
+    frozen.flags.writeable = False
+    return [base, base[:, ::2], frozen, np.zeros(0, np.int64), np.zeros((), np.int32)]
+
+
+_CALLER: list[Any] = []  # [the compiled engine.call, whether ndarray fields read right]
+
+
+def caller(fallback: Callable[..., Any]) -> Callable[..., Any]:
+    """``fallback`` (the engine's Python `call`) with its warm NumPy calls run in C in front of it,
+    where the MPI-linked core runs here; else ``fallback`` itself."""
+    module, _ = mpi_core()
+    if module is None or not _CALLER or not _CALLER[1]:
+        return fallback
+    module.set_fallback(fallback)
+    return _CALLER[0]
+
+
+def active() -> bool:
+    """Whether the compiled core runs step loops and warm calls now (HPCRING_CORE, the kernels'
+    selection, and the MPI-linked part loaded)."""
+    return kernels.ACTIVE == "c" and mpi_core()[0] is not None
+
+
+def program(recording: Any, src: Any, dst: Any) -> tuple[Any, str]:
+    """The compiled `Program` for a `hpcring.program.Program` recorded on ``src`` and ``dst``, or
+    None; and why not."""
+    module, why = mpi_core()
+    if module is None:
+        return None, why
+    kinds = {"src": 0, "dst": 1, "scratch": 2}
+    buffers = [(kinds[b.kind], b.comm, b.name, b.nbytes) for b in recording.buffers]
+    align = min(8, max(src.dtype.itemsize, dst.dtype.itemsize))
+    try:
+        made = module.Program(
+            recording.rows,
+            buffers,
+            tuple(recording.channels),
+            recording.counts,
+            recording.sent,
+            recording.unknown,
+            src.nbytes,
+            dst.nbytes,
+            align,
+        )
+    except (ValueError, TypeError) as error:
+        return None, str(error)
+    return made, ""
+
+
+def table(comm: Any) -> Any:
+    """The compiled core's table of warm calls for the user's ``comm`` (found by its handle)."""
+    return mpi_core()[0].Table(comm)
+
+
+def warm(*args: Any) -> Any:
+    """One warm call run in C (`Warm`'s arguments: hpcring.engine.Call.compiled_warm)."""
+    return mpi_core()[0].Warm(*args)
 
 
 def abi_mismatch(

@@ -14,6 +14,12 @@ a `hpcring.wire.WireChannel`, reproducible=True runs it on integer words (`hpcri
 Error messages name the collective that was called. The front ends (`hpcring.collectives`,
 `hpcring.nonblocking`, `hpcring.persistent`, `hpcring.accumulator`, `hpcring.wrap`,
 `hpcring.training`) are thin: they say which collective and hand the arguments here.
+
+Where the compiled core runs (`hpcring.core`), a Call's data movement from its second run on is
+the algorithm's steps recorded as a table (`hpcring.program`) and run in C with the GIL
+released; and a warm NumPy all-reduce or broadcast runs in C from the arguments to the result
+(`Call.compiled_warm`: the same key, exclusion, flight record and agreement), coming back to the
+methods below only on slow paths. This file stays the reference both cores are tested against.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import algorithms, config, exact, tracing
+from . import algorithms, config, core, exact, kernels, tracing
 from . import wire as wires
 from .agreement import REPRODUCIBLE, Row
 from .algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER, Spec
@@ -38,11 +44,14 @@ from .flight import AGREEMENT, MASK, MOVING, clock, dump_on_error
 from .ops import DTYPES, OPS, Op, check_op, op_name
 from .partition import segment
 from .polling import abandon
+from .program import Unrecordable, record
 from .tracing import local_copy
 from .ulfm import first_call_failed, rank_failed
 from .units import format_bytes
 
 WARM_CALLS = 256  # kinds of call remembered per communicator
+PROGRAMS = 256  # compiled programs kept per channel (`Call.compile`)
+_SEEN = "seen"  # a program's kind was seen once: recorded the next time
 # How a collective's run function is called (`hpcring.algorithms.base`): (ch, src, dst, op),
 # (ch, src, dst) or (ch, buf, root).
 REDUCING, GATHERING, ROOTED = "reducing", "gathering", "rooted"
@@ -77,7 +86,9 @@ class Call:
     __slots__ = (
         "adapter",
         "channel",
+        "compiled",
         "exact",
+        "fast",
         "flight",
         "form",
         "in_place",
@@ -134,6 +145,10 @@ class Call:
         args += [f"root={options.root}"] if options.collective == BROADCAST else []
         # The call as a StallError names it: hpcring.allreduce(op='sum', algorithm='ring')
         self.what = f"{options.caller}({', '.join([*args, f'algorithm={options.algorithm!r}'])})"
+        # The compiled core (`hpcring.core`): the recorded program of the data movement (None: not
+        # yet; False: none) and the warm call run in C (None: not yet; False: none).
+        self.compiled: Any = None
+        self.fast: Any = None
 
     def _enter(self) -> None:
         """One collective at a time per communicator, and none from threads MPI was not set up for:
@@ -272,18 +287,22 @@ class Call:
             )
         elif channel.size > 1 and src.size > 0:
             spec = self.spec if self.settled else self.settle(src.nbytes)
-            try:
-                form = self.form  # how the collective's run function is called (`Spec`)
-                if form is REDUCING:
-                    spec.run(self.channel, src, dst, self.reduction)
-                elif form is GATHERING:
-                    spec.run(self.channel, src, dst)
-                else:
-                    spec.run(self.channel, dst, self.options.root)
-            except BaseException:
-                if isinstance(self.channel, wires.WireChannel):  # its wire buffers back to the pool
-                    self.channel.settle()
-                raise
+            compiled = self.compiled if kernels.ACTIVE == "c" and not tracer.on else False
+            if compiled is None:  # None until recorded (the first run of a kind is Python's), then kept
+                compiled = self.compiled = self.compile(spec, src, dst)
+            if not (compiled and compiled.run(src, dst, self.channel.timeout)):
+                try:
+                    form = self.form  # how the collective's run function is called (`Spec`)
+                    if form is REDUCING:
+                        spec.run(self.channel, src, dst, self.reduction)
+                    elif form is GATHERING:
+                        spec.run(self.channel, src, dst)
+                    else:
+                        spec.run(self.channel, dst, self.options.root)
+                except BaseException:
+                    if isinstance(self.channel, wires.WireChannel):  # its wire buffers back to the pool
+                        self.channel.settle()
+                    raise
             if self.mean:
                 channel.xp.true_divide(dst, channel.size, out=dst)
         elif dst is not src:  # one rank, or no data: nothing to exchange, only x to copy where it goes
@@ -308,13 +327,126 @@ class Call:
 
     def reduce_words(self, buf: Any, op: str) -> None:
         """reproducible=True: one all-reduce of ``buf`` in place by this call's algorithm (auto
-        chooses for what travels: the codes, then the words)."""
+        chooses for what travels: the codes, then the words); in the compiled core from the
+        second call of a kind on (`compile`)."""
         spec = self.spec
         if spec.choose is not None:
             name = spec.choose(self.channel, buf.nbytes, True, algorithms.choices(ALLREDUCE))
             spec = algorithms.spec(ALLREDUCE, name)
             self.ran = name
+        if kernels.ACTIVE == "c" and not tracing.TRACER.on:
+            compiled = self.compile(spec, buf, buf, OPS[op])
+            if compiled and compiled.run(buf, buf, self.channel.timeout):
+                return
         spec.run(self.channel, buf, buf, OPS[op])
+
+    # ---- the compiled core (`hpcring.core`) -------------------------------------------------
+
+    def compile(self, spec: Spec, src: Any, dst: Any, reduction: Op | None = None) -> Any:
+        """The compiled program of ``spec`` on arrays shaped and placed as ``src`` and ``dst``, kept
+        with the channel (every Call of that shape shares it): None the first time a kind is seen
+        (its run in Python makes the algorithm's schedules) and whenever the compiled core is off;
+        then recorded from the algorithm (`hpcring.program`), or False where there is none (not
+        host memory MPI reads directly, or an algorithm that does what a table cannot hold)."""
+        adapter = self.adapter
+        if not core.active():
+            return None  # not now (HPCRING_CORE, or hpcring.kernels.using): asked again later
+        if not adapter.direct or adapter.device or type(src) is not np.ndarray:
+            return False
+        channel = self.channel
+        wire = channel.wire if isinstance(channel, wires.WireChannel) else None
+        op = reduction if reduction is not None else self.reduction
+        # dst a part of src (reduce-scatter in place), src a row of dst (all-gather in place), or apart
+        placed = "same" if dst is src else _offset_inside(dst, src)
+        if placed is None and (row := _offset_inside(src, dst)) is not None:
+            placed = ("row", row)
+        key = (spec.collective, spec.name, src.size, dst.size, src.dtype, placed, op, self.options.root, wire)
+        programs = channel.resource("compiled-programs", dict)
+        made = programs.get(key)
+        if made is None:
+            if len(programs) >= PROGRAMS:  # a code that never repeats a shape: keep the table small
+                programs.clear()
+            programs[key] = _SEEN
+            return None
+        if made is _SEEN:
+            try:
+                recording = record(spec, self.form, channel, src, dst, op, self.options.root, wire)
+                made = core.program(recording, src, dst)[0] or False
+            except Unrecordable:
+                made = False
+            programs[key] = made
+        return made
+
+    def compiled_warm(self, comm: Any, key: tuple[Any, ...], x: Any) -> Any:
+        """The warm call of this kind run in C from now on (`hpcring.core.warm`), or False where
+        the compiled core cannot take it whole: not a NumPy all-reduce or broadcast, no program,
+        another thread level than MPI_THREAD_MULTIPLE's or the main thread's, a mean it does not
+        divide. Listed in the communicator's table, found by the user's communicator's handle."""
+        collective = self.options.collective
+        if not core.active():
+            return None  # asked again on a later call
+        if (
+            not self.compiled
+            or self.serial is not None
+            or self.adapter is not NUMPY
+            or type(x) is not np.ndarray
+            or collective not in (ALLREDUCE, BROADCAST)
+            or self.exact
+            or (self.mean and x.dtype not in (np.float32, np.float64))
+        ):
+            return False
+        from .comm import attached  # the table lives and dies with the communicator's state
+
+        table = attached(comm, "compiled-warm-calls", lambda: core.table(comm))
+        _, _, shape, dtype, op, algorithm, out_none, _, root, wire, reproducible = key
+        mean = -1
+        if self.mean:
+            mean = 2 if dtype == np.float32 else 3  # the kernels' codes (hpcring.kernels.DTYPE_CODES)
+        made = core.warm(
+            self,
+            (collective, op, algorithm, root, reproducible, wire, out_none, dtype),
+            tuple(shape),
+            dtype.itemsize,
+            self.state,
+            self.flight,
+            self.state.busy,
+            self.channel,
+            self.timeout,
+            self.state.comm,
+            tuple(self.words),
+            self.single,
+            self.returns_x,
+            self.spec.blocking,
+            mean,
+            self.compiled,
+        )
+        table.add(made)
+        return made
+
+    def resolve_timeout(self, timeout: float | None) -> float:
+        """The compiled warm call's timeout where the communicator has none read (a bad value raises)."""
+        return resolve_timeout(self.state, timeout)
+
+    def compiled_stalled(self, request: MPI.Request, number: int, timeout: float) -> None:
+        """The compiled warm call's agreement went on past its spinning: wait as the Python path
+        does, or raise StallError naming the ranks that did not arrive."""
+        self.state.agreement.wait(request, number, timeout, self.what)
+
+    def compiled_disagreed(self, number: int) -> None:
+        """The compiled warm call's agreement showed a difference: raise what every rank raises."""
+        self.state.agreement.disagree([number, *self.words], self.row, None, self.options.caller)
+
+    def compiled_failed(self, slot: Any, error: BaseException, check: bool) -> None:
+        """A compiled warm call raised after taking its flight slot: recorded as the Python path
+        records a failure (the requests a StallError leaves pending are kept), and an MPI error
+        that is a failed rank (ULFM) raised as the RankFailedError the Python path raises."""
+        slot.number = self.state.calls if check else 0
+        failure = rank_failed(self, error, slot.number, moving=slot.phase == MOVING)
+        self.flight.failed(slot, failure or error)
+        if isinstance(error, StallError) or failure is not None:
+            abandon(error)
+        if failure is not None:
+            raise failure from error
 
 
 # ---- the warm path ---------------------------------------------------------------------------
@@ -362,7 +494,10 @@ def call(
         except Exception:
             key, ready = None, False
         if ready:
-            return made(x, out, check, timeout)
+            result = made(x, out, check, timeout)
+            if made.fast is None and made.compiled:  # from now on in C, where the compiled core takes it
+                made.fast = made.compiled_warm(_WORLD if comm is None else comm, key, x)
+            return result
     if parts is not None:
         key = None
     return first(
@@ -399,6 +534,9 @@ def first(
         warm = made.state.warm
         if len(warm) >= WARM_CALLS:  # a code that never repeats a shape: keep the table small
             warm.clear()
+            compiled = made.state.made.get("compiled-warm-calls")
+            if compiled is not None:
+                compiled.clear()
         warm[key] = made
     return result
 
@@ -740,6 +878,16 @@ def _thread_level() -> int:
         _level.append(MPI.Query_thread())
     return _level[0]
 
+
+def _offset_inside(part: np.ndarray, whole: np.ndarray) -> int | None:
+    """The byte offset of ``part`` inside ``whole`` (a reduce-scatter's own part), or None: apart."""
+    a, b = part.__array_interface__["data"][0], whole.__array_interface__["data"][0]
+    return a - b if b <= a and a + part.nbytes <= b + whole.nbytes and part.nbytes > 0 else None
+
+
+# What the front ends call: `call`, with its warm NumPy calls run in C in front of it where the
+# compiled core runs (`hpcring.core.caller`); `call` itself where it does not.
+call = core.caller(call)
 
 __all__ = [
     "Call",

@@ -48,6 +48,9 @@ _REDUCED = DTYPES[:8]  # the dtypes hpcring reduces (the last two are exact.py's
 ACTIVE = "python"  # which kernels run: "c" or "python"
 REASON = "not selected yet"  # why, in words (hpcring.info()["core_reason"])
 COMPILED: Any = None  # the loaded hpcring._kernels, selected or not
+QUIRKS: tuple[bool, bool, bool] = (False, False, False)  # what `_quirks` measured (the MPI-linked core's too)
+OFF: tuple[tuple[int, int], ...] = ()  # (dtype, op) codes whose compiled reduction NumPy's loops replace
+LISTENERS: list[Callable[[str], None]] = []  # told of every `select` (the MPI-linked core follows it)
 
 
 # --- the entry points: rebound to the compiled ones by `select` -------------------------------
@@ -97,6 +100,7 @@ _PYTHON: dict[str, Callable[..., bool]] = {name: globals()[name] for name in _NA
 
 def _load() -> tuple[Any, str]:
     """The compiled module, set up for this NumPy, and the words for REASON; (None, why not)."""
+    global QUIRKS, OFF
     try:  # by name: an optional build, which may not be there
         _kernels = importlib.import_module("hpcring._kernels")
     except ImportError as error:
@@ -106,6 +110,7 @@ def _load() -> tuple[Any, str]:
         _kernels.setup(np.ndarray, DTYPES, *quirks, ())
         off = _self_test(_kernels)
         _kernels.setup(np.ndarray, DTYPES, *quirks, tuple(off))
+        QUIRKS, OFF = quirks, tuple(off)
     except Exception as error:  # a module of another build than this file expects: Python's path
         return None, f"hpcring._kernels failed its setup ({type(error).__name__}: {error})"
     built = f"{_kernels.COMPILER.split()[0]} {_kernels.CFLAGS}"
@@ -204,6 +209,8 @@ def select(choice: str | None = None) -> tuple[str, str]:
         ACTIVE, REASON = "c", _WHY
     for name in _NAMES:
         globals()[name] = getattr(COMPILED, name) if ACTIVE == "c" else _PYTHON[name]
+    for listener in LISTENERS:
+        listener(ACTIVE)
     return ACTIVE, REASON
 
 

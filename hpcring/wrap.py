@@ -665,6 +665,9 @@ class Intracomm(MPI.Intracomm):
             self._hpcring_plain,
             self._hpcring_check,
             self._hpcring_timeout,
+            0,  # root, reproducible, wire: all eleven arguments, as the compiled core's warm call takes them
+            False,
+            None,
         )
         return None
 

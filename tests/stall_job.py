@@ -3,10 +3,17 @@ stops itself (SIGSTOP) in the middle of an algorithm; every other rank must rais
 naming it in time, and the job must end, non-zero, without hanging in MPI_Finalize.
 
     stall_job.py skip RANK            RANK never makes the first call on a fresh WORLD.Dup()
-    stall_job.py freeze RANK ALGO     RANK stops itself after its first exchange of ALGO
+    stall_job.py freeze RANK ALGO [WARM]
+                                      RANK stops itself after its first exchange of ALGO, in
+                                      the call after WARM warm-up calls (default 1)
                                       (mpi: just before MPI_Allreduce; the watchdog aborts the job)
 
 Every rank prints one line ``RESULT rank=R ...`` and exits 1 after a StallError (3 otherwise).
+
+The frozen rank stops itself inside the Channel's methods, which only the pure-Python core calls
+(the compiled core runs the algorithm's recorded steps in C): it runs on the Python core, so it
+freezes where the test says, while the others run the core the job runs (the compiled one where
+it is built: its waits and agreement are what they test). Both cores send the same messages.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcring
+from hpcring import kernels
 from hpcring.channel import Channel
 
 TIMEOUT = 2.0
@@ -33,13 +41,16 @@ def report(**fields: object) -> None:
     print(f"RESULT rank={WORLD.rank} {words}\n", end="", flush=True)
 
 
-def main(mode: str, target: int, algorithm: str = "ring") -> int:
+def main(mode: str, target: int, algorithm: str = "ring", warmups: str = "1") -> int:
     pids = WORLD.allgather(os.getpid())
     comm = WORLD.Dup()
     x = np.ones(1 << 16, dtype=np.float64)
     hpcring.allreduce(x.copy(), comm=MPI.COMM_SELF)  # imports done: the time measured is the wait
+    if mode == "freeze" and WORLD.rank == target:  # the Python core, whose Channel is patched below
+        kernels.select("python")
     if mode == "freeze":
-        hpcring.allreduce(x.copy(), comm=comm, algorithm=algorithm, timeout=TIMEOUT)  # warm
+        for _ in range(int(warmups)):  # the compiled core: 1, the program in C; 2, the whole call
+            hpcring.allreduce(x.copy(), comm=comm, algorithm=algorithm, timeout=TIMEOUT)
         if WORLD.rank == target and algorithm == "mpi":  # freeze just before MPI_Allreduce
             blocking = Channel.allreduce
 

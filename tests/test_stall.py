@@ -140,6 +140,23 @@ def test_rank_frozen_mid_call(algorithm: str, ranks: int) -> None:
 
 
 @pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
+def test_rank_frozen_mid_warm_call() -> None:
+    """As above, in a call after two of its kind: with the compiled core, the others run the whole
+    call in C (agreement and step table) and still name the frozen rank in time."""
+    frozen = 1
+    status, output, seconds = _job("freeze", str(frozen), "ring", "2", ranks=3)
+    rows = _results(output)
+    assert status != 0 and len(rows) == 3, output
+    assert "received signal" not in output, output
+    assert seconds < 45, f"the job took {seconds:.0f} s to end (MPI_Finalize after a StallError)"
+    for rank, row in rows.items():
+        if rank != frozen:
+            assert row.get("missing") == str(frozen), output
+            assert float(row["elapsed"]) <= JOB_TIMEOUT + 2.0, output
+    assert "did not arrive at the data exchange call 3" in output, output
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGSTOP"), reason="needs SIGSTOP")
 @pytest.mark.parametrize("ranks", [2, 3])
 def test_rank_frozen_inside_mpi_allreduce(ranks: int) -> None:
     """`mpi` blocks in MPI_Allreduce: a rank frozen just before it leaves the others inside it,

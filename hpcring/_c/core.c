@@ -1,17 +1,32 @@
-/* hpcring._core: the MPI-linked part of the compiled core.
+/* hpcring._core_<family>: the MPI-linked part of the compiled core.
  *
  * Built with the MPI compiler wrapper (setup.py says which), against the mpi.h of that MPI, and
- * reaching mpi4py's communicators through its C API (PyMPIComm_Get). Today it holds what the
- * import needs to prove it may run here (the ABI facts hpcring/core.py compares with mpi4py's),
- * and one bare call, `allreduce`, the shortest path from Python to MPI_Allreduce: the yardstick
- * the warm call and the schedules' step loops, to come here, are measured against.
+ * reaching mpi4py's communicators through its C API (PyMPIComm_Get). It holds:
+ *
+ * - the ABI facts hpcring/core.py compares with mpi4py's before anything here is used;
+ * - `Program`: a call's step table (hpcring/program.py records it from the algorithm) executed
+ *   row by row with the GIL released: MPI_Isend/Irecv, waits that test against the deadline,
+ *   the reductions of reduce.h, the wire's narrowing and widening, library collectives. A wait
+ *   that lasts longer than SPIN_SECONDS goes back to Python's bounded wait (the channel's), so
+ *   stall notices, naps and the StallError that names ranks stay where they are;
+ * - `Warm` and `Table`: the warm call of a NumPy all-reduce or broadcast, from the arguments to
+ *   the result: the key and flags check, the exclusion, the flight record's stores, the
+ *   agreement (MPI_Iallreduce of the row, tested against the deadline) and the program. Every
+ *   slow path (a mismatch, a long wait, an error) calls back into the engine's Python, so every
+ *   rank raises what the pure-Python core raises;
+ * - `caller`: hpcring.engine.call as the front ends call it: a warm call found in a `Table` runs
+ *   here, anything else goes on to the Python function.
+ *
+ * The pure-Python core is the reference: both give the same bits (tests/test_core_mpi.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <mpi.h>
 #include <mpi4py/mpi4py.h>
+#include <time.h>
 
 #include "reduce.h"
+#include "wire.h"
 
 /* Which MPI's header this was compiled against, in MPI_Get_library_version's first words. */
 #if defined(OMPI_MAJOR_VERSION)
@@ -25,6 +40,21 @@
 #else
 #define HR_MPI_VENDOR "unknown"
 #endif
+
+/* hpcring/program.py's row layout and kinds. */
+#define HR_WIDTH 12
+enum { R_SEND = 1, R_RECV, R_WAIT, R_COMBINE, R_COPY, R_NARROW, R_WIDEN, R_ROUND, R_STEP, R_COLLECTIVE };
+enum { C_ALLREDUCE, C_REDUCE_SCATTER, C_ALLGATHER, C_BCAST, C_IGATHER, C_IBCAST };
+enum { B_SRC, B_DST, B_SCRATCH };
+
+/* A wait tests this long with the GIL released before Python's bounded wait takes over (which
+ * looks for stall notices every millisecond: hpcring/polling.py NOTICE_EVERY). */
+#define SPIN_SECONDS 1e-3
+/* The agreement tests this long holding the GIL (ranks in step: a few microseconds), then
+ * releases it for the rest of SPIN_SECONDS. */
+#define HELD_SECONDS 20e-6
+#define TABLES 64  /* communicators with warm calls in C */
+#define ENTRIES 64 /* warm calls per communicator (MRU first) */
 
 static MPI_Datatype mpi_type(int dtype) {
     switch (dtype) {
@@ -49,6 +79,1169 @@ static MPI_Op mpi_op(int op) {
     default: return MPI_OP_NULL;
     }
 }
+
+/* ---- what setup() hands over ------------------------------------------------------------- */
+
+static hr_quirks quirks;
+static unsigned char combine_off[HR_NDTYPES][HR_NOPS];
+static PyObject *mpi_exception;       /* mpi4py.MPI.Exception */
+static PyTypeObject *ndarray_type;    /* numpy.ndarray */
+static PyTypeObject *intracomm_type;  /* mpi4py.MPI.Intracomm */
+static PyTypeObject *null_tracer_type; /* hpcring.tracing.NullTracer: tracing is off */
+static PyObject *tracing_globals;     /* hpcring.tracing's namespace: TRACER */
+static PyObject *fallback;            /* the Python hpcring.engine.call */
+static PyObject *abandoned;           /* what a failed program's requests may still use: kept for good */
+static int enabled;                   /* HPCRING_CORE allows it (hpcring.kernels.select) */
+static int struct_ok;                 /* ndarray fields read directly (checked at setup) */
+static unsigned long main_thread;
+
+static PyObject *s_timeout, *s_step, *s_traffic, *s_sent, *s_unknown, *s_calls, *s_finish, *s_wait, *s_seq,
+    *s_call, *s_phase, *s_start, *s_number, *s_end, *s_scratch, *s_tracer, *s_on, *s_stalled, *s_disagreed,
+    *s_failed, *s_divide, *s_resolve;
+
+static double now(void) { /* time.monotonic and time.perf_counter on Linux: CLOCK_MONOTONIC */
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+/* ---- NumPy arrays, read as NumPy lays them out (PyArrayObject_fields, ABI-stable) ------------- */
+
+typedef struct {
+    PyObject_HEAD
+    char *data;
+    int nd;
+    Py_ssize_t *dimensions;
+    Py_ssize_t *strides;
+    PyObject *base;
+    PyObject *descr;
+    int flags;
+} hr_ndarray;
+
+#define NPY_C_CONTIGUOUS 0x0001
+#define NPY_WRITEABLE 0x0400
+
+/* The data pointer and byte length of a C-contiguous array (``writable`` asked), or -1 (no error set). */
+static int array_bytes(PyObject *obj, int writable, char **data, Py_ssize_t *nbytes) {
+    if (Py_TYPE(obj) != ndarray_type) return -1;
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) {
+        PyErr_Clear();
+        return -1;
+    }
+    *data = view.buf;
+    *nbytes = view.len;
+    PyBuffer_Release(&view);
+    return 0;
+}
+
+/* An exception taken aside while a handler runs (Python 3.11's PyErr_Fetch, normalized). */
+typedef struct {
+    PyObject *type, *value, *tb;
+} hr_exc;
+
+static hr_exc exc_take(void) {
+    hr_exc e = {NULL, NULL, NULL};
+    PyErr_Fetch(&e.type, &e.value, &e.tb);
+    if (e.type != NULL) {
+        PyErr_NormalizeException(&e.type, &e.value, &e.tb);
+        if (e.tb != NULL) PyException_SetTraceback(e.value, e.tb);
+    }
+    return e;
+}
+
+static void exc_put(hr_exc e) { PyErr_Restore(e.type, e.value, e.tb); }
+
+static void exc_drop(hr_exc e) {
+    Py_XDECREF(e.type);
+    Py_XDECREF(e.value);
+    Py_XDECREF(e.tb);
+}
+
+/* ---- waiting ------------------------------------------------------------------------------ */
+
+/* Test ``*req`` until it completes (1) or ``seconds`` pass (0); napping ``nap`` ns between tests
+ * where asked (HPCRING_WAIT_SLEEP_US). Called with or without the GIL: it touches no Python. */
+static int spin(MPI_Request *req, double seconds, long nap, int *rc) {
+    int flag = 0;
+    if (!nap) {
+        for (int i = 0; i < 64; i++) {
+            if ((*rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS || flag) return flag;
+        }
+    }
+    double end = now() + seconds;
+    for (;;) {
+        for (int i = 0; i < (nap ? 1 : 16); i++) {
+            if ((*rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS || flag) return flag;
+        }
+        if (nap) {
+            struct timespec t = {nap / 1000000000L, nap % 1000000000L};
+            nanosleep(&t, NULL);
+        }
+        if (now() > end) return 0;
+    }
+}
+
+static PyObject *mpi_error(int rc) {
+    PyObject *code = PyLong_FromLong(rc);
+    if (code != NULL) {
+        PyErr_SetObject(mpi_exception, code);
+        Py_DECREF(code);
+    }
+    return NULL;
+}
+
+/* ---- Program: a step table (hpcring/program.py) ------------------------------------------- */
+
+typedef struct {
+    int kind, comm;
+    PyObject *name;   /* scratch: its name in the channel */
+    Py_ssize_t nbytes; /* scratch: bytes the rows use */
+    PyObject *held;   /* scratch: the array it lives in now */
+    char *data;
+} hr_buffer;
+
+typedef struct {
+    PyObject_HEAD
+    Py_ssize_t nrows;
+    int64_t *rows;
+    int nbuf;
+    hr_buffer *bufs;
+    int ncomm;
+    PyObject *channels;  /* tuple: the real channels, by comm number */
+    MPI_Comm *comms;
+    PyObject **tables;   /* per comm: the channel's scratch table (dict) */
+    int *counts;
+    Py_ssize_t ncounts;
+    MPI_Request *req;
+    long long sent;
+    int unknown;
+    Py_ssize_t src_nbytes, dst_nbytes; /* what buffers 0 and 1 must hold */
+    int align;                         /* their data pointers' alignment, bytes */
+    int size;
+    int busy;                          /* running: never re-entered (one collective per communicator) */
+} Program;
+
+static void program_dealloc(Program *p) {
+    for (int b = 0; b < p->nbuf; b++) {
+        Py_XDECREF(p->bufs[b].name);
+        Py_XDECREF(p->bufs[b].held);
+    }
+    for (int c = 0; c < p->ncomm; c++) Py_XDECREF(p->tables ? p->tables[c] : NULL);
+    Py_XDECREF(p->channels);
+    PyMem_Free(p->rows);
+    PyMem_Free(p->bufs);
+    PyMem_Free(p->comms);
+    PyMem_Free(p->tables);
+    PyMem_Free(p->counts);
+    PyMem_Free(p->req);
+    Py_TYPE(p)->tp_free((PyObject *)p);
+}
+
+static int row_check(Program *p, const int64_t *r, Py_ssize_t i) {
+#define BUF_OK(b) ((b) >= 0 && (b) < p->nbuf)
+#define COMM_OK(c) ((c) >= 0 && (c) < p->ncomm)
+    switch (r[0]) {
+    case R_SEND:
+    case R_RECV:
+        return COMM_OK(r[1]) && BUF_OK(r[4]) && r[6] >= 0 && r[6] <= INT32_MAX && r[5] >= 0;
+    case R_WAIT:
+        return r[1] >= 0 && r[1] < i && COMM_OK(r[5]) && r[4] >= 0;
+    case R_COMBINE:
+        return r[2] >= 0 && r[2] < HR_NDTYPES && r[1] >= 0 && r[1] < HR_NOPS && !combine_off[r[2]][r[1]] &&
+               BUF_OK(r[3]) && BUF_OK(r[5]) && BUF_OK(r[7]) && r[9] >= 0 &&
+               !((r[2] == HR_C64 || r[2] == HR_C128) && (r[1] == HR_MAX || r[1] == HR_MIN));
+    case R_COPY:
+        return BUF_OK(r[1]) && BUF_OK(r[3]) && r[5] >= 0;
+    case R_NARROW:
+        return BUF_OK(r[1]) && BUF_OK(r[3]) && (r[6] == HR_F32 || r[6] == HR_F64) &&
+               (r[7] == HR_BF16 || r[7] == HR_F16);
+    case R_WIDEN:
+        return BUF_OK(r[1]) && BUF_OK(r[3]) && (r[7] == HR_F32 || r[7] == HR_F64) &&
+               (r[6] == HR_BF16 || r[6] == HR_F16);
+    case R_ROUND:
+        return BUF_OK(r[1]) && (r[4] == HR_F32 || r[4] == HR_F64) && (r[5] == HR_BF16 || r[5] == HR_F16);
+    case R_STEP:
+        return 1;
+    case R_COLLECTIVE: {
+        int which = (int)r[1];
+        if (!COMM_OK(r[2]) || r[8] < 0 || r[8] > INT32_MAX || r[9] < 0 || r[9] >= HR_NDTYPES) return 0;
+        if (r[4] >= 0 && !BUF_OK(r[4])) return 0;
+        if (r[6] >= 0 && !BUF_OK(r[6])) return 0;
+        if ((which == C_ALLREDUCE || which == C_REDUCE_SCATTER) &&
+            (mpi_type((int)r[9]) == MPI_DATATYPE_NULL || r[10] < 0 || r[10] >= HR_NOPS))
+            return 0;
+        if (which == C_REDUCE_SCATTER && (r[11] < 0 || r[11] >= p->ncounts)) return 0;
+        return which >= C_ALLREDUCE && which <= C_IBCAST;
+    }
+    default:
+        return 0;
+    }
+#undef BUF_OK
+#undef COMM_OK
+}
+
+PyDoc_STRVAR(program_doc, "Program(rows, buffers, channels, counts, sent, unknown, src_nbytes, dst_nbytes, align)\n\n"
+                          "A step table (hpcring/program.py) to run on a call's buffers: rows an (n, 12) int64 array; "
+                          "buffers (kind, comm, name, nbytes) each (kind 0 the input, 1 the output, 2 scratch); "
+                          "channels the real channels by comm number; counts int32 (reduce-scatter counts); sent "
+                          "the bytes one run hands to MPI; align: the alignment buffers 0 and 1 need.");
+
+static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *rows, *buffers, *channels, *counts;
+    long long sent;
+    int unknown, align;
+    Py_ssize_t src_nbytes, dst_nbytes;
+    if (!PyArg_ParseTuple(args, "OO!O!OLpnni", &rows, &PyList_Type, &buffers, &PyTuple_Type, &channels, &counts,
+                          &sent, &unknown, &src_nbytes, &dst_nbytes, &align))
+        return NULL;
+    Program *p = (Program *)type->tp_alloc(type, 0);
+    if (p == NULL) return NULL;
+    Py_buffer view;
+    if (PyObject_GetBuffer(rows, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto fail;
+    if (view.itemsize != 8 || view.len % (8 * HR_WIDTH)) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "Program: rows must be an (n, 12) int64 array");
+        goto fail;
+    }
+    p->nrows = view.len / (8 * HR_WIDTH);
+    p->rows = PyMem_Malloc(view.len ? view.len : 8);
+    if (p->rows == NULL) {
+        PyBuffer_Release(&view);
+        PyErr_NoMemory();
+        goto fail;
+    }
+    memcpy(p->rows, view.buf, view.len);
+    PyBuffer_Release(&view);
+    if (PyObject_GetBuffer(counts, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto fail;
+    if (view.itemsize != 4) {
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "Program: counts must be int32");
+        goto fail;
+    }
+    p->ncounts = view.len / 4;
+    p->counts = PyMem_Malloc(view.len ? view.len : 4);
+    if (p->counts == NULL) {
+        PyBuffer_Release(&view);
+        PyErr_NoMemory();
+        goto fail;
+    }
+    memcpy(p->counts, view.buf, view.len);
+    PyBuffer_Release(&view);
+
+    p->ncomm = (int)PyTuple_GET_SIZE(channels);
+    Py_INCREF(channels);
+    p->channels = channels;
+    p->comms = PyMem_Calloc(p->ncomm ? p->ncomm : 1, sizeof(MPI_Comm));
+    p->tables = PyMem_Calloc(p->ncomm ? p->ncomm : 1, sizeof(PyObject *));
+    p->req = PyMem_Malloc((p->nrows ? p->nrows : 1) * sizeof(MPI_Request));
+    if (!p->comms || !p->tables || !p->req) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (Py_ssize_t i = 0; i < p->nrows; i++) p->req[i] = MPI_REQUEST_NULL;
+    for (int c = 0; c < p->ncomm; c++) {
+        PyObject *ch = PyTuple_GET_ITEM(channels, c);
+        PyObject *comm = PyObject_GetAttrString(ch, "comm");
+        if (comm == NULL) goto fail;
+        MPI_Comm *handle = PyMPIComm_Get(comm);
+        Py_DECREF(comm);
+        if (handle == NULL) goto fail;
+        p->comms[c] = *handle;
+        p->tables[c] = PyObject_CallMethod(ch, "scratch_table", NULL);
+        if (p->tables[c] == NULL) goto fail;
+        if (!PyDict_Check(p->tables[c])) {
+            PyErr_SetString(PyExc_TypeError, "Program: a channel's scratch_table() must be a dict");
+            goto fail;
+        }
+    }
+    if (MPI_Comm_size(p->comms[0], &p->size) != MPI_SUCCESS) {
+        PyErr_SetString(PyExc_RuntimeError, "Program: MPI_Comm_size failed");
+        goto fail;
+    }
+    p->nbuf = (int)PyList_GET_SIZE(buffers);
+    p->bufs = PyMem_Calloc(p->nbuf ? p->nbuf : 1, sizeof(hr_buffer));
+    if (p->bufs == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (int b = 0; b < p->nbuf; b++) {
+        hr_buffer *buf = &p->bufs[b];
+        PyObject *name;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(buffers, b), "iiUn", &buf->kind, &buf->comm, &name, &buf->nbytes))
+            goto fail;
+        Py_INCREF(name);
+        buf->name = name;
+        if (buf->kind < B_SRC || buf->kind > B_SCRATCH || buf->comm < 0 || buf->comm >= p->ncomm || buf->nbytes < 0) {
+            PyErr_SetString(PyExc_ValueError, "Program: a buffer's kind, comm or size is out of range");
+            goto fail;
+        }
+    }
+    p->sent = sent;
+    p->unknown = unknown;
+    p->src_nbytes = src_nbytes;
+    p->dst_nbytes = dst_nbytes;
+    p->align = align < 1 ? 1 : align;
+    for (Py_ssize_t i = 0; i < p->nrows; i++) {
+        if (!row_check(p, p->rows + i * HR_WIDTH, i)) {
+            PyErr_Format(PyExc_ValueError, "Program: row %zd (kind %lld) is not one this core runs", i,
+                         (long long)p->rows[i * HR_WIDTH]);
+            goto fail;
+        }
+    }
+    return (PyObject *)p;
+fail:
+    Py_DECREF(p);
+    return NULL;
+}
+
+/* The scratch buffers' memory now (a channel may have grown one since): 0, or -1 with an error. */
+static int resolve(Program *p) {
+    for (int b = 0; b < p->nbuf; b++) {
+        hr_buffer *buf = &p->bufs[b];
+        if (buf->kind != B_SCRATCH) continue;
+        PyObject *table = p->tables[buf->comm];
+        PyObject *now_held = PyDict_GetItemWithError(table, buf->name);
+        if (now_held == NULL && PyErr_Occurred()) return -1;
+        if (now_held != NULL && now_held == buf->held) continue;
+        /* first run, or grown or dropped since: the channel makes (or returns) it, at least this big */
+        PyObject *ch = PyTuple_GET_ITEM(p->channels, buf->comm);
+        PyObject *u8 = PyUnicode_FromString("uint8");
+        if (u8 == NULL) return -1;
+        PyObject *dtype = NULL, *np = PyImport_ImportModule("numpy");
+        if (np != NULL) dtype = PyObject_CallMethod(np, "dtype", "O", u8);
+        Py_XDECREF(np);
+        Py_DECREF(u8);
+        if (dtype == NULL) return -1;
+        PyObject *made = PyObject_CallMethod(ch, "scratch", "OnO", buf->name, buf->nbytes, dtype);
+        Py_DECREF(dtype);
+        if (made == NULL) return -1;
+        Py_DECREF(made);
+        now_held = PyDict_GetItemWithError(table, buf->name);
+        if (now_held == NULL) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_RuntimeError, "Program: the channel kept no scratch");
+            return -1;
+        }
+        char *data;
+        Py_ssize_t nbytes;
+        if (array_bytes(now_held, 1, &data, &nbytes) < 0 || nbytes < buf->nbytes) {
+            PyErr_SetString(PyExc_RuntimeError, "Program: a scratch buffer is not a writable host array");
+            return -1;
+        }
+        Py_INCREF(now_held);
+        Py_XSETREF(buf->held, now_held);
+        buf->data = data;
+    }
+    return 0;
+}
+
+/* Keep what a failed run's requests may still read or write, for good (hpcring.polling.abandon's
+ * reason: MPI may still use a buffer after a stall), and forget the requests themselves. */
+static void program_abandon(Program *p, PyObject *src, PyObject *dst) {
+    int pending = 0;
+    for (Py_ssize_t i = 0; i < p->nrows; i++) {
+        if (p->req[i] != MPI_REQUEST_NULL) pending = 1;
+        p->req[i] = MPI_REQUEST_NULL;
+    }
+    if (!pending || abandoned == NULL) return;
+    hr_exc exc = exc_take();
+    if (src) PyList_Append(abandoned, src);
+    if (dst) PyList_Append(abandoned, dst);
+    for (int b = 0; b < p->nbuf; b++)
+        if (p->bufs[b].held) PyList_Append(abandoned, p->bufs[b].held);
+    PyErr_Clear();
+    exc_put(exc);
+}
+
+static int set_attr(PyObject *obj, PyObject *name, PyObject *value) { return PyObject_SetAttr(obj, name, value); }
+
+/* A wait past SPIN_SECONDS: Python's bounded wait on the channel (GIL held). 0 done, -1 raised. */
+static int slow_wait(Program *p, const int64_t *r, int step, PyObject *timeout) {
+    PyObject *ch = PyTuple_GET_ITEM(p->channels, r[5]);
+    PyObject *main = PyTuple_GET_ITEM(p->channels, 0);
+    PyObject *stepped = PyLong_FromLong(step);
+    if (stepped == NULL || set_attr(main, s_step, stepped) < 0 || set_attr(ch, s_timeout, timeout) < 0) {
+        Py_XDECREF(stepped);
+        return -1;
+    }
+    Py_DECREF(stepped);
+    PyObject *request = PyMPIRequest_New(p->req[r[1]]);
+    if (request == NULL) return -1;
+    PyObject *done;
+    if (r[4] > 0) {
+        done = PyObject_CallMethod(ch, "wait", "Od", request, 1e-9 * (double)r[4]);
+    } else {
+        done = PyObject_CallMethod(ch, "finish", "OlO", request, (long)r[2], r[3] ? Py_True : Py_False);
+    }
+    if (done == NULL) {
+        hr_exc exc = exc_take();
+        if (abandoned) PyList_Append(abandoned, request); /* its twin here may still be pending */
+        PyErr_Clear();
+        exc_put(exc);
+        Py_DECREF(request);
+        return -1;
+    }
+    Py_DECREF(done);
+    Py_DECREF(request);
+    p->req[r[1]] = MPI_REQUEST_NULL; /* its Python twin completed it */
+    return 0;
+}
+
+static int collective(Program *p, const int64_t *r, char **base, MPI_Request *req) {
+    MPI_Comm comm = p->comms[r[2]];
+    int root = (int)r[3], count = (int)r[8], dtype = (int)r[9];
+    void *send = r[4] < 0 ? MPI_IN_PLACE : base[r[4]] + r[5];
+    void *recv = r[6] < 0 ? NULL : base[r[6]] + r[7];
+    int bytes = count * hr_itemsize[dtype];
+    switch (r[1]) {
+    case C_ALLREDUCE: return MPI_Allreduce(send, recv, count, mpi_type(dtype), mpi_op((int)r[10]), comm);
+    case C_REDUCE_SCATTER:
+        return MPI_Reduce_scatter(send, recv, p->counts + r[11], mpi_type(dtype), mpi_op((int)r[10]), comm);
+    case C_ALLGATHER: return MPI_Allgather(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm);
+    case C_BCAST: return MPI_Bcast(recv, bytes, MPI_BYTE, root, comm);
+    case C_IGATHER:
+        if (r[4] < 0) return MPI_Igather(MPI_IN_PLACE, 0, MPI_BYTE, recv, bytes, MPI_BYTE, root, comm, req);
+        return MPI_Igather(send, bytes, MPI_BYTE, NULL, 0, MPI_BYTE, root, comm, req);
+    case C_IBCAST: return MPI_Ibcast(recv, bytes, MPI_BYTE, root, comm, req);
+    }
+    return MPI_ERR_OTHER;
+}
+
+/* Add to a __slots__ or plain attribute holding an int (the channel's traffic counter). */
+static int add_to(PyObject *obj, PyObject *name, long long value) {
+    PyObject *old = PyObject_GetAttr(obj, name);
+    if (old == NULL) return -1;
+    PyObject *add = PyLong_FromLongLong(value);
+    PyObject *sum = add ? PyNumber_Add(old, add) : NULL;
+    Py_DECREF(old);
+    Py_XDECREF(add);
+    if (sum == NULL) return -1;
+    int rc = PyObject_SetAttr(obj, name, sum);
+    Py_DECREF(sum);
+    return rc;
+}
+
+/* Run the rows on buffers 0 and 1 at ``src`` and ``dst``: 1 done, -1 raised (GIL held on entry
+ * and exit). ``timeout`` is what the channels' bounded waits take (None: no limit). */
+static int program_exec(Program *p, char *src, char *dst, PyObject *src_obj, PyObject *dst_obj, PyObject *timeout) {
+    if (p->busy) {
+        PyErr_SetString(PyExc_RuntimeError, "hpcring: a compiled program was re-entered");
+        return -1;
+    }
+    if (resolve(p) < 0) return -1;
+    char *stack_base[16];
+    char **base = p->nbuf <= 16 ? stack_base : PyMem_Malloc(p->nbuf * sizeof(char *));
+    if (base == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    for (int b = 0; b < p->nbuf; b++)
+        base[b] = p->bufs[b].kind == B_SRC ? src : p->bufs[b].kind == B_DST ? dst : p->bufs[b].data;
+    p->busy = 1;
+    int rc = MPI_SUCCESS, step = 0, failed = 0;
+    PyThreadState *ts = PyEval_SaveThread();
+    for (Py_ssize_t i = 0; i < p->nrows && rc == MPI_SUCCESS; i++) {
+        const int64_t *r = p->rows + i * HR_WIDTH;
+        switch (r[0]) {
+        case R_SEND:
+            rc = MPI_Isend(base[r[4]] + r[5], (int)r[6], MPI_BYTE, (int)r[2], (int)r[3], p->comms[r[1]], &p->req[i]);
+            break;
+        case R_RECV:
+            rc = MPI_Irecv(base[r[4]] + r[5], (int)r[6], MPI_BYTE, (int)r[2], (int)r[3], p->comms[r[1]], &p->req[i]);
+            break;
+        case R_WAIT:
+            if (!spin(&p->req[r[1]], SPIN_SECONDS, (long)r[4], &rc) && rc == MPI_SUCCESS) {
+                PyEval_RestoreThread(ts);
+                failed = slow_wait(p, r, step, timeout) < 0;
+                ts = PyEval_SaveThread();
+                if (failed) i = p->nrows; /* leave the loop */
+            }
+            break;
+        case R_COMBINE:
+            hr_combine((int)r[2], (int)r[1], base[r[3]] + r[4], base[r[5]] + r[6], base[r[7]] + r[8], (size_t)r[9],
+                       &quirks);
+            break;
+        case R_COPY:
+            memmove(base[r[1]] + r[2], base[r[3]] + r[4], (size_t)r[5]);
+            break;
+        case R_NARROW:
+            hr_narrow((int)r[6], (int)r[7], base[r[1]] + r[2], base[r[3]] + r[4], (size_t)r[5], 0);
+            break;
+        case R_WIDEN:
+            hr_widen((int)r[6], (int)r[7], base[r[1]] + r[2], base[r[3]] + r[4], (size_t)r[5]);
+            break;
+        case R_ROUND:
+            hr_round_trip((int)r[4], (int)r[5], base[r[1]] + r[2], (size_t)r[3]);
+            break;
+        case R_STEP:
+            step = (int)r[1];
+            break;
+        case R_COLLECTIVE:
+            rc = collective(p, r, base, &p->req[i]);
+            break;
+        }
+    }
+    PyEval_RestoreThread(ts);
+    p->busy = 0;
+    if (base != stack_base) PyMem_Free(base);
+    if (!failed && rc != MPI_SUCCESS) {
+        mpi_error(rc);
+        failed = 1;
+    }
+    if (failed) {
+        hr_exc exc = exc_take();
+        PyObject *stepped = PyLong_FromLong(step);
+        if (stepped) {
+            if (set_attr(PyTuple_GET_ITEM(p->channels, 0), s_step, stepped) < 0) PyErr_Clear();
+            Py_DECREF(stepped);
+        }
+        PyErr_Clear();
+        exc_put(exc);
+        program_abandon(p, src_obj, dst_obj);
+        return -1;
+    }
+    PyObject *traffic = PyObject_GetAttr(PyTuple_GET_ITEM(p->channels, 0), s_traffic);
+    if (traffic == NULL) return -1;
+    int bad = p->sent && add_to(traffic, s_sent, p->sent) < 0;
+    if (!bad && p->unknown) bad = PyObject_SetAttr(traffic, s_unknown, Py_True) < 0;
+    Py_DECREF(traffic);
+    return bad ? -1 : 1;
+}
+
+/* Buffers 0 and 1 from the arrays a run is given: 0, or 1 where they are not this program's case. */
+static int program_buffers(Program *p, PyObject *src, PyObject *dst, char **s, char **d) {
+    Py_ssize_t sn, dn;
+    if (array_bytes(src, 0, s, &sn) < 0 || array_bytes(dst, 1, d, &dn) < 0) return 1;
+    if (sn != p->src_nbytes || (dst != src && dn != p->dst_nbytes)) return 1;
+    if ((uintptr_t)*s % p->align || (uintptr_t)*d % p->align) return 1; /* misaligned: NumPy's */
+    return 0;
+}
+
+PyDoc_STRVAR(run_doc, "run(src, dst, timeout) -> bool\n\nRun the rows on these flat host arrays (dst may be src); "
+                      "False where they are not this program's case (then nothing ran). ``timeout``: seconds "
+                      "each wait may take (None: no limit), as Channel.timeout.");
+
+static PyObject *program_run(Program *p, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 3) {
+        PyErr_SetString(PyExc_TypeError, "run(src, dst, timeout) takes 3 arguments");
+        return NULL;
+    }
+    char *s, *d;
+    if (program_buffers(p, argv[0], argv[1], &s, &d)) Py_RETURN_FALSE;
+    if (program_exec(p, s, d, argv[0], argv[1], argv[2]) < 0) return NULL;
+    Py_RETURN_TRUE;
+}
+
+static PyObject *program_get_rows(Program *p, void *closure) { return PyLong_FromSsize_t(p->nrows); }
+
+static PyMethodDef program_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))program_run, METH_FASTCALL, run_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef program_getset[] = {
+    {"rows", (getter)program_get_rows, NULL, "number of rows", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject ProgramType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hpcring._core.Program",
+    .tp_basicsize = sizeof(Program),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = program_doc,
+    .tp_new = program_new,
+    .tp_dealloc = (destructor)program_dealloc,
+    .tp_methods = program_methods,
+    .tp_getset = program_getset,
+};
+
+/* ---- Warm: one kind of NumPy call, run from the arguments to the result ------------------- */
+
+typedef struct {
+    PyObject *descr;
+    descrsetfunc set;
+    descrgetfunc get;
+} hr_member; /* a __slots__ attribute, stored through its descriptor */
+
+static hr_member m_seq, m_call, m_phase, m_start, m_number, m_end;
+
+static int member(hr_member *m, PyObject *type, PyObject *name) {
+    PyObject *d = PyObject_GetAttr(type, name);
+    if (d == NULL) return -1;
+    if (Py_TYPE(d)->tp_descr_set == NULL || Py_TYPE(d)->tp_descr_get == NULL) {
+        Py_DECREF(d);
+        PyErr_SetString(PyExc_TypeError, "setup: a flight record field is not a slot");
+        return -1;
+    }
+    Py_XSETREF(m->descr, d);
+    m->set = Py_TYPE(d)->tp_descr_set;
+    m->get = Py_TYPE(d)->tp_descr_get;
+    return 0;
+}
+
+static inline int store(hr_member *m, PyObject *obj, PyObject *value) { return m->set(m->descr, obj, value); }
+
+static inline int store_float(hr_member *m, PyObject *obj, double value) {
+    PyObject *v = PyFloat_FromDouble(value);
+    if (v == NULL) return -1;
+    int rc = m->set(m->descr, obj, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+static inline int store_long(hr_member *m, PyObject *obj, long long value) {
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL) return -1;
+    int rc = m->set(m->descr, obj, v);
+    Py_DECREF(v);
+    return rc;
+}
+
+typedef struct {
+    PyObject_HEAD
+    /* the key: what engine.call's warm lookup compares */
+    PyObject *collective, *op, *algorithm, *root, *reproducible, *wire, *dtype;
+    int out_none, ndim;
+    Py_ssize_t shape[8];
+    Py_ssize_t itemsize;
+    /* what a run needs */
+    PyObject *call;     /* the engine's Call: the flight slot's call, and the slow paths' methods */
+    PyObject *state;    /* CommState: its calls counter */
+    PyObject *flight;   /* flight.Recorder */
+    PyObject *slots;    /* its slots (a list of SLOTS) */
+    Py_ssize_t mask;
+    PyObject *acquire, *release; /* the communicator's exclusion (bound methods) */
+    PyObject *channel;  /* the call's channel: its timeout, as the watchdog reads it */
+    PyObject *timeout;  /* the communicator's HPCRING_TIMEOUT (None: read it in Python) */
+    MPI_Comm agree_comm;
+    int64_t *words;     /* the row (Row.words()) */
+    int nwords;
+    int64_t *agree;     /* the agreement's buffer: 2 (nwords + 2) int64 */
+    int size;
+    int single;         /* MPI allows the main thread only */
+    int returns_x;
+    int blocking;       /* the program is one blocking library call: the watchdog reads the channel's timeout */
+    int mean;           /* op mean: the dtype code to divide (float32, float64), else -1 */
+    Program *program;
+} Warm;
+
+static void warm_dealloc(Warm *w) {
+    Py_XDECREF(w->collective);
+    Py_XDECREF(w->op);
+    Py_XDECREF(w->algorithm);
+    Py_XDECREF(w->root);
+    Py_XDECREF(w->reproducible);
+    Py_XDECREF(w->wire);
+    Py_XDECREF(w->dtype);
+    Py_XDECREF(w->call);
+    Py_XDECREF(w->state);
+    Py_XDECREF(w->flight);
+    Py_XDECREF(w->slots);
+    Py_XDECREF(w->acquire);
+    Py_XDECREF(w->release);
+    Py_XDECREF(w->channel);
+    Py_XDECREF(w->timeout);
+    Py_XDECREF((PyObject *)w->program);
+    PyMem_Free(w->words);
+    PyMem_Free(w->agree);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+PyDoc_STRVAR(warm_doc, "Warm(call, key, shape, itemsize, state, flight, busy, channel, timeout, comm, words, single, "
+                       "returns_x, blocking, mean, program)\n\n"
+                       "One kind of NumPy call, run in C: ``key`` (collective, op, algorithm, root, reproducible, "
+                       "wire, out is None, dtype) and ``shape`` what engine.call's warm key compares; the rest what a "
+                       "run stores, takes and calls (hpcring.engine.Call.compiled_warm builds it).");
+
+static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *call, *key, *shape, *state, *flight, *busy, *channel, *timeout, *comm, *words, *program;
+    Py_ssize_t itemsize;
+    int single, returns_x, blocking, mean;
+    if (!PyArg_ParseTuple(args, "OO!O!nOOOOOOO!pppiO!", &call, &PyTuple_Type, &key, &PyTuple_Type, &shape, &itemsize,
+                          &state, &flight, &busy, &channel, &timeout, &comm, &PyTuple_Type, &words, &single,
+                          &returns_x, &blocking, &mean, &ProgramType, &program))
+        return NULL;
+    if (mean >= 0 && mean != HR_F32 && mean != HR_F64) {
+        PyErr_SetString(PyExc_ValueError, "Warm: mean divides float32 and float64 only");
+        return NULL;
+    }
+    if (PyTuple_GET_SIZE(key) != 8 || PyTuple_GET_SIZE(shape) > 8) {
+        PyErr_SetString(PyExc_ValueError, "Warm: key of 8, shape of at most 8");
+        return NULL;
+    }
+    Warm *w = (Warm *)type->tp_alloc(type, 0);
+    if (w == NULL) return NULL;
+    PyObject **fields[] = {&w->collective, &w->op, &w->algorithm, &w->root, &w->reproducible, &w->wire};
+    for (int k = 0; k < 6; k++) {
+        *fields[k] = PyTuple_GET_ITEM(key, k);
+        Py_INCREF(*fields[k]);
+    }
+    w->out_none = PyObject_IsTrue(PyTuple_GET_ITEM(key, 6));
+    w->dtype = PyTuple_GET_ITEM(key, 7);
+    Py_INCREF(w->dtype);
+    w->ndim = (int)PyTuple_GET_SIZE(shape);
+    for (int d = 0; d < w->ndim; d++) {
+        w->shape[d] = PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d));
+        if (w->shape[d] == -1 && PyErr_Occurred()) goto fail;
+    }
+    w->itemsize = itemsize;
+    Py_INCREF(call);
+    w->call = call;
+    Py_INCREF(state);
+    w->state = state;
+    Py_INCREF(flight);
+    w->flight = flight;
+    Py_INCREF(channel);
+    w->channel = channel;
+    Py_INCREF(timeout);
+    w->timeout = timeout;
+    w->slots = PyObject_GetAttrString(flight, "slots");
+    if (w->slots == NULL) goto fail;
+    if (!PyList_Check(w->slots) || PyList_GET_SIZE(w->slots) < 1 ||
+        (PyList_GET_SIZE(w->slots) & (PyList_GET_SIZE(w->slots) - 1))) {
+        PyErr_SetString(PyExc_ValueError, "Warm: the flight record's slots must be a list of 2^k");
+        goto fail;
+    }
+    w->mask = PyList_GET_SIZE(w->slots) - 1;
+    w->acquire = PyObject_GetAttrString(busy, "acquire");
+    w->release = PyObject_GetAttrString(busy, "release");
+    if (w->acquire == NULL || w->release == NULL) goto fail;
+    MPI_Comm *handle = PyMPIComm_Get(comm);
+    if (handle == NULL) goto fail;
+    w->agree_comm = *handle;
+    if (MPI_Comm_size(w->agree_comm, &w->size) != MPI_SUCCESS) {
+        PyErr_SetString(PyExc_RuntimeError, "Warm: MPI_Comm_size failed");
+        goto fail;
+    }
+    w->nwords = (int)PyTuple_GET_SIZE(words);
+    w->words = PyMem_Malloc((w->nwords + 1) * sizeof(int64_t));
+    if (w->words == NULL) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    for (int k = 0; k < w->nwords; k++) {
+        w->words[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(words, k));
+        if (w->words[k] == -1 && PyErr_Occurred()) goto fail;
+    }
+    w->single = single;
+    w->returns_x = returns_x;
+    w->blocking = blocking;
+    w->mean = mean;
+    Py_INCREF(program);
+    w->program = (Program *)program;
+    return (PyObject *)w;
+fail:
+    Py_DECREF(w);
+    return NULL;
+}
+
+static PyTypeObject WarmType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hpcring._core.Warm",
+    .tp_basicsize = sizeof(Warm),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = warm_doc,
+    .tp_new = warm_new,
+    .tp_dealloc = (destructor)warm_dealloc,
+};
+
+/* ---- Table: the warm calls of one user communicator --------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    MPI_Comm comm; /* the user's communicator: what a call passes */
+    int live;
+    int n;
+    Warm *entries[ENTRIES];
+} Table;
+
+static Table *tables[TABLES];
+static int ntables;
+
+static void table_clear_entries(Table *t) {
+    for (int k = 0; k < t->n; k++) Py_CLEAR(t->entries[k]);
+    t->n = 0;
+}
+
+static void table_unlist(Table *t) {
+    for (int k = 0; k < ntables; k++) {
+        if (tables[k] == t) {
+            tables[k] = tables[--ntables];
+            tables[ntables] = NULL;
+            Py_DECREF(t);
+            return;
+        }
+    }
+}
+
+static void table_dealloc(Table *t) {
+    table_clear_entries(t);
+    Py_TYPE(t)->tp_free((PyObject *)t);
+}
+
+static PyObject *table_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
+    PyObject *comm;
+    if (!PyArg_ParseTuple(args, "O", &comm)) return NULL;
+    MPI_Comm *handle = PyMPIComm_Get(comm);
+    if (handle == NULL) return NULL;
+    Table *t = (Table *)type->tp_alloc(type, 0);
+    if (t == NULL) return NULL;
+    t->comm = *handle;
+    if (ntables < TABLES) { /* beyond that many communicators, their calls take the Python path */
+        for (int k = 0; k < ntables; k++) /* a handle freed and made again: the old table goes */
+            if (tables[k]->comm == t->comm) {
+                tables[k]->live = 0;
+                table_clear_entries(tables[k]);
+                table_unlist(tables[k]);
+                break;
+            }
+        Py_INCREF(t);
+        tables[ntables++] = t;
+        t->live = 1;
+    }
+    return (PyObject *)t;
+}
+
+PyDoc_STRVAR(add_doc, "add(warm)\n\nList a warm call (the newest is looked at first).");
+
+static PyObject *table_add(Table *t, PyObject *warm) {
+    if (Py_TYPE(warm) != &WarmType) {
+        PyErr_SetString(PyExc_TypeError, "Table.add takes a Warm");
+        return NULL;
+    }
+    if (t->n == ENTRIES) Py_CLEAR(t->entries[--t->n]);
+    memmove(t->entries + 1, t->entries, t->n * sizeof(Warm *));
+    Py_INCREF(warm);
+    t->entries[0] = (Warm *)warm;
+    t->n++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *table_clear(Table *t, PyObject *unused) {
+    table_clear_entries(t);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(close_doc, "close()\n\nForget the communicator's warm calls (it is being freed).");
+
+static PyObject *table_close(Table *t, PyObject *unused) {
+    table_clear_entries(t);
+    if (t->live) {
+        t->live = 0;
+        table_unlist(t);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *table_len(Table *t, PyObject *unused) { return PyLong_FromLong(t->n); }
+
+static PyMethodDef table_methods[] = {
+    {"add", (PyCFunction)table_add, METH_O, add_doc},
+    {"clear", (PyCFunction)table_clear, METH_NOARGS, "clear()\n\nForget every warm call."},
+    {"close", (PyCFunction)table_close, METH_NOARGS, close_doc},
+    {"count", (PyCFunction)table_len, METH_NOARGS, "count() -> int\n\nWarm calls listed."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject TableType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hpcring._core.Table",
+    .tp_basicsize = sizeof(Table),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "Table(comm)\n\nThe warm calls of one user communicator, found by its handle.",
+    .tp_new = table_new,
+    .tp_dealloc = (destructor)table_dealloc,
+    .tp_methods = table_methods,
+};
+
+/* ---- the warm call ------------------------------------------------------------------------ */
+
+static inline int same(PyObject *a, PyObject *b) {
+    if (a == b) return 1;
+    if (PyUnicode_CheckExact(a) && PyUnicode_CheckExact(b)) return PyUnicode_Compare(a, b) == 0;
+    if (PyLong_CheckExact(a) && PyLong_CheckExact(b)) return PyObject_RichCompareBool(a, b, Py_EQ) == 1;
+    return 0;
+}
+
+/* The warm call for these arguments, or NULL (no error set): engine.call's key, in C. */
+static Warm *lookup(PyObject *const *a, hr_ndarray **xo) {
+    PyObject *x = a[1], *comm = a[5];
+    if (Py_TYPE(x) != ndarray_type || !struct_ok) return NULL;
+    MPI_Comm handle;
+    if (comm == Py_None) {
+        handle = MPI_COMM_WORLD;
+    } else {
+        if (Py_TYPE(comm) != intracomm_type) return NULL;
+        MPI_Comm *h = PyMPIComm_Get(comm);
+        if (h == NULL) {
+            PyErr_Clear();
+            return NULL;
+        }
+        handle = *h;
+    }
+    Table *t = NULL;
+    for (int k = 0; k < ntables; k++)
+        if (tables[k]->comm == handle) {
+            t = tables[k];
+            break;
+        }
+    if (t == NULL) return NULL;
+    hr_ndarray *arr = (hr_ndarray *)x;
+    int out_none = a[2] == Py_None;
+    for (int k = 0; k < t->n; k++) {
+        Warm *w = t->entries[k];
+        if (w->dtype != arr->descr || w->ndim != arr->nd || w->out_none != out_none) continue;
+        int d = 0;
+        while (d < w->ndim && w->shape[d] == arr->dimensions[d]) d++;
+        if (d < w->ndim) continue;
+        if (!same(w->collective, a[0]) || !same(w->op, a[3]) || !same(w->algorithm, a[4]) || !same(w->root, a[8]) ||
+            !same(w->reproducible, a[9]) || !same(w->wire, a[10]))
+            continue;
+        if (k) { /* most recently used first */
+            memmove(t->entries + 1, t->entries, k * sizeof(Warm *));
+            t->entries[0] = w;
+        }
+        *xo = arr;
+        return w;
+    }
+    return NULL;
+}
+
+/* NumPyAdapter.ready in C: x (and out) as a warm call of this kind may take them; ``src``,
+ * ``dst``: their data. 0 ready, 1 not (the Python path then asks again and says why). */
+static int ready(Warm *w, hr_ndarray *x, PyObject *out, char **src, char **dst) {
+    Py_ssize_t nbytes = w->itemsize;
+    for (int d = 0; d < w->ndim; d++) nbytes *= w->shape[d];
+    if (!(x->flags & NPY_C_CONTIGUOUS)) return 1;
+    *src = x->data;
+    if (out == Py_None) {
+        if (!(x->flags & NPY_WRITEABLE)) return 1;
+        *dst = x->data;
+        return 0;
+    }
+    if (Py_TYPE(out) != ndarray_type) return 1;
+    hr_ndarray *o = (hr_ndarray *)out;
+    if (!(o->flags & NPY_C_CONTIGUOUS) || !(o->flags & NPY_WRITEABLE) || o->descr != x->descr || o->nd != x->nd)
+        return 1;
+    for (int d = 0; d < x->nd; d++)
+        if (o->dimensions[d] != x->dimensions[d]) return 1;
+    if (o->data < x->data + nbytes && x->data < o->data + nbytes) return 1; /* np.may_share_memory */
+    *dst = o->data;
+    return 0;
+}
+
+/* The slow path of a failure after the flight slot was taken: the engine records it (the flight
+ * record, the dump, the requests a StallError leaves), then the error goes up. */
+static void failed(Warm *w, PyObject *slot, int check) {
+    hr_exc exc = exc_take();
+    PyObject *r = PyObject_CallMethodObjArgs(w->call, s_failed, slot, exc.value ? exc.value : Py_None,
+                                             check ? Py_True : Py_False, NULL);
+    if (r != NULL) {
+        Py_DECREF(r);
+        exc_put(exc);
+    } else {
+        exc_drop(exc); /* the handler raised its own: that one goes up */
+    }
+}
+
+/* buf /= size, as NumPy's true_divide by a Python int does for float32 and float64 (the mean). */
+static void divide(int dtype, char *buf, Py_ssize_t nbytes, int size) {
+    Py_ssize_t n = nbytes / hr_itemsize[dtype];
+    if (dtype == HR_F32) {
+        float *d = (float *)buf, g = (float)size;
+        for (Py_ssize_t k = 0; k < n; k++) d[k] = d[k] / g;
+    } else {
+        double *d = (double *)buf, g = (double)size;
+        for (Py_ssize_t k = 0; k < n; k++) d[k] = d[k] / g;
+    }
+}
+
+/* The agreement, as hpcring.agreement.Agreement runs it: [number, row, verdict, -number, -row,
+ * verdict] under MAX; 0 when every rank agreed, -1 raised (a stall, a mismatch, an MPI error). */
+static int agree(Warm *w, long long number, PyObject *timeout) {
+    int width = w->nwords + 2; /* number, row, verdict */
+    if (w->agree == NULL && (w->agree = PyMem_Malloc(2 * width * sizeof(int64_t))) == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int64_t *b = w->agree;
+    b[0] = number;
+    b[width] = -number;
+    for (int k = 0; k < w->nwords; k++) {
+        b[1 + k] = w->words[k];
+        b[width + 1 + k] = -w->words[k];
+    }
+    b[width - 1] = b[2 * width - 1] = 0;
+    MPI_Request req;
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, b, 2 * width, MPI_INT64_T, MPI_MAX, w->agree_comm, &req);
+    if (rc != MPI_SUCCESS) {
+        mpi_error(rc);
+        return -1;
+    }
+    int done = spin(&req, HELD_SECONDS, 0, &rc);
+    if (!done && rc == MPI_SUCCESS) {
+        Py_BEGIN_ALLOW_THREADS
+        done = spin(&req, SPIN_SECONDS, 0, &rc);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc != MPI_SUCCESS) {
+        mpi_error(rc);
+        return -1;
+    }
+    if (!done) { /* a late rank: Python's bounded wait, stall notices and StallError */
+        PyObject *request = PyMPIRequest_New(req);
+        PyObject *n = PyLong_FromLongLong(number);
+        PyObject *r = request && n ? PyObject_CallMethodObjArgs(w->call, s_stalled, request, n, timeout, NULL) : NULL;
+        Py_XDECREF(n);
+        if (r == NULL) {
+            hr_exc exc = exc_take();
+            if (abandoned && request) PyList_Append(abandoned, request);
+            PyErr_Clear();
+            exc_put(exc);
+            Py_XDECREF(request);
+            w->agree = NULL; /* MPI may still write the old buffer: it is left to it */
+            return -1;
+        }
+        Py_DECREF(r);
+        Py_DECREF(request);
+    }
+    int differ = b[width - 1] != 0;
+    for (int k = 0; k < width - 1; k++) differ |= b[k] + b[width + k] != 0;
+    if (differ) { /* every rank takes the slow path: the rows gathered, the same error everywhere */
+        PyObject *n = PyLong_FromLongLong(number);
+        PyObject *r = n ? PyObject_CallMethodObjArgs(w->call, s_disagreed, n, NULL) : NULL;
+        Py_XDECREF(n);
+        if (r != NULL) {
+            Py_DECREF(r);
+            PyErr_SetString(PyExc_AssertionError, "hpcring: the ranks disagreed, yet nothing was raised");
+        }
+        return -1;
+    }
+    return 0;
+}
+
+/* One warm call: the result (x or out), NULL raised, or NotImplemented where the Python path
+ * must take it (another thread, the exclusion taken: it raises saying why). */
+static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_obj, PyObject *timeout_obj,
+                          char *src, char *dst) {
+    int check = PyObject_IsTrue(check_obj);
+    if (check < 0) return NULL;
+    if (w->single && PyThread_get_thread_ident() != main_thread) return Py_NewRef(Py_NotImplemented);
+    /* the timeout: the argument, else HPCRING_TIMEOUT as the communicator took it, else Python's */
+    PyObject *timeout = timeout_obj != Py_None ? timeout_obj : w->timeout;
+    PyObject *resolved = NULL;
+    if (timeout == Py_None) {
+        resolved = PyObject_CallMethodObjArgs(w->call, s_resolve, Py_None, NULL);
+        if (resolved == NULL) return NULL; /* a bad HPCRING_TIMEOUT raises, on every rank alike */
+        timeout = resolved;
+    }
+    double seconds = PyFloat_AsDouble(timeout);
+    if (seconds == -1.0 && PyErr_Occurred()) {
+        Py_XDECREF(resolved);
+        return NULL;
+    }
+    PyObject *wait_for = seconds > 0 ? timeout : Py_None; /* as Channel.timeout holds it: None, no limit */
+    /* the exclusion: one collective at a time per communicator */
+    PyObject *got = PyObject_CallOneArg(w->acquire, Py_False);
+    if (got == NULL) {
+        Py_XDECREF(resolved);
+        return NULL;
+    }
+    int mine = got == Py_True;
+    Py_DECREF(got);
+    if (!mine) {
+        Py_XDECREF(resolved);
+        return Py_NewRef(Py_NotImplemented);
+    }
+    PyObject *result = NULL, *slot = NULL;
+    long long number = 0;
+    /* the flight record: seq, and the slot's call, phase and start */
+    PyObject *seq_obj = m_seq.get(m_seq.descr, w->flight, NULL);
+    if (seq_obj == NULL) goto leave;
+    long long seq = PyLong_AsLongLong(seq_obj) + 1;
+    Py_DECREF(seq_obj);
+    if (store_long(&m_seq, w->flight, seq) < 0) goto leave;
+    slot = Py_NewRef(PyList_GET_ITEM(w->slots, seq & w->mask));
+    if (store(&m_call, slot, w->call) < 0 || store_long(&m_phase, slot, 1) < 0 || store_float(&m_start, slot, now()) < 0)
+        goto fail;
+    if (w->blocking && PyObject_SetAttr(w->channel, s_timeout, wait_for) < 0) goto fail;
+    if (check) {
+        PyObject *calls = PyObject_GetAttr(w->state, s_calls);
+        if (calls == NULL) goto fail;
+        number = PyLong_AsLongLong(calls) + 1;
+        Py_DECREF(calls);
+        if (PyErr_Occurred()) goto fail;
+        PyObject *n = PyLong_FromLongLong(number);
+        int bad = n == NULL || PyObject_SetAttr(w->state, s_calls, n) < 0;
+        Py_XDECREF(n);
+        if (bad || agree(w, number, timeout) < 0) goto fail;
+    }
+    if (store_long(&m_number, slot, number) < 0 || store_long(&m_phase, slot, 2) < 0) goto fail;
+    /* the data */
+    if (program_exec(w->program, src, dst, x, w->returns_x ? x : out, wait_for) < 0) goto fail;
+    if (w->mean >= 0) {
+        Py_ssize_t nbytes = w->program->dst_nbytes;
+        if (nbytes >= (1 << 16)) {
+            Py_BEGIN_ALLOW_THREADS
+            divide(w->mean, dst, nbytes, w->size);
+            Py_END_ALLOW_THREADS
+        } else {
+            divide(w->mean, dst, nbytes, w->size);
+        }
+    }
+    if (store_float(&m_end, slot, now()) < 0) goto fail;
+    result = Py_NewRef(w->returns_x ? x : out);
+    goto leave;
+fail:
+    if (number && !check) number = 0;
+    failed(w, slot, check);
+leave:;
+    hr_exc exc = exc_take();
+    PyObject *r = PyObject_CallNoArgs(w->release);
+    if (r != NULL) {
+        Py_DECREF(r);
+        exc_put(exc);
+    } else if (exc.type != NULL) {
+        PyErr_Clear();
+        exc_put(exc);
+    } else {
+        Py_CLEAR(result);
+    }
+    Py_XDECREF(slot);
+    Py_XDECREF(resolved);
+    return result;
+}
+
+static inline int tracing_off(void) {
+    PyObject *tracer = PyDict_GetItemWithError(tracing_globals, s_tracer);
+    return tracer != NULL && Py_TYPE(tracer) == null_tracer_type;
+}
+
+/* engine.call(collective, x, out, op, algorithm, comm, check, timeout, root, reproducible, wire[, parts]) */
+static PyObject *caller(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (fallback == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "hpcring: the compiled engine.call has no Python call behind it");
+        return NULL;
+    }
+    if (enabled && kwnames == NULL && (nargs == 11 || (nargs == 12 && args[11] == Py_None)) && tracing_off()) {
+        hr_ndarray *x = NULL;
+        Warm *w = lookup(args, &x);
+        char *src, *dst;
+        if (w != NULL && !ready(w, x, args[2], &src, &dst)) {
+            Py_INCREF(w);
+            PyObject *result = warm_run(w, args[1], args[2], args[6], args[7], src, dst);
+            Py_DECREF(w);
+            if (result != Py_NotImplemented) return result;
+            Py_DECREF(result);
+        }
+        if (PyErr_Occurred()) return NULL;
+    }
+    return PyObject_Vectorcall(fallback, args, nargsf, kwnames);
+}
+
+static PyMethodDef caller_def = {"call", (PyCFunction)(void (*)(void))caller, METH_FASTCALL | METH_KEYWORDS,
+                                 "hpcring.engine.call, with its warm NumPy calls run in C."};
+
+/* ---- module functions ---------------------------------------------------------------------- */
 
 PyDoc_STRVAR(comm_world_doc, "comm_world() -> int\n\nMPI_COMM_WORLD's handle as this build sees it (an address in "
                              "Open MPI, a constant in MPICH): equal to mpi4py's where both use one library.");
@@ -112,7 +1305,118 @@ static PyObject *allreduce(PyObject *self, PyObject *const *argv, Py_ssize_t arg
     return PyLong_FromLong(rc);
 }
 
+PyDoc_STRVAR(clock_doc, "clock() -> float\n\nThe clock the flight record's times are read from here "
+                        "(CLOCK_MONOTONIC: time.perf_counter's and time.monotonic's on Linux).");
+
+static PyObject *clock_(PyObject *self, PyObject *unused) { return PyFloat_FromDouble(now()); }
+
+PyDoc_STRVAR(set_fallback_doc, "set_fallback(call)\n\nThe Python hpcring.engine.call that every call not "
+                               "warm here goes on to.");
+
+static PyObject *set_fallback(PyObject *self, PyObject *call) {
+    if (!PyCallable_Check(call)) {
+        PyErr_SetString(PyExc_TypeError, "set_fallback takes a callable");
+        return NULL;
+    }
+    Py_INCREF(call);
+    Py_XSETREF(fallback, call);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(enable_doc, "enable(on)\n\nWhether warm calls and programs run here (HPCRING_CORE; "
+                         "hpcring.kernels.using switches it in tests).");
+
+static PyObject *enable(PyObject *self, PyObject *on) {
+    int v = PyObject_IsTrue(on);
+    if (v < 0) return NULL;
+    enabled = v;
+    Py_RETURN_NONE;
+}
+
+/* Whether this build reads ndarray fields as this NumPy lays them out: each sample is
+ * (array, data address, shape, c_contiguous, writeable). */
+static int check_arrays(PyObject *samples) {
+    for (Py_ssize_t k = 0; k < PyList_GET_SIZE(samples); k++) {
+        PyObject *a, *shape;
+        unsigned long long address;
+        int c_contiguous, writeable;
+        if (!PyArg_ParseTuple(PyList_GET_ITEM(samples, k), "OKO!pp", &a, &address, &PyTuple_Type, &shape,
+                              &c_contiguous, &writeable))
+            return -1;
+        if (Py_TYPE(a) != ndarray_type) return 0;
+        hr_ndarray *x = (hr_ndarray *)a;
+        if ((unsigned long long)(uintptr_t)x->data != address || x->nd != PyTuple_GET_SIZE(shape)) return 0;
+        for (int d = 0; d < x->nd; d++)
+            if (x->dimensions[d] != PyLong_AsSsize_t(PyTuple_GET_ITEM(shape, d))) return 0;
+        if (((x->flags & NPY_C_CONTIGUOUS) != 0) != c_contiguous || ((x->flags & NPY_WRITEABLE) != 0) != writeable)
+            return 0;
+        PyObject *dtype = PyObject_GetAttrString(a, "dtype");
+        if (dtype == NULL) return -1;
+        int same_descr = dtype == x->descr;
+        Py_DECREF(dtype);
+        if (!same_descr) return 0;
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(setup_doc, "setup(half_nan_right, bf16_nan_right, complex_fused, combine_off, ndarray, samples, "
+                        "intracomm, exception, tracing, null_tracer, slot_type, recorder_type, fallback, main_thread)"
+                        "\n\nWhat the kernels measured of NumPy (hpcring.kernels), the types and objects a warm call "
+                        "compares with, and the Python engine.call behind it. Returns (caller, arrays_ok).");
+
+static PyObject *setup(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 14 || !PyTuple_Check(argv[3]) || !PyType_Check(argv[4]) || !PyList_Check(argv[5]) ||
+        !PyType_Check(argv[6]) || !PyModule_Check(argv[8]) || !PyType_Check(argv[9]) || !PyType_Check(argv[10]) ||
+        !PyType_Check(argv[11])) {
+        PyErr_SetString(PyExc_TypeError, "setup: see its docstring");
+        return NULL;
+    }
+    int flags[3];
+    for (int k = 0; k < 3; k++)
+        if ((flags[k] = PyObject_IsTrue(argv[k])) < 0) return NULL;
+    quirks.half_nan_right = flags[0];
+    quirks.bf16_nan_right = flags[1];
+    quirks.complex_fused = flags[2];
+    memset(combine_off, 0, sizeof combine_off);
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(argv[3]); k++) {
+        int dtype, op;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(argv[3], k), "ii", &dtype, &op)) return NULL;
+        if (dtype >= 0 && dtype < HR_NDTYPES && op >= 0 && op < HR_NOPS) combine_off[dtype][op] = 1;
+    }
+    Py_INCREF(argv[4]);
+    Py_XSETREF(ndarray_type, (PyTypeObject *)argv[4]);
+    int ok = check_arrays(argv[5]);
+    if (ok < 0) return NULL;
+    struct_ok = ok;
+    Py_INCREF(argv[6]);
+    Py_XSETREF(intracomm_type, (PyTypeObject *)argv[6]);
+    Py_INCREF(argv[7]);
+    Py_XSETREF(mpi_exception, argv[7]);
+    PyObject *globals = PyModule_GetDict(argv[8]);
+    Py_INCREF(globals);
+    Py_XSETREF(tracing_globals, globals);
+    Py_INCREF(argv[9]);
+    Py_XSETREF(null_tracer_type, (PyTypeObject *)argv[9]);
+    if (member(&m_call, argv[10], s_call) < 0 || member(&m_phase, argv[10], s_phase) < 0 ||
+        member(&m_start, argv[10], s_start) < 0 || member(&m_number, argv[10], s_number) < 0 ||
+        member(&m_end, argv[10], s_end) < 0 || member(&m_seq, argv[11], s_seq) < 0)
+        return NULL;
+    Py_INCREF(argv[12]);
+    Py_XSETREF(fallback, argv[12]);
+    main_thread = PyLong_AsUnsignedLong(argv[13]);
+    if (PyErr_Occurred()) return NULL;
+    if (abandoned == NULL && (abandoned = PyList_New(0)) == NULL) return NULL;
+    PyObject *call = PyCFunction_New(&caller_def, NULL);
+    if (call == NULL) return NULL;
+    enabled = 1;
+    return Py_BuildValue("(NO)", call, struct_ok ? Py_True : Py_False);
+}
+
 static PyMethodDef methods[] = {
+    {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL, setup_doc},
+    {"enable", enable, METH_O, enable_doc},
+    {"set_fallback", set_fallback, METH_O, set_fallback_doc},
+    {"clock", clock_, METH_NOARGS, clock_doc},
     {"comm_world", comm_world, METH_NOARGS, comm_world_doc},
     {"library_version", library_version, METH_NOARGS, library_version_doc},
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL, allreduce_doc},
@@ -131,17 +1435,32 @@ static PyMethodDef methods[] = {
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT, "hpcring." HR_STR(HR_CORE_NAME),
-    "hpcring's MPI-linked core: ABI facts and the bare call to MPI (see hpcring/core.py).", -1, methods,
+    "hpcring's MPI-linked core: ABI facts, step tables run in C, and warm calls (see hpcring/core.py).", -1, methods,
 };
+
+static int intern(PyObject **slot, const char *text) { return (*slot = PyUnicode_InternFromString(text)) ? 0 : -1; }
 
 PyMODINIT_FUNC HR_CAT(PyInit_, HR_CORE_NAME)(void) {
     if (import_mpi4py() < 0) return NULL; /* mpi4py.MPI, and with it libmpi, is loaded first */
+    if (intern(&s_timeout, "timeout") || intern(&s_step, "step") || intern(&s_traffic, "traffic") ||
+        intern(&s_sent, "sent") || intern(&s_unknown, "unknown") || intern(&s_calls, "calls") ||
+        intern(&s_finish, "finish") || intern(&s_wait, "wait") || intern(&s_seq, "seq") || intern(&s_call, "call") ||
+        intern(&s_phase, "phase") || intern(&s_start, "start") || intern(&s_number, "number") ||
+        intern(&s_end, "end") || intern(&s_scratch, "scratch") || intern(&s_tracer, "TRACER") ||
+        intern(&s_on, "on") || intern(&s_stalled, "compiled_stalled") || intern(&s_disagreed, "compiled_disagreed") ||
+        intern(&s_failed, "compiled_failed") || intern(&s_divide, "divide") || intern(&s_resolve, "resolve_timeout"))
+        return NULL;
+    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&WarmType) < 0 || PyType_Ready(&TableType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
     if (PyModule_AddStringConstant(m, "MPI_VENDOR", HR_MPI_VENDOR) < 0 ||
         PyModule_AddIntConstant(m, "COMM_SIZEOF", (long)sizeof(MPI_Comm)) < 0 ||
         PyModule_AddIntConstant(m, "MPI_VERSION", MPI_VERSION) < 0 ||
-        PyModule_AddIntConstant(m, "MPI_SUBVERSION", MPI_SUBVERSION) < 0) {
+        PyModule_AddIntConstant(m, "MPI_SUBVERSION", MPI_SUBVERSION) < 0 ||
+        PyModule_AddIntConstant(m, "WIDTH", HR_WIDTH) < 0 ||
+        PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType) < 0 ||
+        PyModule_AddObjectRef(m, "Warm", (PyObject *)&WarmType) < 0 ||
+        PyModule_AddObjectRef(m, "Table", (PyObject *)&TableType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

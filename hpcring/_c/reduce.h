@@ -112,6 +112,10 @@ HR_IEEE(hr_f64, double, HR_AS_IS)
 
 HR_INTEGER(hr_i32, int32_t, uint32_t)
 HR_INTEGER(hr_i64, int64_t, uint64_t)
+/* uint8, uint16: the reproducible sum's agreed codes (a MAX all-reduce in the compiled step loop;
+ * hpcring._kernels leaves these words to NumPy). */
+HR_INTEGER(hr_u8, uint8_t, uint32_t)
+HR_INTEGER(hr_u16, uint16_t, uint32_t)
 
 /* float16: NumPy widens both to float32, computes there, narrows (HALF_add and friends), and
  * keeps left where (left >= right || isnan(left)) for maximum; bfloat16: ml_dtypes computes in
@@ -177,6 +181,8 @@ HR_CLONES static int hr_combine(int dtype, int op, const void *l, const void *r,
     case HR_F64: HR_OPS(hr_f64)
     case HR_I32: HR_OPS(hr_i32)
     case HR_I64: HR_OPS(hr_i64)
+    case HR_U8: HR_OPS(hr_u8)
+    case HR_U16: HR_OPS(hr_u16)
     case HR_F16:
     case HR_BF16: {
         int half = dtype == HR_F16, right = half ? q->half_nan_right : q->bf16_nan_right;

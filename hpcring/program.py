@@ -1,0 +1,762 @@
+"""A call's data movement as data: the step table the compiled core runs with the GIL released.
+
+An algorithm is written once, in Python, against the `Channel` (`hpcring.algorithms`): that code
+is the reference. The compiled core runs the very same steps without the interpreter by
+*recording* them: `record` runs the algorithm's run function once on a `Tape`, a stand-in for the
+channel whose arrays are `Sym`\\ s (symbolic flat arrays: a buffer, a byte offset, a shape, a
+dtype), and every call the algorithm makes (a send, a receive, a wait, a reduction, a copy, a
+library collective, a flight step) becomes one row of an int64 table. The rows name memory as
+(buffer, byte offset): buffer 0 is the call's input, 1 its output, the others the channel's
+scratch by name and the wire buffers. The compiled core (`hpcring.core`) executes the rows in
+order, on the call's real buffers; `execute` below does the same in Python, as the table's
+specification (the tests run both).
+
+Why recorded rather than written twice: the table cannot drift from the algorithm, so both cores
+send the same messages in the same order and reduce the same operands in the same order, which
+is what makes their results the same bits; and any algorithm that only uses the channel (a new
+one registered from outside included) gets the compiled step loop for nothing. An algorithm that
+does something a table cannot hold (a data-dependent branch, an array operation the `Sym` has
+not got, a staged device buffer) raises `Unrecordable` while it is recorded, and its calls keep
+the Python path.
+
+Every row is WIDTH int64s: the kind, then its operands (see the constants). A `wire=` channel's
+narrowing and widening are rows of their own (NARROW before a send, WIDEN after a receive's
+wait), on wire buffers assigned as `hpcring.wire.WireChannel` pools them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from . import kernels
+from .algorithms.base import Spec
+
+WIDTH = 12  # int64s per row
+
+# Row kinds (column 0) and their operands (columns 1..):
+SEND = 1  # comm, peer, tag, buf, off, nbytes: MPI_Isend; its request is this row's
+RECV = 2  # comm, peer, tag, buf, off, nbytes: MPI_Irecv
+WAIT = 3  # row, peer (-1: all), receive, nap (ns), comm: wait for that row's request, bounded
+COMBINE = 4  # op, dtype, lbuf, loff, rbuf, roff, obuf, ooff, count: out <- left (op) right
+COPY = 5  # dbuf, doff, sbuf, soff, nbytes
+NARROW = 6  # sbuf, soff, dbuf, doff, count, from, to: the wire's rounding (hpcring.wire.narrow)
+WIDEN = 7  # sbuf, soff, dbuf, doff, count, from, to: exact (hpcring.wire.widen)
+ROUND = 8  # buf, off, count, dtype, wire: narrow and widen in place (WireChannel.as_sent)
+STEP = 9  # value: the flight record's step (Channel.step)
+COLLECTIVE = 10  # which, comm, root, sbuf (-1: MPI_IN_PLACE), soff, rbuf, roff, count, dtype, op, counts
+# `which` of a COLLECTIVE: the library's blocking ones (`mpi`), and ps's non-blocking ones
+ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BCAST, IGATHER, IBCAST = range(6)
+KINDS = {
+    SEND: "send",
+    RECV: "recv",
+    WAIT: "wait",
+    COMBINE: "combine",
+    COPY: "copy",
+    NARROW: "narrow",
+    WIDEN: "widen",
+    ROUND: "round",
+    STEP: "step",
+    COLLECTIVE: "collective",
+}
+SRC, DST = 0, 1  # buffer numbers of the call's input and output
+OPS = {"add": 0, "maximum": 1, "minimum": 2, "multiply": 3}  # kernels.OP_CODES
+MPI_OPS = ("SUM", "MAX", "MIN", "PROD")  # the same codes, as mpi4py names them
+LIBRARY_DTYPES = ("float32", "float64", "int32", "int64", "complex64", "complex128", "uint8", "uint16")
+
+
+class Unrecordable(Exception):
+    """The algorithm did something a step table cannot hold; its calls keep the Python path."""
+
+
+@dataclass
+class Buffer:
+    """One memory a program names: the input, the output, a channel's scratch or a wire pool."""
+
+    kind: str  # "src", "dst", "scratch", "wire"
+    comm: int = 0  # scratch: which channel's (0 the call's, 1 and 2 a two-level algorithm's)
+    name: str = ""  # scratch: its name in that channel
+    nbytes: int = 0  # scratch and wire: bytes it must hold
+
+
+@dataclass
+class Program:
+    """The table and what it refers to."""
+
+    rows: np.ndarray  # (n, WIDTH) int64
+    buffers: list[Buffer]
+    channels: list[Any]  # the real channels the comm numbers stand for
+    counts: np.ndarray  # int32: the counts a REDUCE_SCATTER row refers to
+    sent: int  # bytes handed to MPI by one run (what Channel.traffic counts)
+    unknown: bool  # a library collective ran (its traffic is not visible)
+
+    def describe(self) -> list[str]:
+        """The rows in words (for a reader, and for a failing test's message)."""
+        return [f"{KINDS.get(int(r[0]), '?')} {list(map(int, r[1:]))}" for r in self.rows]
+
+
+# ---- symbolic arrays -----------------------------------------------------------------------
+
+
+class Sym:
+    """A C-contiguous array that is only a name for memory: buffer number, byte offset, shape,
+    dtype. What an algorithm does with it (slicing, reshaping, assigning) is what NumPy would do
+    to the real array's view, or Unrecordable."""
+
+    __slots__ = ("buf", "dtype", "offset", "shape", "tape")
+
+    def __init__(self, tape: Tape, buf: int, offset: int, shape: tuple[int, ...], dtype: Any) -> None:
+        self.tape, self.buf, self.offset, self.shape, self.dtype = tape, buf, offset, shape, np.dtype(dtype)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    @property
+    def __array_interface__(self) -> dict[str, Any]:
+        """A made-up address per (buffer, offset), so `same_memory` compares Syms as arrays."""
+        return {"data": ((self.buf + 1) << 44 | self.offset, False), "shape": self.shape}
+
+    def _row_bytes(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) * self.dtype.itemsize
+
+    def __getitem__(self, key: Any) -> Sym:
+        if key is Ellipsis:
+            return self
+        keys = key if isinstance(key, tuple) else (key,)
+        out = self
+        axis = 0  # the axis of ``out`` the next key applies to
+        for k in keys:
+            if out.ndim <= axis:
+                raise Unrecordable(f"index {key!r} of a {self.ndim}-d array")
+            n = out.shape[axis]
+            if isinstance(k, (int, np.integer)):
+                if axis:
+                    raise Unrecordable("an integer index past the first axis")
+                i = int(k) + (n if k < 0 else 0)
+                if not 0 <= i < n:
+                    raise Unrecordable(f"index {k} out of range")
+                out = Sym(self.tape, out.buf, out.offset + i * out._row_bytes(), out.shape[1:], out.dtype)
+            elif isinstance(k, slice):
+                start, stop, step = k.indices(n)
+                if step != 1:
+                    raise Unrecordable("a strided slice")
+                stop = max(stop, start)
+                if axis == 0:
+                    shape = (stop - start, *out.shape[1:])
+                    out = Sym(self.tape, out.buf, out.offset + start * out._row_bytes(), shape, out.dtype)
+                elif (start, stop) != (0, n):
+                    if out.shape[0] != 1:
+                        raise Unrecordable("a slice that is not contiguous")
+                    shape = (1, stop - start)
+                    out = Sym(self.tape, out.buf, out.offset + start * out.dtype.itemsize, shape, out.dtype)
+                axis += 1
+            else:
+                raise Unrecordable(f"index {k!r}")
+        return out
+
+    def __setitem__(self, key: Any, value: Any) -> None:
+        target = self[key]
+        if not isinstance(value, Sym) or value.size != target.size or value.dtype != target.dtype:
+            raise Unrecordable("an assignment of something other than an array of the same size")
+        self.tape.program.copy(target, value)
+
+    def reshape(self, *shape: Any) -> Sym:
+        wanted = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], tuple) else tuple(shape)
+        if -1 in wanted:
+            known = int(np.prod([d for d in wanted if d != -1], dtype=np.int64))
+            wanted = tuple(self.size // known if d == -1 else d for d in wanted)
+        if int(np.prod(wanted, dtype=np.int64)) != self.size:
+            raise Unrecordable(f"reshape of {self.shape} to {wanted}")
+        return Sym(self.tape, self.buf, self.offset, tuple(int(d) for d in wanted), self.dtype)
+
+    def view(self, dtype: Any) -> Sym:
+        dtype = np.dtype(dtype)
+        last = self.shape[-1] if self.shape else 1
+        if (last * self.dtype.itemsize) % dtype.itemsize:
+            raise Unrecordable("a view whose last axis does not divide")
+        shape = (*self.shape[:-1], last * self.dtype.itemsize // dtype.itemsize)
+        return Sym(self.tape, self.buf, self.offset, shape, dtype)
+
+    def region(self) -> tuple[int, int, int]:
+        """(buffer, byte offset, bytes)."""
+        return self.buf, self.offset, self.nbytes
+
+
+class _Xp:
+    """The array module the algorithms see while recorded: its element-wise functions are rows."""
+
+    def __init__(self, tape: Tape) -> None:
+        self.tape = tape
+
+    def _combine(self, ufunc: str, left: Sym, right: Sym, out: Sym) -> None:
+        self.tape.program.combine(ufunc, left, right, out)
+
+    def add(self, left: Sym, right: Sym, out: Sym) -> None:
+        self._combine("add", left, right, out)
+
+    def maximum(self, left: Sym, right: Sym, out: Sym) -> None:
+        self._combine("maximum", left, right, out)
+
+    def minimum(self, left: Sym, right: Sym, out: Sym) -> None:
+        self._combine("minimum", left, right, out)
+
+    def multiply(self, left: Sym, right: Sym, out: Sym) -> None:
+        self._combine("multiply", left, right, out)
+
+    def copyto(self, dst: Sym, src: Sym) -> None:
+        self.tape.program.copy(dst, src)
+
+    def __getattr__(self, name: str) -> Any:
+        raise Unrecordable(f"xp.{name}")
+
+
+# ---- the table being written ---------------------------------------------------------------
+
+
+class _Builder:
+    """The rows, the buffers they name, the wire pools and the bytes they send."""
+
+    def __init__(self, itemsize_of_wire: int | None) -> None:
+        self.rows: list[list[int]] = []
+        self.buffers = [Buffer("src"), Buffer("dst")]
+        self.scratch: dict[tuple[int, str], int] = {}
+        self.counts: list[int] = []
+        self.sent = 0
+        self.unknown = False
+        self.pending: dict[int, tuple[Sym | None, Sym | None]] = {}  # request row -> (wire slot, target)
+        self.free: dict[int, list[int]] = {}  # wire pool: free slots by bytes, as WireChannel pools them
+        self.wire_top = 0
+
+    def add(self, kind: int, *operands: int) -> int:
+        if len(operands) >= WIDTH:
+            raise AssertionError("a row with too many operands")
+        self.rows.append([kind, *map(int, operands), *[0] * (WIDTH - 1 - len(operands))])
+        return len(self.rows) - 1
+
+    def buffer(self, comm: int, name: str, nbytes: int) -> int:
+        key = (comm, name)
+        if key not in self.scratch:
+            self.scratch[key] = len(self.buffers)
+            self.buffers.append(Buffer("scratch", comm, name, 0))
+        number = self.scratch[key]
+        self.buffers[number].nbytes = max(self.buffers[number].nbytes, nbytes)
+        return number
+
+    def wire_slot(self, tape: Tape, count: int, dtype: np.dtype) -> Sym:
+        """A wire buffer of ``count`` elements: a free one of that size, else a new one."""
+        nbytes = count * dtype.itemsize
+        free = self.free.get(nbytes)
+        if free:
+            offset = free.pop()
+        else:
+            offset, self.wire_top = self.wire_top, self.wire_top + max(nbytes, 8) + (-nbytes % 8)
+        number = self.buffer(0, "wire", self.wire_top)
+        return Sym(tape, number, offset, (count,), dtype)
+
+    def release(self, slot: Sym) -> None:
+        self.free.setdefault(slot.nbytes, []).append(slot.offset)
+
+    def combine(self, ufunc: str, left: Sym, right: Sym, out: Sym) -> None:
+        for a in (left, right, out):
+            if not isinstance(a, Sym):
+                raise Unrecordable("a reduction of something other than the call's arrays")
+        if not left.size == right.size == out.size or not left.dtype == right.dtype == out.dtype:
+            raise Unrecordable("a reduction of arrays that differ in size or dtype")
+        for operand in (left, right):  # out must be the operand itself or apart from it
+            if _overlaps(operand, out) and operand.region() != out.region():
+                raise Unrecordable("a reduction whose output partly overlaps an operand")
+        code = kernels.DTYPE_CODES.get(out.dtype)
+        if code is None:
+            raise Unrecordable(f"a reduction of {out.dtype}")
+        if out.size:
+            self.add(
+                COMBINE,
+                OPS[ufunc],
+                code,
+                *left.region()[:2],
+                *right.region()[:2],
+                *out.region()[:2],
+                out.size,
+            )
+
+    def copy(self, dst: Sym, src: Sym) -> None:
+        if not isinstance(src, Sym) or src.nbytes != dst.nbytes:
+            raise Unrecordable("a copy of something other than the call's arrays")
+        if dst.nbytes and dst.region() != src.region():
+            self.add(COPY, *dst.region()[:2], *src.region())
+
+    def program(self, channels: list[Any]) -> Program:
+        rows = np.array(self.rows, dtype=np.int64).reshape(-1, WIDTH)
+        return Program(rows, self.buffers, channels, np.array(self.counts, np.int32), self.sent, self.unknown)
+
+
+def _overlaps(a: Sym, b: Sym) -> bool:
+    return a.buf == b.buf and a.offset < b.offset + b.nbytes and b.offset < a.offset + a.nbytes
+
+
+# ---- the channel the algorithm talks to while recorded --------------------------------------
+
+
+class Tape:
+    """A `Channel` as an algorithm sees it, writing rows instead of calling MPI.
+
+    Setup questions (the topology, cached schedules, settings) go to the real channel; data
+    calls become rows. With ``wire``, payloads are narrowed and widened as `WireChannel` does."""
+
+    def __init__(self, real: Any, program: _Builder, comm: int, wire: np.dtype | None, main: bool) -> None:
+        self.real, self.program, self.number, self.wire, self.main = real, program, comm, wire, main
+        self.rank, self.size = real.rank, real.size
+        self.adapter, self.config, self.comm = real.adapter, real.config, real.comm
+        self.traffic = _Traffic()
+        self.xp = _Xp(self)
+        self.timeout = real.timeout
+        self._step = 0
+        self.channels: list[Any] = []  # shared by a tape and its sub-tapes: the real channels by number
+
+    # -- the flight step: ch.step += 1 becomes a row (only the call's own channel counts) --
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = value
+        if self.main and value:
+            self.program.add(STEP, value)
+
+    # -- setup: the real channel's --
+
+    def topology(self) -> Any:
+        return self.real.topology()
+
+    def schedule(self, key: tuple[Any, ...], build: Any) -> Any:
+        return self.real.schedule(key, build)
+
+    def cached(self, key: tuple[Any, ...]) -> Any:
+        return self.real.cached(key)
+
+    def resource(self, name: str, build: Any) -> Any:
+        return self.real.resource(name, build)
+
+    def travel_itemsize(self, itemsize: int) -> int:
+        return self.wire.itemsize if self.wire is not None else itemsize
+
+    def arrive(self, what: str) -> None:
+        raise Unrecordable("a barrier inside the algorithm")
+
+    def sub_channels(self, topo: Any) -> tuple[Tape, Tape]:
+        """The two levels' channels, as `Channel.sub_channels` gives them; with ``wire``, only the
+        one across nodes narrows (`WireChannel.sub_channels`)."""
+        local, cross = self.real.sub_channels(topo)
+        made = []
+        for real, wire in ((local, None), (cross, self.wire)):
+            number = len(self.channels)
+            self.channels.append(real)
+            sub = Tape(real, self.program, number, wire, main=False)
+            sub.channels = self.channels
+            made.append(sub)
+        return made[0], made[1]
+
+    def scratch(self, name: str, count: int, dtype: Any) -> Sym:
+        dtype = np.dtype(dtype)
+        number = self.program.buffer(self.number, name, count * dtype.itemsize)
+        return Sym(self, number, 0, (count,), dtype)
+
+    def as_sent(self, piece: Sym) -> None:
+        if self.wire is not None and piece.size:
+            self.program.add(ROUND, *piece.region()[:2], piece.size, _code(piece.dtype), _code(self.wire))
+
+    # -- point to point, as `Channel` and `WireChannel` send and receive --
+
+    def _count(self, send: Sym, dest: int) -> None:
+        if dest != self.rank:
+            self.program.sent += send.nbytes
+
+    def _narrowed(self, send: Sym) -> Sym:
+        if self.wire is None:
+            return send
+        slot = self.program.wire_slot(self, send.size, self.wire)
+        self.program.add(
+            NARROW, *send.region()[:2], *slot.region()[:2], send.size, _code(send.dtype), _code(self.wire)
+        )
+        return slot
+
+    def _wire_in(self, recv: Sym) -> Sym:
+        return recv if self.wire is None else self.program.wire_slot(self, recv.size, self.wire)
+
+    def _widen(self, slot: Sym, recv: Sym) -> None:
+        self.program.add(
+            WIDEN, *slot.region()[:2], *recv.region()[:2], recv.size, _code(self.wire), _code(recv.dtype)
+        )
+        self.program.release(slot)
+
+    def _isend(self, send: Sym, dest: int, tag: int) -> int:
+        self._count(send, dest)
+        return self.program.add(SEND, self.number, dest, tag, *send.region())
+
+    def _irecv(self, recv: Sym, source: int, tag: int) -> int:
+        return self.program.add(RECV, self.number, source, tag, *recv.region())
+
+    def _wait(self, row: int, peer: int, receive: bool, nap: float = 0.0) -> None:
+        self.program.add(WAIT, row, peer, int(receive), round(nap * 1e9), self.number)
+
+    def sendrecv(self, send: Sym, dest: int, recv: Sym, source: int) -> None:
+        out, into = self._narrowed(_flat(send)), self._wire_in(_flat(recv))
+        received = self._irecv(into, source, 0)
+        sent = self._isend(out, dest, 0)
+        self._wait(received, source, True)
+        self._wait(sent, dest, False)
+        if self.wire is not None:
+            self._widen(into, _flat(recv))
+            self.program.release(out)
+
+    def send(self, send: Sym, dest: int) -> None:
+        out = self._narrowed(_flat(send))
+        self._wait(self._isend(out, dest, 0), dest, False)
+        if self.wire is not None:
+            self.program.release(out)
+
+    def recv(self, recv: Sym, source: int) -> None:
+        into = self._wire_in(_flat(recv))
+        self._wait(self._irecv(into, source, 0), source, True)
+        if self.wire is not None:
+            self._widen(into, _flat(recv))
+
+    def isend(self, send: Sym, dest: int, tag: int = 0) -> int:
+        out = self._narrowed(_flat(send))
+        row = self._isend(out, dest, tag)
+        self.program.pending[row] = (out if self.wire is not None else None, None)
+        return row
+
+    def irecv(self, recv: Sym, source: int, tag: int = 0) -> int:
+        into = self._wire_in(_flat(recv))
+        row = self._irecv(into, source, tag)
+        self.program.pending[row] = (into, _flat(recv)) if self.wire is not None else (None, None)
+        return row
+
+    def wait(self, request: int, nap: float = 0.0) -> None:
+        row = self.program.rows[request]
+        self._wait(request, row[2], row[0] == RECV, nap)
+        slot, target = self.program.pending.pop(request, (None, None))
+        if slot is not None:
+            if target is not None:
+                self._widen(slot, target)
+            else:
+                self.program.release(slot)
+
+    def waitall(self, requests: Iterable[int], nap: float = 0.0) -> None:
+        for request in list(requests):
+            self.wait(request, nap)
+
+    def sendrecv_host(self, *args: Any) -> None:
+        raise Unrecordable("a staged (device) exchange")
+
+    def allreduce_init(self, *args: Any) -> None:
+        raise Unrecordable("a persistent request")
+
+    # -- collectives --
+
+    def gather(self, send: Sym | None, stack: Sym, root: int) -> None:
+        """`Channel.gather` (the root's row in place), narrowed as `WireChannel.gather` where wire."""
+        if self.rank == root:
+            rows = stack
+            if self.wire is not None:
+                rows = self.program.wire_slot(self, stack.size, self.wire).reshape(stack.shape)
+                mine = rows[root]
+                self.program.add(
+                    NARROW,
+                    *stack[root].region()[:2],
+                    *mine.region()[:2],
+                    mine.size,
+                    _code(stack.dtype),
+                    _code(self.wire),
+                )
+            row = self._collective(IGATHER, root, None, _flat(rows), rows.size // self.size)  # per rank
+            self._wait(row, -1, False)
+            if self.wire is not None:
+                self._widen(_flat(rows), _flat(stack))
+        else:
+            out = self._narrowed(_flat(send))
+            self.program.sent += out.nbytes
+            row = self._collective(IGATHER, root, out, None, out.size)
+            self._wait(row, root, False)
+            if self.wire is not None:
+                self.program.release(out)
+
+    def bcast(self, buf: Sym, root: int) -> None:
+        is_root = self.rank == root
+        words = _flat(buf)
+        if self.wire is not None:
+            words = self.program.wire_slot(self, buf.size, self.wire)
+            if is_root:
+                self.program.add(
+                    NARROW,
+                    *_flat(buf).region()[:2],
+                    *words.region()[:2],
+                    buf.size,
+                    _code(buf.dtype),
+                    _code(self.wire),
+                )
+        if is_root:
+            self.program.sent += words.nbytes * (self.size - 1)
+        row = self._collective(IBCAST, root, None, words, words.size)
+        self._wait(row, -1 if is_root else root, False)
+        if self.wire is not None:
+            self._widen(words, _flat(buf))
+
+    def _collective(
+        self,
+        which: int,
+        root: int,
+        send: Sym | None,
+        recv: Sym | None,
+        count: int,
+        op: int = -1,
+        counts: int = -1,
+    ) -> int:
+        """One library collective row: ``send`` None is MPI_IN_PLACE (or nothing, at a non-root of
+        a gather); counts in elements of the buffers' dtype."""
+        dtype = (recv if recv is not None else send).dtype  # type: ignore[union-attr]
+        code = kernels.DTYPE_CODES.get(dtype, -1)
+        sbuf, soff = send.region()[:2] if send is not None else (-1, 0)
+        rbuf, roff = recv.region()[:2] if recv is not None else (-1, 0)
+        return self.program.add(
+            COLLECTIVE, which, self.number, root, sbuf, soff, rbuf, roff, count, code, op, counts
+        )
+
+    def _typed(self, *arrays: Sym | None) -> None:
+        for a in arrays:
+            if a is not None and a.dtype.name not in LIBRARY_DTYPES:
+                raise Unrecordable(f"a library collective on {a.dtype} (a user-defined op)")
+
+    def allreduce(self, src: Sym, dst: Sym, op: Any) -> None:
+        self._typed(src, dst)
+        self.program.unknown = True
+        self._collective(ALLREDUCE, 0, None if src is dst else _flat(src), _flat(dst), dst.size, _mpi_op(op))
+
+    def reduce_scatter(self, src: Sym, dst: Sym, counts: list[int], op: Any) -> None:
+        self._typed(src, dst)
+        self.program.unknown = True
+        at = len(self.program.counts)
+        self.program.counts.extend(counts)
+        self._collective(REDUCE_SCATTER, 0, _flat(src), _flat(dst), dst.size, _mpi_op(op), at)
+
+    def allgather(self, src: Sym | None, dst: Sym) -> None:
+        self.program.unknown = True
+        count = dst.nbytes // self.size
+        self._collective(
+            ALLGATHER, 0, None if src is None else _flat(src).view(np.uint8), _flat(dst).view(np.uint8), count
+        )
+
+    def broadcast(self, buf: Sym, root: int) -> None:
+        self.program.unknown = True
+        self._collective(BCAST, root, None, _flat(buf).view(np.uint8), buf.nbytes)
+
+
+class _Traffic:
+    __slots__ = ("sent", "unknown")
+
+    def __init__(self) -> None:
+        self.sent, self.unknown = 0, False
+
+
+def _flat(a: Sym) -> Sym:
+    return a if a.ndim == 1 else a.reshape(-1)
+
+
+def _code(dtype: np.dtype) -> int:
+    code = kernels.DTYPE_CODES.get(np.dtype(dtype))
+    if code is None:
+        raise Unrecordable(f"dtype {dtype}")
+    return code
+
+
+def _mpi_op(op: Any) -> int:
+    from mpi4py import MPI
+
+    for code, name in enumerate(MPI_OPS):
+        if op == getattr(MPI, name):
+            return code
+    raise Unrecordable("a user-defined MPI op")
+
+
+# ---- recording a call ----------------------------------------------------------------------
+
+
+def record(
+    spec: Spec,
+    form: str,
+    channel: Any,
+    src: Any,
+    dst: Any,
+    op: Any = None,
+    root: int = 0,
+    wire: np.dtype | None = None,
+) -> Program:
+    """The steps ``spec.run`` takes on ``channel`` for arrays shaped as ``src`` and ``dst`` (flat,
+    host memory; ``dst`` may be ``src``, or a part or row of it, as the engine hands them), as a
+    `Program`; Unrecordable where the algorithm does what a table cannot hold.
+
+    ``form`` is how the collective's run function is called ("reducing", "gathering", "rooted":
+    `hpcring.engine.FORMS`); ``wire``: the call's channel narrows to it."""
+    builder = _Builder(None if wire is None else wire.itemsize)
+    tape = Tape(channel, builder, 0, wire, main=True)
+    tape.channels.append(channel)
+    s = Sym(tape, SRC, 0, (src.size,), src.dtype)
+    if dst is src or (dst.nbytes == src.nbytes and _address(dst) == _address(src)):
+        d = s
+    elif _inside(dst, src):  # a reduce-scatter in place: the output is this rank's part
+        offset = _address(dst) - _address(src)
+        d = Sym(tape, SRC, offset, (dst.size,), dst.dtype)
+    elif _inside(src, dst):  # an all-gather in place: the input is this rank's row
+        d = Sym(tape, DST, 0, (dst.size,), dst.dtype)
+        s = Sym(tape, DST, _address(src) - _address(dst), (src.size,), src.dtype)
+    else:
+        d = Sym(tape, DST, 0, (dst.size,), dst.dtype)
+    try:
+        if form == "reducing":
+            spec.run(tape, s, d, op)
+        elif form == "gathering":
+            spec.run(tape, s, d)
+        else:
+            spec.run(tape, d, root)
+    except Unrecordable:
+        raise
+    except (AttributeError, TypeError, ValueError, IndexError, NotImplementedError) as error:
+        raise Unrecordable(f"{type(error).__name__}: {error}") from None
+    if builder.pending:
+        raise Unrecordable("requests left unwaited")
+    return builder.program(tape.channels)
+
+
+def _address(array: Any) -> int:
+    return int(array.__array_interface__["data"][0])
+
+
+def _inside(part: Any, whole: Any) -> bool:
+    """Whether ``part`` lies inside ``whole``'s bytes (a reduce-scatter's own part, an all-gather's row)."""
+    a, b = _address(part), _address(whole)
+    return b <= a and a + part.nbytes <= b + whole.nbytes and part.nbytes > 0
+
+
+# ---- the table's meaning, in Python ------------------------------------------------------------
+
+
+def execute(program: Program, src: np.ndarray, dst: np.ndarray, timeout: float | None = None) -> None:
+    """Run ``program`` on NumPy arrays through its channels, row by row: what the compiled core
+    does without the interpreter (the rows' specification; the tests compare the two)."""
+    from mpi4py import MPI
+
+    from . import wire as wires
+    from .ops import OPS as REDUCTIONS
+
+    ufuncs = {code: name for name, code in OPS.items()}
+    memory: list[np.ndarray] = []
+    for number, buffer in enumerate(program.buffers):
+        if buffer.kind == "src":
+            memory.append(src.reshape(-1).view(np.uint8))
+        elif buffer.kind == "dst":
+            memory.append(dst.reshape(-1).view(np.uint8))
+        else:
+            channel = program.channels[buffer.comm]
+            memory.append(channel.scratch(buffer.name, buffer.nbytes, np.dtype(np.uint8)))
+        assert len(memory) == number + 1
+
+    def at(buf: int, off: int, nbytes: int) -> np.ndarray:
+        return memory[buf][off : off + nbytes]
+
+    def typed(buf: int, off: int, count: int, code: int) -> np.ndarray:
+        dtype = kernels.DTYPES[code]
+        return at(buf, off, count * dtype.itemsize).view(dtype)
+
+    for channel in program.channels:
+        channel.timeout = timeout or None
+    requests: dict[int, Any] = {}
+    ops = {name: op for op in REDUCTIONS.values() for name in [op.ufunc]}
+    mpi_ops = [getattr(MPI, name) for name in MPI_OPS]
+    for index, row in enumerate(program.rows.tolist()):
+        kind, a = row[0], row[1:]
+        if kind == SEND:
+            requests[index] = program.channels[a[0]].comm.Isend(at(*a[3:6]), a[1], a[2])
+        elif kind == RECV:
+            requests[index] = program.channels[a[0]].comm.Irecv(at(*a[3:6]), a[1], a[2])
+        elif kind == WAIT:
+            channel = program.channels[a[4]]
+            if a[3]:
+                channel.wait(requests.pop(a[0]), a[3] * 1e-9)
+            else:
+                channel.finish(requests.pop(a[0]), a[1], bool(a[2]))
+        elif kind == COMBINE:
+            left, right, out = (typed(a[i], a[i + 1], a[8], a[1]) for i in (2, 4, 6))
+            ops[ufuncs[a[0]]].combine(np, left, right, out)
+        elif kind == COPY:
+            at(a[0], a[1], a[4])[...] = at(a[2], a[3], a[4])
+        elif kind == NARROW:
+            wires.narrow(typed(a[0], a[1], a[4], a[5]), typed(a[2], a[3], a[4], a[6]))
+        elif kind == WIDEN:
+            wires.widen(typed(a[0], a[1], a[4], a[5]), typed(a[2], a[3], a[4], a[6]))
+        elif kind == ROUND:
+            piece = typed(a[0], a[1], a[2], a[3])
+            wires.round_trip(piece, np.empty(a[2], kernels.DTYPES[a[4]]))
+        elif kind == STEP:
+            program.channels[0].step = a[0]
+        elif kind == COLLECTIVE:
+            requests[index] = _collective(program, a, typed, mpi_ops)
+        else:
+            raise ValueError(f"row {index}: unknown kind {kind}")
+    program.channels[0].traffic.sent += program.sent
+    program.channels[0].traffic.unknown |= program.unknown
+
+
+def _collective(program: Program, a: list[int], typed: Any, mpi_ops: list[Any]) -> Any:
+    """One COLLECTIVE row through mpi4py (blocking ones return None). The reductions travel as
+    their dtype; the others as bytes, as the compiled core sends them (MPI_BYTE)."""
+    from mpi4py import MPI
+
+    which, comm, root, sbuf, soff, rbuf, roff, count, code, op, counts = a[:11]
+    comm = program.channels[comm].comm
+    size = comm.Get_size()
+    if which in (ALLREDUCE, REDUCE_SCATTER):
+        parts = program.counts[counts : counts + size].tolist() if which == REDUCE_SCATTER else []
+        send = MPI.IN_PLACE if sbuf < 0 else typed(sbuf, soff, sum(parts) if parts else count, code)
+        recv = typed(rbuf, roff, count, code)
+        if which == ALLREDUCE:
+            comm.Allreduce(send, recv, mpi_ops[op])
+        else:
+            comm.Reduce_scatter(send, recv, parts, mpi_ops[op])
+        return None
+    whole = count * size if which in (ALLGATHER, IGATHER) else count  # elements: per rank, or all
+    send = MPI.IN_PLACE if sbuf < 0 else typed(sbuf, soff, count, code).view(np.uint8)
+    recv = None if rbuf < 0 else typed(rbuf, roff, whole, code).view(np.uint8)
+    if which == ALLGATHER:
+        comm.Allgather(send, recv)
+    elif which == BCAST:
+        comm.Bcast(recv, root)
+    elif which == IGATHER:
+        return comm.Igather(send, recv, root)
+    elif which == IBCAST:
+        return comm.Ibcast(recv, root)
+    return None
+
+
+__all__ = ["Program", "Sym", "Tape", "Unrecordable", "execute", "record"]

@@ -1,0 +1,206 @@
+"""A recorded step table means what the algorithm does: for every all-reduce algorithm, dtype, size
+and placement, the algorithm run directly, its table run row by row in Python (`program.execute`)
+and the table run by the compiled core give the same bits, on every rank. A rank that never
+arrives inside a compiled program is a StallError on the others within the timeout, as on the
+Python path.
+"""
+
+from __future__ import annotations
+
+import time
+
+import ml_dtypes
+import numpy as np
+import pytest
+from helpers import everywhere, identical_everywhere
+from mpi4py import MPI
+
+import hpcring
+from hpcring import algorithms, core, kernels, program
+from hpcring.algorithms import ALLREDUCE
+from hpcring.arrays import NUMPY
+from hpcring.comm import channel_for, state_of
+from hpcring.ops import OPS
+
+WORLD = MPI.COMM_WORLD
+TIMEOUT = 30.0
+DTYPES = [np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.int64), np.dtype(ml_dtypes.bfloat16)]
+SIZES = [1, 7, 1001]
+needs_core = pytest.mark.skipif(not core.active(), reason="the compiled core does not run here")
+pytestmark = [pytest.mark.mpi, pytest.mark.filterwarnings("ignore::RuntimeWarning")]
+
+
+def _algorithms() -> list[str]:
+    """The all-reduce algorithms that run on host arrays as they are (auto only chooses one of them)."""
+    return list(algorithms.choices(ALLREDUCE))
+
+
+def _input(dtype: np.dtype, n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed * 7919 + WORLD.rank)
+    if dtype.kind in "iu":
+        return rng.integers(-1000, 1000, n).astype(dtype)
+    return (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(dtype)
+
+
+def _three(name: str, dtype: np.dtype, n: int, in_place: bool, comm: MPI.Intracomm) -> list[np.ndarray]:
+    """(direct run, Python execute of the table, compiled run of the table), each on fresh arrays."""
+    spec = algorithms.spec(ALLREDUCE, name)
+    channel = channel_for(comm, NUMPY)
+    channel.timeout = TIMEOUT
+    op = OPS["sum"]
+    x = _input(dtype, n, n)
+    results = []
+    for how in ("direct", "execute", "compiled"):
+        src = x.copy()
+        dst = src if in_place else np.full_like(src, 3)
+        if how == "direct":
+            spec.run(channel, src, dst, op)
+        else:
+            recorded = program.record(spec, "reducing", channel, src, dst, op)
+            if how == "execute":
+                program.execute(recorded, src, dst, TIMEOUT)
+            else:
+                made, why = core.program(recorded, src, dst)
+                assert made is not None, why
+                assert made.run(src, dst, TIMEOUT)
+        results.append(dst)
+    return results
+
+
+@pytest.mark.timeout(600)
+@needs_core
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("name", _algorithms())
+def test_table_is_the_algorithm(
+    name: str, dtype: np.dtype, in_place: bool, fresh_world: MPI.Intracomm
+) -> None:
+    ok, detail = True, ""
+    for n in SIZES:
+        try:
+            direct, executed, compiled = _three(name, dtype, n, in_place, fresh_world)
+        except program.Unrecordable as error:  # its calls keep the Python path: nothing to compare
+            detail = f"unrecordable: {error}"
+            continue
+        same = direct.tobytes() == executed.tobytes() == compiled.tobytes()
+        ok &= same and identical_everywhere(WORLD, compiled)
+        if not same:
+            detail = f"n={n}: direct, execute and compiled differ"
+    assert everywhere(WORLD, ok), detail
+
+
+@needs_core
+@pytest.mark.timeout(120)
+def test_engine_uses_the_compiled_program_and_matches_python(fresh_world: MPI.Intracomm) -> None:
+    """From the second call of a kind the engine runs the table in C; the bits stay the Python core's."""
+    if WORLD.size == 1:
+        pytest.skip("one rank moves no data: no program")
+    x = _input(np.dtype(np.float32), 1001, 5)
+    with kernels.using("python"):
+        expected = hpcring.allreduce(x, out=np.empty_like(x), algorithm="ring", comm=fresh_world)
+    got = [hpcring.allreduce(x, out=np.empty_like(x), algorithm="ring", comm=fresh_world) for _ in range(4)]
+    compiled = [c.compiled for c in state_of(fresh_world).warm.values() if c.compiled]
+    ok = bool(compiled) and all(g.tobytes() == expected.tobytes() for g in got)
+    assert everywhere(WORLD, ok)
+
+
+@needs_core
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("algorithm", ["ring", "ps"])
+def test_stall_inside_a_compiled_program(algorithm: str) -> None:
+    """A rank that skips a warm (compiled) call: the others raise StallError naming it, in time."""
+    if WORLD.size == 1:
+        pytest.skip("needs a rank to miss")
+    timeout, missing = 2.0, WORLD.size - 1
+    comm = WORLD.Dup()
+    for _ in range(3):  # seen, recorded, run compiled: the next call's data movement is C's
+        hpcring.allreduce(np.ones(1000), comm=comm, algorithm=algorithm)
+    ok = any(c.compiled for c in state_of(comm).warm.values())
+    if WORLD.rank != missing:
+        start = time.monotonic()
+        try:
+            hpcring.allreduce(np.ones(1000), comm=comm, algorithm=algorithm, timeout=timeout)
+            ok = False
+        except hpcring.StallError as error:
+            elapsed = time.monotonic() - start
+            ok &= missing in error.missing and timeout - 0.1 <= elapsed <= timeout + 2.0
+    assert everywhere(WORLD, ok)
+    comm.Free()
+
+
+def _through_engine(
+    collective: str, kwargs: dict, x: np.ndarray, in_place: bool, comm: MPI.Intracomm
+) -> list:
+    """Four calls of one kind on ``comm`` (seen, recorded, then the warm call in C): their results."""
+    function = getattr(hpcring, collective)
+    got = []
+    for _ in range(4):
+        a = x.copy()
+        if collective == "allreduce":  # out=x: in place; else a fresh out
+            got.append(function(a, out=a if in_place else np.empty_like(a), comm=comm, **kwargs).copy())
+        else:  # broadcast in place; reduce-scatter and all-gather make their out
+            got.append(function(a, comm=comm, **kwargs).copy())
+    return got
+
+
+VARIANTS = {
+    "sum": {},
+    "max": {"op": "max"},
+    "mean": {"op": "mean"},
+    "wire": {"wire": "bfloat16"},
+    "reproducible": {"reproducible": True},
+}
+
+
+@needs_core
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+@pytest.mark.parametrize("name", _algorithms())
+def test_engine_allreduce_compiled_is_python(name: str, variant: str, in_place: bool) -> None:
+    """Whole all-reduces (wire=, reproducible=, mean included) through the engine: every call of a
+    kind under the compiled core gives the Python core's bits, on every rank."""
+    if variant == "wire" and algorithms.spec(ALLREDUCE, name).narrowings is None:
+        pytest.skip(f"{name} refuses wire=")
+    ok, detail = True, ""
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
+        for n in (7, 1001):
+            x = _input(dtype, n, n + 1)
+            results = {}
+            for which in ("python", "c"):
+                comm = WORLD.Dup()
+                with kernels.using(which):
+                    results[which] = _through_engine(
+                        "allreduce", {"algorithm": name, **VARIANTS[variant]}, x, in_place, comm
+                    )
+                comm.Free()
+            expected = results["python"][0].tobytes()
+            same = all(r.tobytes() == expected for rs in results.values() for r in rs)
+            if not same:
+                detail = f"{dtype} n={n}: the compiled core's bits differ"
+            ok &= same and identical_everywhere(WORLD, results["c"][-1])
+    assert everywhere(WORLD, ok), detail
+
+
+@needs_core
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast"])
+@pytest.mark.parametrize("name", _algorithms())
+def test_engine_other_collectives_compiled_is_python(collective: str, name: str) -> None:
+    """Reduce-scatter, all-gather and broadcast through the engine: the compiled core's bits are the
+    Python core's, every call of a kind."""
+    if name not in algorithms.table(collective):
+        pytest.skip(f"{name} has no {collective}")
+    kwargs = {"algorithm": name, **({"root": WORLD.size - 1} if collective == "broadcast" else {})}
+    ok = True
+    for n in (WORLD.size * 3, 1001 * WORLD.size):
+        x = _input(np.dtype(np.float32), n, n)
+        results = {}
+        for which in ("python", "c"):
+            comm = WORLD.Dup()
+            with kernels.using(which):
+                results[which] = _through_engine(collective, kwargs, x, True, comm)
+            comm.Free()
+        expected = results["python"][0].tobytes()
+        ok &= all(r.tobytes() == expected for rs in results.values() for r in rs)
+    assert everywhere(WORLD, ok)
