@@ -31,7 +31,7 @@ class Plan:
         self.algorithm = call.ran  # what runs (`auto`'s choice)
         self._where = self._buffers()  # what the buffers were: a plan on changed ones is refused
         self._request: MPI.Prequest | None = None
-        self._started = self._freed = False
+        self._started = self._freed = self._lost = False
         adapter, spec = call.adapter, call.spec
         if spec.persistent is not None and call.channel.size > 1 and adapter.size(x) > 0:
             src = adapter.flat(x)
@@ -88,6 +88,7 @@ class Plan:
                 failure = rank_failed(call, error, call.state.calls, moving=True)
                 if failure is None:
                     raise
+                self._lost = True  # the request's schedule was cut short: MPI may refuse to free it
                 raise failure from error
             if woke is not None:
                 raise waiter.stall(woke, f"{call.what} plan", timeout, call.state.calls)
@@ -99,7 +100,11 @@ class Plan:
     def free(self) -> None:
         """Release the persistent request now (a plan that is garbage collected releases it too)."""
         if not self._freed and self._request is not None and not MPI.Is_finalized():
-            self._request.Free()
+            try:
+                self._request.Free()
+            except MPI.Exception:
+                if not self._lost:  # after a failed rank, Open MPI calls the request invalid
+                    raise
         self._freed = True
 
     def __del__(self) -> None:
