@@ -92,7 +92,7 @@ def _job(*args: str, ranks: int) -> tuple[int, str, float]:
 def _results(output: str) -> dict[int, dict[str, str]]:
     rows = {}
     # A line may follow another rank's text that lacked its newline when the launcher forwarded it.
-    for match in re.finditer(r"RESULT (rank=\S+(?: \w+=\S+)*)", output):
+    for match in re.finditer(r"RESULT (rank=\S+(?: \w+=\S*)*)", output):
         fields = dict(word.split("=", 1) for word in match.group(1).split())
         rows[int(fields["rank"])] = fields
     return rows
