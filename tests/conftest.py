@@ -35,3 +35,22 @@ def fresh_world() -> Iterator[Any]:
     comm = MPI.COMM_WORLD.Dup()
     yield comm
     comm.Free()
+
+
+@pytest.fixture
+def routed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """For the drop-in communicator's tests: the ops of the calls hpcring took
+    (`hpcring.wrap.route`'s choice; the rest went to MPI)."""
+    from hpcring import wrap  # here: importing it loads MPI, which most serial tests do not want
+
+    calls: list[str] = []
+    real = wrap.route
+
+    def spy(sendbuf: Any, recvbuf: Any, op: Any) -> Any:
+        taken = real(sendbuf, recvbuf, op)
+        if taken is not None:
+            calls.append(taken[2])
+        return taken
+
+    monkeypatch.setattr(wrap, "route", spy)
+    yield calls

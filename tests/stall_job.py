@@ -79,7 +79,7 @@ def main(mode: str, target: int, algorithm: str = "ring", warmups: str = "1") ->
     except hpcring.StallError as error:
         elapsed = time.monotonic() - start
         report(stall=1, missing=",".join(map(str, error.missing)), elapsed=f"{elapsed:.2f}")
-        print(f"rank {WORLD.rank}: {error}", flush=True)
+        print(f"rank {WORLD.rank}: {error}\n", end="", flush=True)  # one write, as report()
         if mode == "freeze" and WORLD.rank == min(r for r in range(WORLD.size) if r != target):
             time.sleep(0.5)
             os.kill(pids[target], signal.SIGCONT)  # wake the frozen rank: it must end too

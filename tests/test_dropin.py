@@ -43,22 +43,6 @@ def prepared(comm: MPI.Intracomm, **options: Any) -> hpcring.Intracomm:
     return wrapped
 
 
-@pytest.fixture
-def routed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The ops of the calls hpcring took (`hpcring.wrap.route`'s choice; the rest went to MPI)."""
-    calls: list[str] = []
-    real = wrap.route
-
-    def spy(sendbuf: Any, recvbuf: Any, op: Any) -> Any:
-        taken = real(sendbuf, recvbuf, op)
-        if taken is not None:
-            calls.append(taken[2])
-        return taken
-
-    monkeypatch.setattr(wrap, "route", spy)
-    yield calls
-
-
 class DLPackOnly:
     """A buffer that only speaks DLPack (as a framework's tensor may): mpi4py 4 takes it."""
 

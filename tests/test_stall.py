@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -90,10 +91,10 @@ def _job(*args: str, ranks: int) -> tuple[int, str, float]:
 
 def _results(output: str) -> dict[int, dict[str, str]]:
     rows = {}
-    for line in output.splitlines():
-        if line.startswith("RESULT "):
-            fields = dict(word.split("=", 1) for word in line.split()[1:])
-            rows[int(fields["rank"])] = fields
+    # A line may follow another rank's text that lacked its newline when the launcher forwarded it.
+    for match in re.finditer(r"RESULT (rank=\S+(?: \w+=\S*)*)", output):
+        fields = dict(word.split("=", 1) for word in match.group(1).split())
+        rows[int(fields["rank"])] = fields
     return rows
 
 

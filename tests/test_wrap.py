@@ -9,7 +9,6 @@ integers, exact in any order, checked against the exact reduction. A spy on the 
 from __future__ import annotations
 
 import array
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -25,22 +24,6 @@ pytestmark = pytest.mark.mpi
 OPS = {"sum": MPI.SUM, "max": MPI.MAX, "min": MPI.MIN, "prod": MPI.PROD}
 UFUNCS = {"sum": np.add, "max": np.maximum, "min": np.minimum, "prod": np.multiply}
 DTYPES = [np.float64, np.float32, np.int32, np.int64, np.complex128]
-
-
-@pytest.fixture
-def routed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The ops of the calls hpcring took (`hpcring.wrap.route`'s choice; the rest went to MPI)."""
-    calls: list[str] = []
-    real = wrap.route
-
-    def spy(sendbuf: Any, recvbuf: Any, op: Any) -> Any:
-        taken = real(sendbuf, recvbuf, op)
-        if taken is not None:
-            calls.append(taken[2])
-        return taken
-
-    monkeypatch.setattr(wrap, "route", spy)
-    yield calls
 
 
 def wrapped(algorithm: str = "mpi") -> wrap.Intracomm:
