@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"loss: {mean_loss:.6f}; time: {seconds * 1e3:.2f} ms per step")
         if args.save:
             np.save(args.save, weights.astype(np.float64))
-    torch.distributed.destroy_process_group()
+    hpcring.torch.destroy_process_group()  # and a moment for gloo's threads (see its docstring)
     return 0
 
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from .backend import Options, ProcessGroupHpcring, register
 from .hook import HookState, allreduce_hook
-from .launch import init_process_group
+from .launch import destroy_process_group, init_process_group
 from .sync import GradientSync, ModuleGradientSync
 from .work import Work
 
@@ -27,5 +27,6 @@ __all__ = [
     "ProcessGroupHpcring",
     "Work",
     "allreduce_hook",
+    "destroy_process_group",
     "init_process_group",
 ]

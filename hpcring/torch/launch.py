@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -88,4 +89,19 @@ def init_process_group(
     )
 
 
-__all__ = ["free_port", "init_process_group", "rank0_address"]
+def destroy_process_group(pause: float = 0.5) -> None:
+    """`torch.distributed.destroy_process_group`, then ``pause`` seconds with the GIL free.
+
+    A gloo worker thread drops its last reference to a collective launched inside ``backward``
+    a moment after the collective completes, and that needs the GIL: where the interpreter has
+    begun to exit by then, the process aborts ("terminate called without an active exception",
+    pytorch/pytorch#190489). Destroying the group does not join those threads, so the pause
+    lets them finish first. Call it last, as a script leaves; does nothing where no group is up.
+    """
+    if not dist.is_initialized():
+        return
+    dist.destroy_process_group()
+    time.sleep(pause)
+
+
+__all__ = ["destroy_process_group", "free_port", "init_process_group", "rank0_address"]
