@@ -5,13 +5,15 @@ and the refusals (mpi, nccl, integers, odd wires, ranks that differ) raised on e
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import numpy as np
 import pytest
 from helpers import everywhere, identical_everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
-from hpcring import algorithms, topology, wire
+from hpcring import algorithms, kernels, topology, wire
 from hpcring.arrays import adapter_for
 from hpcring.comm import channel_for
 
@@ -267,9 +269,18 @@ def pool(ch: wire.WireChannel) -> tuple[set[int], int]:
     return {id(buf) for bufs in ch._free.values() for buf in bufs}, len(ch._pending)
 
 
+@pytest.fixture
+def python_core() -> Iterator[None]:
+    """The Python path's WireChannel and its pool of wire buffers, whose Channel calls a test can
+    make fail: the compiled core runs a warm call's steps in C, with buffers of its own."""
+    with kernels.using("python"):
+        yield
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("algorithm", ["ring", "naive"])
+@pytest.mark.usefixtures("python_core")
 def test_a_failed_call_leaves_the_pool_as_before(algorithm: str, monkeypatch) -> None:
     """Every rank's second exchange raises (as a StallError would): the wire buffers taken for it
     go back to the pool, and the next call is right."""
@@ -304,6 +315,7 @@ def test_a_failed_call_leaves_the_pool_as_before(algorithm: str, monkeypatch) ->
 
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
+@pytest.mark.usefixtures("python_core")
 def test_a_stalled_exchange_keeps_its_wire_buffers_out_of_the_pool(monkeypatch) -> None:
     """After a StallError MPI may still read or write the exchange's wire buffers (a send it could
     not finish, a receive it could not cancel): they must not go back to the pool, where a later
