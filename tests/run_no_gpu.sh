@@ -15,9 +15,9 @@ if cupy is None or not gpu_problem().startswith("CuPy sees no GPU"):
     sys.exit(f"tests/run_no_gpu.sh needs CuPy installed and no GPU; here: {gpu_problem() or 'a GPU'}")
 print("CuPy", cupy.__version__, "installed;", gpu_problem())
 PY
-# The framework examples are not GPU-path tests, and the main suite has run them: here, with CuPy
-# loaded beside torch, torch_ddp aborted twice at interpreter exit, after its result, inside torch
-# ("terminate called without an active exception"), with hpcring's hook and with DDP's own gloo.
+# The framework examples are not GPU-path tests, and the main suite has run them (there torch's
+# abort at exit, a gloo thread needing the GIL as the interpreter ends, is what
+# hpcring.torch.destroy_process_group's pause prevents).
 # The docs' commands, and the stall and flight-recorder jobs (mpiexec runs of NumPy arrays, about
 # two minutes together), are not GPU-path tests either: the main suite runs them.
 python -m pytest -q --ignore=tests/test_framework_examples.py --ignore=tests/test_docs_commands.py \

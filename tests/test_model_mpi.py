@@ -15,6 +15,7 @@ import pytest
 from helpers import everywhere
 from mpi4py import MPI
 
+import hpcring
 from hpcring.model.cli import main
 from hpcring.model.costs import ModelError, Params
 from hpcring.model.params import load_params, save_params
@@ -46,6 +47,7 @@ def test_calibration_writes_a_valid_file(shared_dir: Path) -> None:
     try:
         params = load_params(output)
         ok = all(0 < v < 1 for v in (params.alpha, params.beta, params.gamma)) and params.cores >= 1
+        ok = ok and params.meta.get("core") == hpcring.info()["core"]  # whose step cost busy.alpha is
         busy = params.busy.get(WORLD.size)  # all ranks exchanging and adding at once
         ok = ok and busy is not None and all(0 < v < 1 for v in (busy.alpha, busy.beta, busy.gamma))
         ok = ok and busy is not None and 0 <= busy.call < 1 and 0 <= busy.cold < 1

@@ -122,6 +122,7 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
         figures = _partial(comm, array, sizes, small_repeats, large_repeats)
         if figures is not None:
             partial[comm.Get_size()] = figures
+    from ..core import describe
     from ..library import mpi_library
 
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -132,6 +133,8 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
         "load_average": [round(x, 2) for x in os.getloadavg()],
         "date": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "mpi_library": mpi_library(),
+        # busy alpha is a step of hpcring's own ring: its software cost is this core's
+        "core": describe()[0],
         "quick": quick,
         "sizes": sizes,
         "nodes": list(topo.per_node),

@@ -352,7 +352,8 @@ def _mpi_main(args: argparse.Namespace) -> int:
                 save_params(params, output)
                 print(
                     f"# calibrated on {comm.Get_size()} ranks ({params.meta['host']}, load "
-                    f"{' '.join(f'{x:.2f}' for x in params.meta['load_average'])}): alpha "
+                    f"{' '.join(f'{x:.2f}' for x in params.meta['load_average'])}, "
+                    f"{params.meta['core']} core): alpha "
                     f"{params.alpha * 1e6:.3g} us, beta {params.beta * 1e9:.4g} ns/B "
                     f"({1 / params.beta / GB:.3g} GB/s), gamma {params.gamma * 1e9:.4g} ns/B "
                     f"({1 / params.gamma / GB:.3g} GB/s)"
