@@ -36,7 +36,8 @@ class Plan:
         self.algorithm = call.ran  # what runs (`auto`'s choice)
         self._where = self._buffers()  # what the buffers were: a plan on changed ones is refused
         self._request: MPI.Prequest | None = None
-        self._started = self._freed = self._lost = False
+        self._started = self._freed = False
+        self._active = False  # the persistent request is started and not yet seen complete
         adapter, spec = call.adapter, call.spec
         if spec.persistent is not None and call.channel.size > 1 and adapter.size(x) > 0:
             src = adapter.flat(x)
@@ -82,6 +83,7 @@ class Plan:
         self._started = True
         if self._request is not None:
             self._request.Start()
+            self._active = True
         else:
             out = None if self._call.in_place else self._out
             self._call(self._x, out, False, self._timeout)  # the call, without the agreement
@@ -102,23 +104,21 @@ class Plan:
                 failure = rank_failed(call, error, call.state.calls, moving=True)
                 if failure is None:
                     raise
-                self._lost = True  # the request's schedule was cut short: MPI may refuse to free it
-                raise failure from error
-            if woke is not None:
+                raise failure from error  # the request stays active: `free` leaves it be
+            if woke is not None:  # the request stays active inside MPI: `free` leaves it be
                 raise waiter.stall(woke, f"{call.what} plan", timeout, call.state.calls)
+            self._active = False
             if call.mean:
                 dst = call.adapter.flat(self._x if call.in_place else self._out)
                 call.channel.xp.true_divide(dst, call.channel.size, out=dst)
         return self._x if call.in_place else self._out
 
     def free(self) -> None:
-        """Release the persistent request now (a plan that is garbage collected releases it too)."""
-        if not self._freed and self._request is not None and not MPI.Is_finalized():
-            try:
-                self._request.Free()
-            except MPI.Exception:
-                if not self._lost:  # after a failed rank, Open MPI calls the request invalid
-                    raise
+        """Release the persistent request now (a plan that is garbage collected releases it too).
+        A request a stall or a failed rank left active is not freed: MPI forbids freeing an
+        active collective request (MPICH crashed later where it was), and cannot cancel one."""
+        if not self._freed and self._request is not None and not self._active and not MPI.Is_finalized():
+            self._request.Free()
         self._freed = True
 
     def __del__(self) -> None:
