@@ -410,7 +410,7 @@ class Request(_Checked, MPI.Request):
     done. Completed through ``MPI.Request.Waitall``, an error of the agreement is raised by the
     wrapper's next call."""
 
-    __slots__ = ("_job", "_reported")
+    __slots__ = ("_buffers", "_job", "_reported")
 
     def Wait(self, status: MPI.Status | None = None) -> Literal[True]:
         """Wait for the agreement (bounded: its own timeout), then for the data, as MPI_Wait."""
@@ -684,7 +684,7 @@ class Intracomm(MPI.Intracomm):
         x, out, name, dtype = taken
         plain = self._hpcring_plain
         if known_state(plain) is None:  # hpcring has no communicator here yet: MPI's call, as it is
-            return _unchecked(MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op))
+            return _unchecked(MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op), sendbuf, recvbuf)
         threaded = nonblocking.progress_mode() == "thread"
         # by name: MPI_Iallreduce is the mpi algorithm's own non-blocking form
         if threaded and self._hpcring_algorithm != "mpi":  # by name: (above)
@@ -705,7 +705,7 @@ class Intracomm(MPI.Intracomm):
             self._failing(general)  # first: an error is kept before MPI can see the request done
             job.then(lambda _: general.Complete())
             return general
-        request = _unchecked(MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op))
+        request = _unchecked(MPI.Intracomm.Iallreduce(self, sendbuf, recvbuf, op), sendbuf, recvbuf)
         if threaded and self._hpcring_check:
             progress = nonblocking.progress_for(plain, "hpcring.Intracomm.Iallreduce")  # made: no wait
             state, row = progress.state, (x.size, dtype, name, out is None, None)
@@ -826,10 +826,12 @@ class Intracomm(MPI.Intracomm):
         return float(scalar) if row[0] == _FLOAT else complex(scalar) if row[0] == _COMPLEX else scalar
 
 
-def _unchecked(native: MPI.Request) -> Request:
-    """MPI's own request as a `Request`, nothing of hpcring's beside it (yet)."""
+def _unchecked(native: MPI.Request, *buffers: Any) -> Request:
+    """MPI's own request as a `Request`, nothing of hpcring's beside it (yet). It holds the
+    call's buffers as mpi4py's request does (a copy of the handle does not), so a temporary
+    send buffer lives until MPI is done with it."""
     request = Request(native)
-    request._job, request._reported = None, False
+    request._job, request._reported, request._buffers = None, False, buffers
     return request
 
 

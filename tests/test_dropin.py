@@ -9,8 +9,10 @@ levels below MPI_THREAD_MULTIPLE are tests/test_dropin_levels.py's (a job per le
 
 from __future__ import annotations
 
+import gc
 import pickle
 import time
+import weakref
 from collections.abc import Iterator
 from typing import Any
 
@@ -152,6 +154,26 @@ def test_iallreduce_returns_while_the_others_are_away(
 
 
 # --- defect 3: real MPI requests ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["mpi", "ring"])
+def test_a_temporary_send_buffer_lives_until_the_request_completes(algorithm: str) -> None:
+    """``comm.Iallreduce(np.full(4, 1.0), total)``: mpi4py's request keeps its buffers alive, and
+    so must the wrapper's (a send buffer freed while MPI still read it summed to 1 instead of G
+    on every rank, one run in six)."""
+    comm = prepared(WORLD, algorithm=algorithm)
+    send, total = np.full(4, 1.0), np.empty(4)
+    alive = weakref.ref(send)
+    if WORLD.rank == WORLD.size - 1:
+        time.sleep(0.1)  # the others' requests are pending while their buffers lose their names
+    request = comm.Iallreduce(send, total, op=MPI.SUM)
+    del send
+    gc.collect()
+    ok = alive() is not None or not request  # held while MPI may still read it
+    reused = [np.zeros(4) for _ in range(100)]  # freed memory would be taken here
+    MPI.Request.Waitall([request])
+    ok &= bool((total == WORLD.size).all()) and len(reused) == 100
+    assert everywhere(WORLD, ok)
 
 
 @pytest.mark.parametrize("algorithm", ["mpi", "ring"])
