@@ -287,6 +287,27 @@ PyDoc_STRVAR(program_doc, "Program(rows, buffers, channels, counts, sent, unknow
                           "channels the real channels by comm number; counts int32 (reduce-scatter counts); sent "
                           "the bytes one run hands to MPI; align: the alignment buffers 0 and 1 need.");
 
+/* A C-contiguous buffer of ``obj`` whose items are ``itemsize`` bytes, copied into memory of
+ * its own (*dst, freed with PyMem_Free), its length a multiple of ``unit`` bytes; *n the number
+ * of units. 0 with an exception set (``refused`` the ValueError's text) where it is not. */
+static int copy_buffer(PyObject *obj, Py_ssize_t itemsize, Py_ssize_t unit, const char *refused, void **dst,
+                       Py_ssize_t *n) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(obj, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return 0;
+    int ok = view.itemsize == itemsize && view.len % unit == 0;
+    if (!ok) {
+        PyErr_Format(PyExc_ValueError, "Program: %s", refused);
+    } else if ((*dst = PyMem_Malloc(view.len ? view.len : itemsize)) == NULL) {
+        PyErr_NoMemory();
+        ok = 0;
+    } else {
+        memcpy(*dst, view.buf, view.len);
+        *n = view.len / unit;
+    }
+    PyBuffer_Release(&view);
+    return ok;
+}
+
 static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *rows, *buffers, *channels, *counts;
     long long sent;
@@ -297,37 +318,9 @@ static PyObject *program_new(PyTypeObject *type, PyObject *args, PyObject *kwarg
         return NULL;
     Program *p = (Program *)type->tp_alloc(type, 0);
     if (p == NULL) return NULL;
-    Py_buffer view;
-    if (PyObject_GetBuffer(rows, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto fail;
-    if (view.itemsize != 8 || view.len % (8 * HR_WIDTH)) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "Program: rows must be an (n, 12) int64 array");
+    if (!copy_buffer(rows, 8, 8 * HR_WIDTH, "rows must be an (n, 12) int64 array", (void **)&p->rows, &p->nrows))
         goto fail;
-    }
-    p->nrows = view.len / (8 * HR_WIDTH);
-    p->rows = PyMem_Malloc(view.len ? view.len : 8);
-    if (p->rows == NULL) {
-        PyBuffer_Release(&view);
-        PyErr_NoMemory();
-        goto fail;
-    }
-    memcpy(p->rows, view.buf, view.len);
-    PyBuffer_Release(&view);
-    if (PyObject_GetBuffer(counts, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) goto fail;
-    if (view.itemsize != 4) {
-        PyBuffer_Release(&view);
-        PyErr_SetString(PyExc_ValueError, "Program: counts must be int32");
-        goto fail;
-    }
-    p->ncounts = view.len / 4;
-    p->counts = PyMem_Malloc(view.len ? view.len : 4);
-    if (p->counts == NULL) {
-        PyBuffer_Release(&view);
-        PyErr_NoMemory();
-        goto fail;
-    }
-    memcpy(p->counts, view.buf, view.len);
-    PyBuffer_Release(&view);
+    if (!copy_buffer(counts, 4, 4, "counts must be int32", (void **)&p->counts, &p->ncounts)) goto fail;
 
     p->ncomm = (int)PyTuple_GET_SIZE(channels);
     Py_INCREF(channels);
