@@ -5,8 +5,10 @@ Skipped where PyTorch is not installed (pip install -e '.[torch]' in hpcring's c
 
 from __future__ import annotations
 
+import gc
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import timedelta
 
 import numpy as np
@@ -266,42 +268,59 @@ def weights(net: torch.nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in full])
 
 
+@contextmanager
+def gloo_group() -> Iterator[dist.ProcessGroup]:
+    """A gloo group over every rank, for the side-by-side runs; what used it must be gone first.
+
+    Where DDP's C++ reducer drops the last reference to a gloo group, gloo's destructor joins
+    its worker threads with the GIL held, while a worker may wait for the GIL to free a finished
+    collective's tensors: the rank hangs, and the next collective with it (3 runs in 4 at 2 ranks,
+    in the next test's new_group). So the runs train in helpers whose models are freed on return, the garbage collector
+    runs, and this frame's reference is the group's last: freed from Python, without the GIL.
+    """
+    group = dist.new_group(backend="gloo")
+    yield group
+    gc.collect()
+    dist.destroy_process_group(group)
+
+
+def ddp_weights(process_group: dist.ProcessGroup | None) -> torch.Tensor:
+    """The weights after a few DDP steps on ``process_group`` (None: the default, hpcring's)."""
+    net = model()
+    steps(
+        net, torch.nn.parallel.DistributedDataParallel(net, process_group=process_group, bucket_cap_mb=0.0005)
+    )
+    return weights(net)
+
+
+def fsdp2_weights(process_group: dist.ProcessGroup) -> torch.Tensor:
+    """The weights after a few FSDP2 steps, every Linear and the whole model sharded."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = DeviceMesh.from_group(process_group, "cpu")
+    net = model()
+    for layer in net:
+        if isinstance(layer, torch.nn.Linear):
+            fully_shard(layer, mesh=mesh)
+    fully_shard(net, mesh=mesh)
+    steps(net, net)
+    return weights(net)
+
+
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 def test_ddp_matches_gloo(group: None) -> None:
-    gloo = dist.new_group(backend="gloo")
-    results = []
-    for process_group in (None, gloo):  # None: the default, hpcring's
-        net = model()
-        ddp = torch.nn.parallel.DistributedDataParallel(
-            net, process_group=process_group, bucket_cap_mb=0.0005
-        )
-        steps(net, ddp)
-        results.append(weights(net))
-    ours, theirs = results
+    with gloo_group() as gloo:
+        ours, theirs = ddp_weights(None), ddp_weights(gloo)
     assert everywhere(WORLD, float((ours - theirs).abs().max()) <= 1e-12)
     assert identical_everywhere(WORLD, ours.numpy())
-    dist.destroy_process_group(gloo)
 
 
 @pytest.mark.mpi
 @pytest.mark.timeout(120)
 def test_fsdp2_matches_gloo(group: None) -> None:
-    from torch.distributed.device_mesh import DeviceMesh
-    from torch.distributed.fsdp import fully_shard
-
-    gloo = dist.new_group(backend="gloo")
-    results = []
-    for process_group in (dist.group.WORLD, gloo):
-        mesh = DeviceMesh.from_group(process_group, "cpu")
-        net = model()
-        for layer in net:
-            if isinstance(layer, torch.nn.Linear):
-                fully_shard(layer, mesh=mesh)
-        fully_shard(net, mesh=mesh)
-        steps(net, net)
-        results.append(weights(net))
-    ours, theirs = results
+    with gloo_group() as gloo:
+        ours, theirs = fsdp2_weights(dist.group.WORLD), fsdp2_weights(gloo)
     assert everywhere(WORLD, float((ours - theirs).abs().max()) <= 1e-12)
     assert identical_everywhere(WORLD, ours.numpy())
-    dist.destroy_process_group(gloo)
