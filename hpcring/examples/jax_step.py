@@ -5,9 +5,9 @@ between jitted steps.
 
 Softmax regression on synthetic data that every rank draws alike from one seed. Each rank
 takes its contiguous share of every global batch; ``jax.jit(jax.grad(loss))`` runs on it, then
-hpcring averages each gradient over the ranks (outside jit: hpcring is Python and MPI calls,
-which a traced function cannot make; mpi4jax's collectives are the ones that run inside jit).
-JAX arrays are immutable, so `hpcring.allreduce` returns a new array each time.
+`hpcring.allreduce` averages each gradient over the ranks, between jitted steps (inside a jitted
+function, `hpcring.jax.allreduce` does the same). JAX arrays are immutable, so
+`hpcring.allreduce` returns a new array each time.
 
 Every rank prints the digest of its final weights, the same line on every rank; rank 0 then
 prints the loss.
