@@ -274,9 +274,10 @@ def gloo_group() -> Iterator[dist.ProcessGroup]:
 
     Where DDP's C++ reducer drops the last reference to a gloo group, gloo's destructor joins
     its worker threads with the GIL held, while a worker may wait for the GIL to free a finished
-    collective's tensors: the rank hangs, and the next collective with it (3 runs in 4 at 2 ranks,
-    in the next test's new_group). So the runs train in helpers whose models are freed on return, the garbage collector
-    runs, and this frame's reference is the group's last: freed from Python, without the GIL.
+    collective's tensors: the rank hangs, and the next collective with it (4 runs in 8 at 2
+    ranks, in the next test's new_group). So the runs train in helpers whose models are freed
+    on return, the garbage collector runs, and this frame's reference is the group's last:
+    freed from Python, without the GIL.
     """
     group = dist.new_group(backend="gloo")
     yield group
