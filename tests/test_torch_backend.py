@@ -6,6 +6,8 @@ Skipped where PyTorch is not installed (pip install -e '.[torch]' in hpcring's c
 from __future__ import annotations
 
 import gc
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,7 +15,7 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
-from helpers import everywhere, identical_everywhere, raises_everywhere
+from helpers import everywhere, identical_everywhere, launch, launcher_env, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
@@ -58,6 +60,45 @@ def test_algorithm_per_collective(monkeypatch) -> None:
 def test_the_backend_is_registered() -> None:
     assert "hpcring" in dist.Backend.backend_list
     assert dist.Backend.backend_capability["hpcring"] == ["cpu", "cuda"]
+
+
+# A launcher's variables as torchrun sets them (here from MPI, torch's ranks the reverse of MPI's),
+# then torch's own init_process_group("hpcring") through env://.
+LAUNCHED = """
+import os
+import torch
+import torch.distributed as dist
+from mpi4py import MPI
+import hpcring.torch
+from hpcring.torch.launch import free_port
+
+world = MPI.COMM_WORLD
+port = world.bcast(free_port() if world.rank == 0 else 0)
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+os.environ.update(RANK=str(world.size - 1 - world.rank), WORLD_SIZE=str(world.size))
+dist.init_process_group("hpcring")
+rank = dist.get_rank()
+x = torch.tensor([float(rank)])
+dist.all_reduce(x)
+gathered = [torch.zeros(1) for _ in range(world.size)]
+dist.all_gather(gathered, torch.tensor([float(rank)]))
+assert rank == world.size - 1 - world.rank and x.item() == sum(range(world.size)), (rank, x)
+assert [g.item() for g in gathered] == [float(r) for r in range(world.size)], gathered
+dist.destroy_process_group()
+print("ok", rank)
+"""
+
+
+def test_torchs_own_init_process_group_with_launcher_variables() -> None:
+    done = subprocess.run(
+        [*launch(2), sys.executable, "-c", LAUNCHED],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=launcher_env(),
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert sorted(done.stdout.split()) == ["0", "1", "ok", "ok"], done.stdout
 
 
 # -- the default group, hpcring's ------------------------------------------------------------------
