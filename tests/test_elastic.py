@@ -12,8 +12,9 @@ stop every rank before training, saying how to launch. Serial tests: each launch
 every job is bounded (a hang fails the test, the job is ended).
 
 The whole file takes about 3.5 minutes on 2 busy cores; by default (CI) it runs a representative
-part in about 2: detection on every algorithm, the bad launches, rank 0 killed mid-training and
-two ranks killed in one run (the digests compared with the one-rank run). The longer training
+part in about 2.5: detection on every algorithm, the bad launches, rank 0 killed mid-training at
+4 ranks, the middle rank at 3, and two ranks killed in one run (the digests compared with the
+one-rank run). The longer training
 runs (`LONG`: 17-30 s each) run with ``HPCRING_ELASTIC_ALL=1 python -m pytest -q tests/test_elastic.py``.
 """
 
@@ -96,7 +97,6 @@ def test_rank_0_killed_at_4_ranks(one_rank: str) -> None:
     assert digest_of(lines) == one_rank
 
 
-@LONG
 def test_middle_rank_killed_at_3_ranks(one_rank: str) -> None:
     lines = run(3, [(1, 20)])
     assert last_step(lines) == (STEPS, STEPS, 2)
