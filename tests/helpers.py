@@ -90,12 +90,11 @@ def launcher_env() -> dict[str, str]:
     return env
 
 
-def run_example(example: str, *flags: str, ranks: int = 2, timeout: float = 300) -> list[str]:
-    """``python -m hpcring.examples.<example> <flags>`` under mpiexec, as a user launches it; its
-    stdout lines (the assertion shows stdout and stderr where it did not exit 0)."""
-    command = [*launch(ranks), sys.executable, "-m"]
+def run_job(args: list[str], ranks: int = 2, timeout: float = 300) -> list[str]:
+    """``python <args>`` under mpiexec at ``ranks`` ranks, as a user launches it; its stdout lines
+    (the assertion shows stdout and stderr where it did not exit 0)."""
     done = subprocess.run(
-        [*command, f"hpcring.examples.{example}", *flags],
+        [*launch(ranks), sys.executable, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
@@ -103,3 +102,8 @@ def run_example(example: str, *flags: str, ranks: int = 2, timeout: float = 300)
     )
     assert done.returncode == 0, done.stdout + done.stderr
     return done.stdout.splitlines()
+
+
+def run_example(example: str, *flags: str, ranks: int = 2, timeout: float = 300) -> list[str]:
+    """``python -m hpcring.examples.<example> <flags>`` under mpiexec (`run_job`)."""
+    return run_job(["-m", f"hpcring.examples.{example}", *flags], ranks, timeout)

@@ -14,8 +14,8 @@ every job is bounded (a hang fails the test, the job is ended).
 The whole file takes about 3.5 minutes on 2 busy cores; by default (CI) it runs a representative
 part in about 2.5: detection on every algorithm, the bad launches, rank 0 killed mid-training at
 4 ranks, the middle rank at 3, and two ranks killed in one run (the digests compared with the
-one-rank run). The longer training
-runs (`LONG`: 17-30 s each) run with ``HPCRING_ELASTIC_ALL=1 python -m pytest -q tests/test_elastic.py``.
+one-rank run). The longer training runs (`LONG`: 17-30 s each) run with
+``HPCRING_ELASTIC_ALL=1 python -m pytest -q tests/test_elastic.py``.
 """
 
 from __future__ import annotations

@@ -6,8 +6,6 @@ Skipped where PyTorch is not installed (pip install -e '.[torch]' in hpcring's c
 from __future__ import annotations
 
 import gc
-import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +13,7 @@ from datetime import timedelta
 
 import numpy as np
 import pytest
-from helpers import everywhere, identical_everywhere, launch, launcher_env, raises_everywhere
+from helpers import everywhere, identical_everywhere, raises_everywhere, run_job
 from mpi4py import MPI
 
 import hpcring
@@ -90,15 +88,8 @@ print("ok", rank)
 
 
 def test_torchs_own_init_process_group_with_launcher_variables() -> None:
-    done = subprocess.run(
-        [*launch(2), sys.executable, "-c", LAUNCHED],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=launcher_env(),
-    )
-    assert done.returncode == 0, done.stdout + done.stderr
-    assert sorted(done.stdout.split()) == ["0", "1", "ok", "ok"], done.stdout
+    lines = run_job(["-c", LAUNCHED], ranks=2, timeout=120)
+    assert sorted(lines) == ["ok 0", "ok 1"], lines
 
 
 # -- the default group, hpcring's ------------------------------------------------------------------
