@@ -26,6 +26,7 @@ import time
 from mpi4py import MPI
 
 from . import flight, ulfm
+from .errors import abort_job
 
 PERIOD = 0.25  # seconds between looks at the records
 GRACE = 0.25  # seconds past a call's timeout before the watchdog acts (then it listens 1 s)
@@ -95,9 +96,8 @@ def end_the_job(recorder: flight.Recorder, slot: flight.Slot) -> None:
         f"rank {recorder.rank}: blocked in the library's own collective for {waited:.1f} s, which "
         f"hpcring cannot interrupt (algorithm {call.ran!r}): it ends the job (MPI_Abort)\n"
     )
-    sys.stderr.flush()
     flight.dump_on_error(error)
-    MPI.COMM_WORLD.Abort(1)
+    abort_job(1)
 
 
 __all__ = ["GRACE", "overdue", "watch"]
