@@ -14,7 +14,7 @@ from helpers import everywhere, identical_everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
-from hpcring import algorithms, flight, watchdog, wire
+from hpcring import agreement, algorithms, flight, watchdog, wire
 from hpcring.algorithms import Phase, Spec
 from hpcring.model.costs import Link, ModelError, predict
 from hpcring.viz import Replay, describe
@@ -135,9 +135,7 @@ def test_the_watchdog_watches_only_what_declares_itself_blocking(toys: dict[str,
 
 def test_the_flight_record_reads_the_step_of_a_stepped_algorithm(toys: dict[str, Spec]) -> None:
     recorder = flight.Recorder(0, 2)
-    row = hpcring.agreement.Row(
-        "allreduce", 8, np.dtype(np.float64), "sum", "toy", "numpy.ndarray", True, 0, 0, None
-    )
+    row = agreement.Row("allreduce", 8, np.dtype(np.float64), "sum", "toy", "numpy.ndarray", True, 0, 0, None)
     for spec, step in ((toys["toy"], 3), (toys["toywire"], 0)):  # toywire does not declare stepped
         call = SimpleNamespace(spec=spec, row=row, ran=spec.name, channel=SimpleNamespace(step=3))
         recorder.seq += 1
