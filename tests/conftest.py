@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
 from hpcring import config
+
+FULL = os.environ.get("HPCRING_TEST_FULL") == "1"  # tests/run.sh --full
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Cases marked ``full`` (soaks, many examples, large sizes) run only in the full run."""
+    if FULL:
+        return
+    skip = pytest.mark.skip(reason="a long case: tests/run.sh --full runs it")
+    for item in items:
+        if "full" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -4,6 +4,10 @@
 # with Open MPI or MPICH (the mpiexec on PATH, the venv's). Extra arguments go to every pytest run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--full" ]; then  # the long cases too (marked full: soaks, many examples, large sizes)
+  shift
+  export HPCRING_TEST_FULL=1
+fi
 source tests/launcher.sh  # MPIEXEC: Open MPI's or MPICH's, more ranks than cores allowed
 export PYTHONUNBUFFERED=1
 python -m pytest -q "$@"
