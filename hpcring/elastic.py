@@ -260,6 +260,10 @@ class JoinError(RuntimeError):
     join: the two are connected)."""
 
 
+class NotNeededError(JoinError):
+    """The job this process waited to join ended without needing it (a spare): nothing failed."""
+
+
 @dataclass
 class Recovery:
     """One recovery (or join), as a rank saw it."""
@@ -278,6 +282,7 @@ class Recovery:
     phases: dict[str, float] = field(default_factory=dict)  # seconds: shrink, spawn, connect, transfer
     state_bytes: int = 0  # bytes each newcomer received
     grow_error: str = ""  # why no replacement started (the loop went on with fewer ranks)
+    lost_joining: int = 0  # ranks that held the state and died during the joins
     layout: str = ""  # the nodes of the communicator after it, as hpcring found them ('1 node x 4 ranks')
 
 
@@ -328,9 +333,10 @@ class Elastic:
     rendezvous: str | os.PathLike[str] | None = None
     on_phase: Callable[[str, MPI.Intracomm, int], None] | None = None
     transfer_algorithm: str = "auto"
-    joins: int = 3  # tries to grow back per recovery (a join that loses ranks is tried again)
+    joins: int = 3  # spawns beyond those needed, per recovery (a join that loses ranks is made again)
     newcomer: str | None = field(default=None, init=False)  # how this process joined (`growth.joining`)
     _holds: bool = field(default=True, init=False, repr=False)  # whether it holds the state
+    _left: int = field(default=0, init=False, repr=False)  # tries left to grow back, this recovery
 
     def __post_init__(self) -> None:
         if self.policy not in growth.POLICIES:
@@ -387,8 +393,8 @@ class Elastic:
                 while self.step < steps:
                     t = self.step
                     try:
-                        if self._rendezvous is not None and self.size < (self.max_size or 0):
-                            self._admit_waiting()
+                        if self._rendezvous is not None:
+                            self._poll(self._rendezvous)
                         result = compute(self.comm, t)
                         self._keep()
                         apply(t, result)
@@ -407,7 +413,7 @@ class Elastic:
                 self.recover(None, steps, caught)
         finally:
             if self._rendezvous is not None and self.rank == 0:
-                self._rendezvous.withdraw()
+                self._rendezvous.close()
 
     def settle(self, healthy: bool) -> bool:
         """Whether every rank of the communicator is ``healthy`` and none failed: one
@@ -466,6 +472,7 @@ class Elastic:
             shrunk=shrunk, at=at, phases={"shrink": seconds},
         )  # fmt: skip
         if self.policy == "replace" and (steps is None or self.step < steps):
+            self._left = self.joins + (self.max_size or 0) - self.size  # spawn calls allowed
             self._grow(made)
         if self.size < self.min_size:
             remain = f"{self.size} rank{' remains' if self.size == 1 else 's remain'}"
@@ -498,21 +505,24 @@ class Elastic:
             "max_size": self.max_size or 0,
             "holds": int(self._holds),
             "bytes": growth.state_bytes(self.state),
+            "joins": self._left,
         }
         return np.array([values[k] for k in growth.HEADER], dtype=np.int64)
 
     def _grow(self, made: Recovery) -> None:
-        """Spawn replacements up to ``max_size`` and send them the state, by `_admit`; a join that
-        loses ranks is tried again, ``joins`` times in all (collective over the ranks)."""
+        """Spawn replacements up to ``max_size``, one per ``MPI_Comm_spawn`` (each its own MPI job:
+        where processes of one spawn die, Open MPI 5.0 refuses later spawns from a communicator
+        that holds their survivors), each sent the state by `_admit` before the next; spawns
+        that lose ranks are made again while calls are left (``joins`` more than needed).
+        Collective over the ranks, newcomers included: they learned the calls left from the
+        header, so every rank takes the same turns."""
         target = self.max_size or self.size
-        for _ in range(self.joins):
-            missing = target - self.size
-            if missing <= 0:
-                return
+        while self._left > 0 and self.size < target:
+            self._left -= 1
             self._phase("spawn", self.comm)
             began = time.perf_counter()
             try:
-                inter = growth.spawn(self.comm, missing, self.spawn_command, self.hosts())
+                inter = growth.spawn(self.comm, 1, self.spawn_command, self.hosts())
                 merged = growth.merge(inter, high=False)
             except (MPI.Exception, RuntimeError) as error:
                 if is_failure(error, self.comm):  # a rank died while spawning: shrink, try again
@@ -554,7 +564,7 @@ class Elastic:
         with contextlib.suppress(MPI.Exception):
             meet(self.comm, 1)
         old = self.comm
-        made.lost += self._follow(old, self._shrink(old))
+        made.lost_joining += len(self._follow(old, self._shrink(old)))
         made.after = self.comm.Get_size()
         made.rank = self.comm.Get_rank()
 
@@ -576,8 +586,12 @@ class Elastic:
                 names = comm.allgather(MPI.Get_processor_name())
                 if agree(comm, 1):
                     break
-            except LookupError as error:
-                raise TooFewRanksError(f"hpcring.elastic: a join failed: {error}") from None
+            except LookupError:  # every rank that held the state died: no one can send it
+                raise TooFewRanksError(
+                    f"hpcring.elastic: 0 ranks remain that hold the state (each died while it was sent "
+                    f"to {comm.Get_size()} newcomer{'s' if comm.Get_size() != 1 else ''}), fewer than the "
+                    f"minimum of {self.min_size}; stopped after step {self.step}"
+                ) from None
             except Exception as error:
                 if not is_failure(error, comm):
                     raise
@@ -613,15 +627,19 @@ class Elastic:
         within = config.current().timeout or 300.0
         guard = threading.Timer(within, _give_up, (within,))
         guard.daemon = True
-        guard.start()
         try:
             if self.newcomer == "spawned":
+                guard.start()
                 inter = growth.parent()
                 assert inter is not None
-                merged = growth.merge(inter, high=True)
-            else:
+            else:  # a group started apart waits (unbounded while the job lives) for its invitation
                 rendezvous = growth.Rendezvous(Path(os.environ[growth.JOIN_ENV]))
-                merged = growth.merge(growth.connect(self.comm, rendezvous, within), high=True)
+                inter = growth.connect(self.comm, rendezvous, within, guard.start)
+                if inter is None:
+                    raise NotNeededError(
+                        f"hpcring.elastic: the job at {rendezvous.path} ended without needing this rank"
+                    )
+            merged = growth.merge(inter, high=True)
             header = self._admit(merged, None)
         except (MPI.Exception, RankFailedError, StallError, TimeoutError) as error:
             raise JoinError(f"hpcring.elastic: this replacement could not join the job: {error}") from None
@@ -630,14 +648,17 @@ class Elastic:
         self.policy = growth.POLICIES[int(header[growth.HEADER.index("policy")])]
         self.min_size = int(header[growth.HEADER.index("min_size")])
         self.max_size = int(header[growth.HEADER.index("max_size")]) or None
+        self._left = int(header[growth.HEADER.index("joins")])
         if self.policy == "replace-when-available":
             self._open_port()
+        elif self.policy == "replace":  # a join that fell short: the ranks spawn again, this one too
+            self._grow(Recovery([], 0, self.size, self.step, False, 0.0, self.rank, "joined"))
 
     # ---- ranks started later ----------------------------------------------------------------------
 
     def _open_port(self) -> None:
         """replace-when-available: rank 0 opens a port and publishes it at the rendezvous file."""
-        path = self.rendezvous or os.environ.get(growth.RENDEZVOUS_ENV)
+        path = self.rendezvous or os.environ.get(growth.RENDEZVOUS_ENV) or os.environ.get(growth.JOIN_ENV)
         if not path:
             raise ValueError(
                 "hpcring.elastic.Elastic: policy 'replace-when-available' needs rendezvous= (or "
@@ -649,21 +670,24 @@ class Elastic:
             self._port = MPI.Open_port()
             self._rendezvous.publish(self._port)
 
-    def _admit_waiting(self) -> None:
-        """Between steps: where processes wait at the rendezvous (rank 0 sees their ticket), every
-        rank learns it by one ``MPI_Comm_agree`` and accepts them together, then sends the state."""
-        assert self._rendezvous is not None
-        if self.rank == 0 and self._port is None:  # rank 0 of a shrunk job: the port is its now
-            self._port = MPI.Open_port()
-            self._rendezvous.publish(self._port)
-        waiting = self.rank == 0 and bool(self._rendezvous.waiting())
-        if agree(self.comm, int(not waiting)):
+    def _poll(self, rendezvous: growth.Rendezvous) -> None:
+        """Between steps (replace-when-available): rank 0 says the job is alive; where the job is
+        short of ranks and a group waits at the rendezvous, rank 0 invites it, every rank learns
+        it by one ``MPI_Comm_agree`` and they accept it together, then send it the state."""
+        if self.rank == 0:
+            if self._port is None:  # a new rank 0 (the old one died): the port is its own now
+                self._port = MPI.Open_port()
+                rendezvous.publish(self._port)
+            rendezvous.alive()
+        if self.size >= (self.max_size or 0):
+            return
+        invited = self.rank == 0 and any(rendezvous.invite(t) for t in rendezvous.waiting()[:1])
+        if agree(self.comm, int(not invited)):
             return
         at, began = time.time(), time.perf_counter()
         before = self.comm.Get_size()
         self._phase("accept", self.comm)
-        inter = growth.accept(self.comm, self._port or "")
-        merged = growth.merge(inter, high=False)
+        merged = growth.merge(growth.accept(self.comm, self._port or ""), high=False)
         made = Recovery(
             [], before, before, self.step, False, 0.0, self.rank, "ranks joined",
             shrunk=before, at=at, phases={"connect": time.perf_counter() - began},
@@ -679,6 +703,7 @@ class Elastic:
 __all__ = [
     "Elastic",
     "JoinError",
+    "NotNeededError",
     "Recovery",
     "TooFewRanksError",
     "agree",

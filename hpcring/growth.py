@@ -32,13 +32,14 @@ import numpy as np
 from mpi4py import MPI
 
 from .collectives import allreduce, broadcast
+from .comm import known_state
 from .ops import DTYPES
 
 POLICIES = ("shrink", "replace", "replace-when-available")
 PACK_BELOW = 1 << 20  # bytes: NumPy arrays smaller than this travel packed in one buffer, one call
 # The header every newcomer receives first: the loop's step and settings, and whether the rank
 # that sends it holds the state (a newcomer does not: every rank that held it died in the join).
-HEADER = ("step", "policy", "min_size", "max_size", "holds", "bytes")
+HEADER = ("step", "policy", "min_size", "max_size", "holds", "bytes", "joins")  # joins: tries left
 JOIN_ENV = "HPCRING_ELASTIC_JOIN"  # set on processes started later: the rendezvous file to join at
 RENDEZVOUS_ENV = "HPCRING_ELASTIC_RENDEZVOUS"  # the survivors' rendezvous file (replace-when-available)
 
@@ -119,11 +120,19 @@ def merge(inter: MPI.Intercomm, high: bool) -> MPI.Intracomm:
 
 @dataclass
 class Rendezvous:
-    """Where ranks started later find a running job: a file holding the port name that the
-    survivors' rank 0 opened (``MPI_Open_port``), on a file system both can read (a shared
-    one across nodes), and beside it one ticket file per process group waiting to connect."""
+    """Where ranks started apart from the job find it: a file holding the port name that the
+    job's rank 0 opened (``MPI_Open_port``), on a file system both sides read (a shared one
+    across nodes). Beside it, each group of processes that wants to join leaves a ticket
+    (``NAME.ID.want``); rank 0, when the job needs ranks, invites the oldest (renames it
+    ``NAME.ID.go``) and accepts; the group connects only once invited, so that no process
+    waits inside MPI for a job that never accepts. Rank 0 touches the port file at every step
+    (its age says the job is alive); ``NAME.closed`` says the job ended."""
 
     path: Path
+
+    @property
+    def closed(self) -> Path:
+        return self.path.with_name(f"{self.path.name}.closed")
 
     def publish(self, port: str) -> None:
         """Write the port name (atomically: a reader sees the whole name or no file)."""
@@ -131,34 +140,62 @@ class Rendezvous:
         partial = self.path.with_name(f".{self.path.name}.{os.getpid()}")
         partial.write_text(port)
         partial.replace(self.path)
+        with contextlib.suppress(FileNotFoundError):
+            self.closed.unlink()
 
-    def port(self, within: float) -> str:
-        """The published port name, waited for up to ``within`` seconds (a job still starting)."""
-        deadline = time.monotonic() + within
-        while True:
-            with contextlib.suppress(FileNotFoundError):
-                name = self.path.read_text().strip()
-                if name:
-                    return name
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"hpcring.elastic: no running job published a port at {self.path} within {within:g} s"
-                )
-            time.sleep(0.05)
+    def alive(self) -> None:
+        """Rank 0, at each step: the job is alive."""
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self.path)
+
+    def port(self) -> str:
+        """The published port name ('' where there is none)."""
+        try:
+            return self.path.read_text().strip()
+        except FileNotFoundError:
+            return ""
 
     def ticket(self) -> Path:
-        """Announce a process group about to connect (its ticket; removed once accepted)."""
+        """Announce a group of processes that wants to join (its ticket)."""
         made = self.path.with_name(f"{self.path.name}.{uuid.uuid4().hex}.want")
+        made.parent.mkdir(parents=True, exist_ok=True)
         made.write_text(str(os.getpid()))
         return made
 
     def waiting(self) -> list[Path]:
-        """The tickets of groups waiting to connect, oldest first."""
+        """The tickets of groups that want to join, oldest first."""
         found = list(self.path.parent.glob(f"{self.path.name}.*.want"))
         return sorted(found, key=lambda p: p.stat().st_mtime if p.exists() else 0.0)
 
-    def withdraw(self) -> None:
-        """The job ends: no port to find any more."""
+    def invite(self, ticket: Path) -> bool:
+        """Invite the group of ``ticket`` to connect now (False where it withdrew meanwhile)."""
+        try:
+            ticket.replace(ticket.with_suffix(".go"))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def invited(self, ticket: Path, within: float) -> bool:
+        """Wait until the job invites ``ticket`` (True) or ends (False: closed, or no sign of life
+        from its rank 0 for ``within`` seconds once it published)."""
+        go = ticket.with_suffix(".go")
+        while True:
+            if go.exists():
+                go.unlink()
+                return True
+            if self.closed.exists():
+                ticket.unlink(missing_ok=True)
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                if within and time.time() - self.path.stat().st_mtime > within:
+                    ticket.unlink(missing_ok=True)
+                    return False
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        """The job ends: groups still waiting go home."""
+        self.closed.parent.mkdir(parents=True, exist_ok=True)
+        self.closed.write_text("")
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
 
@@ -168,18 +205,25 @@ def accept(comm: MPI.Intracomm, port: str) -> MPI.Intercomm:
     return errors_return(comm.Accept(port, root=0))
 
 
-def connect(comm: MPI.Intracomm, rendezvous: Rendezvous, within: float) -> MPI.Intercomm:
-    """Connect ``comm`` (collective over it: the processes started together) to the job published
-    at ``rendezvous``: rank 0 reads the port and leaves a ticket, which the job's rank 0 sees at
-    its next step; the job then accepts."""
-    port = rendezvous.port(within) if comm.Get_rank() == 0 else ""
-    ticket = rendezvous.ticket() if comm.Get_rank() == 0 else None
+def connect(
+    comm: MPI.Intracomm, rendezvous: Rendezvous, within: float, invited: Callable[[], None] | None = None
+) -> MPI.Intercomm | None:
+    """Connect ``comm``'s processes (collective over them: a group started together) to the job
+    published at ``rendezvous`` once it invites them: rank 0 leaves the ticket and waits; None
+    where the job ended first, or showed no sign of life for ``within`` seconds. ``invited()``
+    runs as the invitation comes. The waiting and the connect travel on a duplicate of ``comm``."""
+    own = errors_return(comm.Dup())
     try:
-        return errors_return(comm.Connect(port, root=0))
+        ticket = rendezvous.ticket() if own.Get_rank() == 0 else None
+        go = rendezvous.invited(ticket, within) if ticket is not None else False
+        if not own.bcast(go, root=0):
+            return None
+        if invited is not None:
+            invited()
+        port = rendezvous.port() if own.Get_rank() == 0 else ""
+        return errors_return(own.Connect(port, root=0))
     finally:
-        if ticket is not None:
-            with contextlib.suppress(FileNotFoundError):
-                ticket.unlink()
+        own.Free()
 
 
 # ---- the state ---------------------------------------------------------------------------------
@@ -190,28 +234,30 @@ def transfer(
     state: Sequence[Any],
     header: np.ndarray,
     algorithm: str = "auto",
-    before_state: Callable[[np.ndarray], None] | None = None,
+    arrived: Callable[[np.ndarray], None] | None = None,
 ) -> np.ndarray:
     """Rank 0's ``header`` (int64, `HEADER`) and ``state`` on every rank of ``comm``: collective;
     each rank passes arrays of the shapes and dtypes it expects (a newcomer: the ones it built),
-    which hpcring checks against rank 0's. Arrays under PACK_BELOW bytes travel packed in one
-    buffer. hpcring's state for ``comm`` is made first (topology, auto's table), by a checked
-    all-reduce. ``before_state(header)`` runs once the header is in. Returns the header."""
-    allreduce(np.zeros(1), algorithm="auto", comm=comm)
-    broadcast(header, root=0, algorithm="binomial", comm=comm)
-    if before_state is not None:
-        before_state(header)
+    which hpcring checks against rank 0's before a byte moves. The header and the arrays under
+    PACK_BELOW bytes travel in one buffer, one call; larger arrays in place, one call each. On a
+    communicator hpcring has not used yet, its state there is made first (the duplicate, the
+    topology, auto's table: a checked all-reduce of one element). ``arrived(header)`` runs
+    once the header is in, before the large arrays. Returns the header."""
+    if known_state(comm) is None:
+        allreduce(np.zeros(1), algorithm="auto", comm=comm)
+    small = [a for a in state if _packable(a)]
+    words = np.empty(len(HEADER) + -(-sum(a.nbytes for a in small) // 8), dtype=np.int64)
+    if comm.Get_rank() == 0:  # int64 words (a dtype every path takes): the header, then the bytes
+        words[: len(HEADER)] = header
+        _pack(small, words[len(HEADER) :].view(np.uint8))
+    broadcast(words, root=0, algorithm=algorithm, comm=comm)
+    header[...] = words[: len(HEADER)]
+    if arrived is not None:
+        arrived(header)
     if not header[HEADER.index("holds")]:
         raise LookupError("every rank that held the state died before it was sent")
-    small = [a for a in state if _packable(a)]
-    if small:  # in int64 words (a dtype every path takes): the bytes rounded up to 8
-        words = np.empty(-(-sum(a.nbytes for a in small) // 8), dtype=np.int64)
-        packed = words.view(np.uint8)
-        if comm.Get_rank() == 0:
-            _pack(small, packed)
-        broadcast(words, root=0, algorithm=algorithm, comm=comm)
-        if comm.Get_rank() != 0:
-            _unpack(packed, small)
+    if comm.Get_rank() != 0:
+        _unpack(words[len(HEADER) :].view(np.uint8), small)
     for array in state:
         if not _packable(array):
             broadcast(array, root=0, algorithm=algorithm, comm=comm)

@@ -7,8 +7,9 @@ where a launcher's kill cannot aim: for tests/test_elastic.py and tests/test_ela
 (SIGKILL) the first time PHASE comes at or after step S; each kill happens once in the whole job
 (a file in ``--marks DIR`` says it did: replacement ranks run this same program). PHASE:
 
-- ``step``: inside step S (a timer started as step S-1 ends fires ``--delay`` ms later: in the
-  step's microbatches or its all-reduce);
+- ``step``: inside step S or soon after (a thread started as step S-1 ends fires ``--delay`` ms
+  later, once the rank lets it have Python's lock: in that step's microbatches or all-reduce,
+  or a few steps on);
 - ``boundary``: right after the rank applied step S;
 - ``failure``: as the rank catches a failure (the others lose it while they recover);
 - ``shrink``, ``spawn``, ``transfer``: as that phase of a recovery or join begins (`Elastic`'s
@@ -123,6 +124,11 @@ def main(argv: list[str]) -> int:
             )
         if made.joined:
             print(f"# grown: {made.shrunk} -> {made.after} ranks, topology {made.layout}", flush=True)
+        if made.grow_error or (policy == "replace" and made.after < made.before):
+            print(
+                f"# short: {made.after} of {made.before} ranks; {made.grow_error or 'no tries left'}",
+                flush=True,
+            )
 
     from hpcring.elastic import JoinError, TooFewRanksError
 

@@ -95,24 +95,30 @@ def test_without_fault_tolerance_elastic_refuses_on_every_rank() -> None:
 # ---- growing back: what is decided without a failure ---------------------------------------------
 
 
-def test_the_rendezvous_publishes_whole_port_names_and_lists_tickets_oldest_first(tmp_path: Path) -> None:
+def test_the_rendezvous_invites_the_oldest_group_and_sends_the_rest_home(tmp_path: Path) -> None:
     from hpcring import growth
 
     place = growth.Rendezvous(tmp_path / "sub" / "job.port")
-    with pytest.raises(TimeoutError, match="no running job published a port"):
-        place.port(0.1)
+    assert place.port() == ""
     place.publish("tag#0$connentry#0A:1.2.3.4")
-    assert place.port(0.1) == "tag#0$connentry#0A:1.2.3.4"
+    assert place.port() == "tag#0$connentry#0A:1.2.3.4"
     assert not [p for p in place.path.parent.iterdir() if p.name.startswith(".")]  # no partial file left
     first = place.ticket()
     os.utime(first, (1, 1))  # older
     second = place.ticket()
     assert place.waiting() == [first, second]
+    assert place.invite(first) and place.waiting() == [second]
+    assert place.invited(first, 5.0)  # its invitation: taken once
+    assert not first.with_suffix(".go").exists()
     second.unlink()
-    assert place.waiting() == [first]
-    place.withdraw()
-    place.withdraw()  # twice: nothing to remove
-    assert not place.path.exists()
+    assert not place.invite(second)  # withdrawn meanwhile
+    late = place.ticket()
+    place.close()  # the job ends: a group still waiting goes home, its ticket gone
+    assert not place.invited(late, 5.0) and not late.exists() and place.port() == ""
+    place.publish("again")  # a new job at the same place
+    quiet = place.ticket()
+    os.utime(place.path, (1, 1))  # its rank 0 said nothing for a long time: no job
+    assert not place.invited(quiet, 5.0)
 
 
 def test_a_replacement_runs_this_programs_own_command_line(monkeypatch: pytest.MonkeyPatch) -> None:

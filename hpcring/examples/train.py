@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import itertools
+import os
 import statistics
 import sys
 import time
@@ -504,6 +505,13 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="with --policy replace-when-available: the file where rank 0 publishes the job's port "
         "(ranks started later join with HPCRING_ELASTIC_JOIN=<this file>)",
     )
+    parser.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="with --policy replace-when-available: the last N ranks of the launch wait at the "
+        "rendezvous, apart from the job, and join it when it has lost ranks",
+    )
     parser.add_argument("--digest", action="store_true", help="print the final weights' SHA-256")
     parser.add_argument(
         "--wire", choices=("bfloat16", "float16"), help="send gradients narrowed (docs/compression.md)"
@@ -539,8 +547,10 @@ def main(argv: list[str] | None = None) -> int:
     width, depth = args.width, args.depth
     count = 64 * width + width + (depth - 1) * (width * width + width) + width * 10 + 10
     info = hpcring.info()
+    apart = f" (+{args.spares} waiting apart)" if args.spares else ""
     say(
-        f"# hpcring {info['hpcring']} | {size} ranks | MLP 64-{'-'.join([str(width)] * depth)}-10, "
+        f"# hpcring {info['hpcring']} | {size - args.spares} ranks{apart} | "
+        f"MLP 64-{'-'.join([str(width)] * depth)}-10, "
         f"{count:,} parameters, {args.dtype} on {args.device} | global batch {args.batch} | "
         f"{args.optimizer} lr {lr:g} | algorithm {args.algorithm} | "
         f"wire {args.wire or 'off'}{' + error feedback' if args.error_feedback else ''} | "
@@ -601,7 +611,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_elastic(args: argparse.Namespace, comm: MPI.Intracomm, lr: float, report: Any) -> int:
     """``--elastic``: the loop of `train_elastic`, its progress printed by the lowest rank. Where
     fewer ranks remain than ``--min-ranks``, every survivor says so and exits with status 3."""
-    from hpcring.elastic import JoinError, TooFewRanksError
+    from hpcring.elastic import JoinError, NotNeededError, TooFewRanksError
 
     def progress(step: int, total: int, now: MPI.Intracomm) -> None:
         if now.Get_rank() == 0:
@@ -630,6 +640,19 @@ def run_elastic(args: argparse.Namespace, comm: MPI.Intracomm, lr: float, report
             print(f"# no replacement started: {made.grow_error}", flush=True)
 
     policy = args.policy or ("replace" if args.grow else "shrink")
+    if args.spares:  # the last ranks wait apart, at the rendezvous, as ranks started later would
+        if policy != "replace-when-available" or not args.rendezvous or args.spares >= comm.Get_size():
+            raise SystemExit(
+                "--spares needs --policy replace-when-available, --rendezvous FILE, and fewer spares "
+                "than ranks"
+            )
+        spare = comm.Get_rank() >= comm.Get_size() - args.spares
+        active = comm.Split(MPI.UNDEFINED if spare else 0, comm.Get_rank())
+        if spare:
+            os.environ[growth.JOIN_ENV] = args.rendezvous
+            comm = MPI.COMM_SELF
+        else:
+            comm = active
     try:
         result = train_elastic(
             comm,
@@ -661,6 +684,8 @@ def run_elastic(args: argparse.Namespace, comm: MPI.Intracomm, lr: float, report
         sys.stderr.write(f"hpcring.examples.train --elastic: {error}\n")
         print(f"# stopped: {error}", flush=True)
         return 3
+    except NotNeededError:  # a spare the job never needed
+        return 0
     except JoinError as error:  # a replacement that came too late: the job goes on without it
         sys.stderr.write(f"hpcring.examples.train --elastic: {error}\n")
         return 4
