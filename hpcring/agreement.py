@@ -31,13 +31,15 @@ from mpi4py import MPI
 from . import algorithms
 from .arrays import NAMES
 from .flight import Recorder
-from .ops import DTYPES, OPS
+from .ops import NAMES as DTYPE_NAMES
+from .ops import OPS
+from .ops import code as dtype_code
 from .polling import Waiter
-from .wire import WIRES
+from .wire import WIRE_NAMES
 
 REPRODUCIBLE = " (reproducible=True)"  # the op as the row sees it where reproducible=True
 _OPS = [*OPS, *(op + REPRODUCIBLE for op in OPS)]  # ranks that differ on reproducible= differ on op
-_WIRES = [None, *WIRES]  # wire=None is 0
+_WIRES = [None, *WIRE_NAMES]  # wire=None is 0
 HINTS = {
     "call": " (a rank skipped or repeated a call on this communicator)",
     "settings": (
@@ -79,7 +81,7 @@ class Row:
         return [
             algorithms.COLLECTIVES.index(self.collective),
             -1 if self.count is None else self.count,
-            DTYPES.index(self.dtype) if self.dtype in DTYPES else -1,
+            -1 if self.dtype is None else dtype_code(self.dtype),
             _OPS.index(self.op) if self.op in _OPS else -1,
             names.index(self.algorithm) if self.algorithm in names else -1,
             NAMES.index(self.array) if self.array in NAMES else -1,
@@ -93,7 +95,7 @@ class Row:
         """A value of ``field`` as any rank's row encodes it, as a person would name it."""
         names: dict[str, list[Any]] = {
             "collective": list(algorithms.COLLECTIVES),
-            "dtype": [d.name for d in DTYPES],
+            "dtype": list(DTYPE_NAMES),
             "op": _OPS,
             "algorithm": list(algorithms.table(self.collective)),
             "array": NAMES,

@@ -95,6 +95,7 @@ def _setup(module: Any, MPI: Any) -> None:
     _CALLER[:] = [caller, arrays_ok]
     module.enable(kernels.ACTIVE == "c")
     kernels.LISTENERS.append(lambda active: module.enable(active == "c"))
+    kernels.QUIRK_LISTENERS.append(lambda: module.quirks(*kernels.QUIRKS, tuple(kernels.OFF)))
 
 
 def _samples() -> list[np.ndarray]:

@@ -41,7 +41,8 @@ from .channel import Channel
 from .comm import CommState, intracomm, known_state, state_of
 from .errors import StallError
 from .flight import AGREEMENT, MASK, MOVING, clock, dump_on_error
-from .ops import DTYPES, OPS, Op, check_op, op_name
+from .ops import NAMES as DTYPE_NAMES
+from .ops import OPS, Op, check_op, op_name, supported
 from .partition import segment
 from .polling import abandon
 from .program import Unrecordable, record
@@ -675,8 +676,8 @@ def validate(
     collective = options.collective
     adapter = adapter_for(x)
     dtype = adapter.dtype(x)
-    if dtype not in DTYPES:
-        names = ", ".join(d.name for d in DTYPES)
+    if not supported(dtype):
+        names = ", ".join(DTYPE_NAMES)
         raise TypeError(f"dtype {dtype} is not supported; use one of {names}")
     reduction = None
     if collective in (ALLREDUCE, REDUCE_SCATTER):

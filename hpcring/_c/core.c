@@ -1357,6 +1357,40 @@ PyDoc_STRVAR(setup_doc, "setup(half_nan_right, bf16_nan_right, complex_fused, co
                         "\n\nWhat the kernels measured of NumPy (hpcring.kernels), the types and objects a warm call "
                         "compares with, and the Python engine.call behind it. Returns (caller, arrays_ok).");
 
+/* quirks and combine_off from (half_nan_right, bf16_nan_right, complex_fused, combine_off): 0, or -1 raised */
+static int take_quirks(PyObject *const *argv) {
+    if (!PyTuple_Check(argv[3])) {
+        PyErr_SetString(PyExc_TypeError, "combine_off must be a tuple of (dtype, op) codes");
+        return -1;
+    }
+    int flags[3];
+    for (int k = 0; k < 3; k++)
+        if ((flags[k] = PyObject_IsTrue(argv[k])) < 0) return -1;
+    unsigned char off[HR_NDTYPES][HR_NOPS] = {{0}};
+    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(argv[3]); k++) {
+        int dtype, op;
+        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(argv[3], k), "ii", &dtype, &op)) return -1;
+        if (dtype >= 0 && dtype < HR_NDTYPES && op >= 0 && op < HR_NOPS) off[dtype][op] = 1;
+    }
+    quirks.half_nan_right = flags[0];
+    quirks.bf16_nan_right = flags[1];
+    quirks.complex_fused = flags[2];
+    memcpy(combine_off, off, sizeof off);
+    return 0;
+}
+
+PyDoc_STRVAR(quirks_doc, "quirks(half_nan_right, bf16_nan_right, complex_fused, combine_off)\n\nWhat the kernels "
+                         "measured of NumPy and ml_dtypes, again (bfloat16 is measured when a call first needs it).");
+
+static PyObject *quirks_(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 4) {
+        PyErr_SetString(PyExc_TypeError, "quirks(half_nan_right, bf16_nan_right, complex_fused, combine_off)");
+        return NULL;
+    }
+    if (take_quirks(argv) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
 static PyObject *setup(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
     if (argc != 14 || !PyTuple_Check(argv[3]) || !PyType_Check(argv[4]) || !PyList_Check(argv[5]) ||
         !PyType_Check(argv[6]) || !PyModule_Check(argv[8]) || !PyType_Check(argv[9]) || !PyType_Check(argv[10]) ||
@@ -1364,18 +1398,7 @@ static PyObject *setup(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
         PyErr_SetString(PyExc_TypeError, "setup: see its docstring");
         return NULL;
     }
-    int flags[3];
-    for (int k = 0; k < 3; k++)
-        if ((flags[k] = PyObject_IsTrue(argv[k])) < 0) return NULL;
-    quirks.half_nan_right = flags[0];
-    quirks.bf16_nan_right = flags[1];
-    quirks.complex_fused = flags[2];
-    memset(combine_off, 0, sizeof combine_off);
-    for (Py_ssize_t k = 0; k < PyTuple_GET_SIZE(argv[3]); k++) {
-        int dtype, op;
-        if (!PyArg_ParseTuple(PyTuple_GET_ITEM(argv[3], k), "ii", &dtype, &op)) return NULL;
-        if (dtype >= 0 && dtype < HR_NDTYPES && op >= 0 && op < HR_NOPS) combine_off[dtype][op] = 1;
-    }
+    if (take_quirks(argv) < 0) return NULL;
     Py_INCREF(argv[4]);
     Py_XSETREF(ndarray_type, (PyTypeObject *)argv[4]);
     int ok = check_arrays(argv[5]);
@@ -1407,6 +1430,7 @@ static PyObject *setup(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
 
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL, setup_doc},
+    {"quirks", (PyCFunction)(void (*)(void))quirks_, METH_FASTCALL, quirks_doc},
     {"enable", enable, METH_O, enable_doc},
     {"set_fallback", set_fallback, METH_O, set_fallback_doc},
     {"clock", clock_, METH_NOARGS, clock_doc},
