@@ -34,7 +34,8 @@ from mpi4py import MPI
 
 from . import algorithms, config, core, exact, kernels, tracing
 from . import wire as wires
-from .agreement import REPRODUCIBLE, Row
+from .agreement import NO_PAYLOAD, REPRODUCIBLE, Payload, Row, payload_descriptor
+from .agreement import collective as agreement_collective
 from .algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER, Spec
 from .arrays import NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
@@ -92,6 +93,7 @@ class Call:
         "fast",
         "flight",
         "form",
+        "fuse",
         "in_place",
         "mean",
         "options",
@@ -137,6 +139,7 @@ class Call:
         self.settled = spec.choose is None  # auto: its choice for this size is made
         self.exact = False  # reproducible=True: the sum runs on integer words (`hpcring.exact`)
         self.parts: list[Any] | None = None  # an ExactSum's local contributions, where it calls
+        self.fuse = NO_PAYLOAD  # what rides with the agreement (`fusion`), once known
         level = _thread_level()
         self.single = level < MPI.THREAD_SERIALIZED  # MPI allows the main thread alone
         self.serial = _serialized if level == MPI.THREAD_SERIALIZED else None
@@ -173,19 +176,41 @@ class Call:
             self.serial.release()
         self.state.busy.release()
 
-    def _agree(self, timeout: float, problem: Exception | None) -> None:
-        """The ranks' agreement on this call (nothing to agree on for one rank)."""
+    def _agree(self, timeout: float, problem: Exception | None, payload: Payload | None = None) -> bool:
+        """The ranks' agreement on this call (nothing to agree on for one rank), with the call's
+        data riding along where ``payload`` is given: True where it did, on every rank."""
         if self.channel.size > 1:
             state = self.state
             state.calls = number = state.calls + 1
-            state.agreement(
+            return state.agreement(
                 [number, *self.words],
                 self.row,
                 problem,
                 timeout=timeout,
                 what=self.what,
                 caller=self.options.caller,
+                payload=payload,
             )
+        return False
+
+    def fusion(self) -> tuple[int, int, int]:
+        """The descriptor of this call's data where it rides with the agreement: an all-reduce that
+        runs `mpi` on host memory, small enough for the agreement's slot, of a dtype and op whose
+        reductions commute bitwise (`hpcring.agreement.payload_descriptor`); else NO_PAYLOAD. It
+        rides only where it does on every rank (the agreement's header says), else it moves after."""
+        adapter, reduction = self.adapter, self.reduction
+        if (
+            self.options.collective != ALLREDUCE
+            or self.ran != "mpi"
+            or self.exact
+            or adapter.device
+            or not adapter.direct
+            or reduction is None
+            or self.row.count is None
+            or self.row.dtype is None
+        ):
+            return NO_PAYLOAD
+        return payload_descriptor(self.row.dtype, reduction.ufunc, self.row.count)
 
     def agree(
         self, timeout: float | None, problem: Exception | None = None, nbytes: int | None = None
@@ -237,13 +262,23 @@ class Call:
             slot.phase = AGREEMENT
             slot.start = clock()
             try:
-                if check:
+                carried = False
+                if check and self.fuse is not NO_PAYLOAD and problem is None and self.channel.size > 1:
+                    src, dst, out = self.buffers(x, out)  # the data rides with the agreement
+                    carried = self._agree(timeout, problem, Payload(self.fuse, src, dst))
+                elif check:
                     self._agree(timeout, problem)
                 slot.number = self.state.calls if check else 0  # 0: not agreed on
                 if problem is not None:  # a single rank: nothing to agree on
                     raise problem
                 slot.phase = MOVING
-                dst, out = self.move(x, out)
+                if carried:  # one collective moved the data too
+                    if self.mean:
+                        self.channel.xp.true_divide(dst, self.channel.size, out=dst)
+                    if self.compiled is None and kernels.ACTIVE == "c":  # for the warm call in C
+                        self.compiled = self.compile(self.spec, src, dst)
+                else:
+                    dst, out = self.move(x, out)
             except BaseException as error:
                 slot.number = self.state.calls if check else 0
                 # MPI's fault tolerance (ULFM): a rank died, or a survivor revoked the communicator
@@ -267,10 +302,10 @@ class Call:
             return self.adapter.result(dst, like, self.out_shape)
         return made
 
-    def move(self, x: Any, out: Any) -> tuple[Any, Any]:
-        """The collective itself, on flat native views; returns (the result's flat view, ``out``:
-        the user's output, made here where the collective makes one; for JAX, None)."""
-        adapter, channel = self.adapter, self.channel
+    def buffers(self, x: Any, out: Any) -> tuple[Any, Any, Any]:
+        """(the input's flat native view, the result's, ``out``: the user's output, made here
+        where the collective makes one)."""
+        adapter = self.adapter
         src = adapter.flat(x)
         if self.out_shape is not None:  # reduce_scatter, allgather without out=: a new array
             out, dst = adapter.allocate(x, self.out_shape)
@@ -278,6 +313,13 @@ class Call:
             dst = src
         else:
             dst = adapter.flat(out)
+        return src, dst, out
+
+    def move(self, x: Any, out: Any) -> tuple[Any, Any]:
+        """The collective itself, on flat native views; returns (the result's flat view, ``out``:
+        the user's output, made here where the collective makes one; for JAX, None)."""
+        channel = self.channel
+        src, dst, out = self.buffers(x, out)
         tracer = tracing.TRACER
         if tracer.on:
             tracer.begin(self.options.collective, self.ran or self.options.algorithm, channel, src, dst)
@@ -324,6 +366,7 @@ class Call:
         if isinstance(self.channel, wires.WireChannel) and not chooser.keep_wire(self.channel, chosen):
             self.channel = self.state.channel(self.adapter)  # wire= where it does not pay: sent as it is
         self.spec, self.ran, self.settled = chosen, name, True
+        self.fuse = self.fusion()
         return chosen
 
     def reduce_words(self, buf: Any, op: str) -> None:
@@ -403,6 +446,7 @@ class Call:
         mean = -1
         if self.mean:
             mean = 2 if dtype == np.float32 else 3  # the kernels' codes (hpcring.kernels.DTYPE_CODES)
+        agreement_collective(compiled=True)  # the compiled agreement's datatype and op, made once
         made = core.warm(
             self,
             (collective, op, algorithm, root, reproducible, wire, out_none, dtype),
@@ -419,6 +463,7 @@ class Call:
             self.returns_x,
             self.spec.blocking,
             mean,
+            self.fuse,
             self.compiled,
         )
         table.add(made)
@@ -630,6 +675,8 @@ def prepare(
     if spec.choose is None or spec.name != options.algorithm:  # a Spec chosen already: what runs
         made.settled, made.ran = True, spec.name
     made.exact, made.parts = exact_path, parts
+    if made.settled:
+        made.fuse = made.fusion()
     return made, problem
 
 

@@ -25,6 +25,7 @@
 #include <mpi4py/mpi4py.h>
 #include <time.h>
 
+#include "agree.h"
 #include "reduce.h"
 #include "wire.h"
 
@@ -94,6 +95,12 @@ static PyObject *abandoned;           /* what a failed program's requests may st
 static int enabled;                   /* HPCRING_CORE allows it (hpcring.kernels.select) */
 static int struct_ok;                 /* ndarray fields read directly (checked at setup) */
 static unsigned long main_thread;
+/* The agreement's collective (agree.h): its header width (int64 words per half), its payload
+ * slot in bytes, and the datatype and op every rank's agreement uses (`agreement` makes them). */
+static int agree_width;
+static Py_ssize_t agree_slot;
+static MPI_Datatype agree_type = MPI_DATATYPE_NULL;
+static MPI_Op agree_op = MPI_OP_NULL;
 
 static PyObject *s_timeout, *s_step, *s_traffic, *s_sent, *s_unknown, *s_calls, *s_finish, *s_wait, *s_seq,
     *s_call, *s_phase, *s_start, *s_number, *s_end, *s_scratch, *s_tracer, *s_on, *s_stalled, *s_disagreed,
@@ -156,6 +163,73 @@ static void exc_drop(hr_exc e) {
     Py_XDECREF(e.type);
     Py_XDECREF(e.value);
     Py_XDECREF(e.tb);
+}
+
+/* ---- the agreement's collective (agree.h) --------------------------------------------------- */
+
+/* MPI_User_function of the agreement: the header's maxima, and the payloads reduced where both
+ * sides are uniform and equal (whole elements: the datatype is one contiguous element). */
+static void agree_reduce(void *in, void *inout, int *len, MPI_Datatype *type) {
+    size_t bytes = 16 * (size_t)agree_width + (size_t)agree_slot;
+    for (int e = 0; e < *len; e++) {
+        int64_t *a = (int64_t *)((char *)in + e * bytes), *b = (int64_t *)((char *)inout + e * bytes);
+        int w = agree_width;
+        int carry = hr_agreed(a, w) && hr_agreed(b, w) && hr_carried(a, w) && hr_carried(b, w);
+        for (int k = 0; k < w && carry; k++) carry = a[k] == b[k];
+        for (int k = 0; k < 2 * w; k++)
+            if (a[k] > b[k]) b[k] = a[k];
+        int64_t dtype = b[w - 4], op = b[w - 3], count = b[w - 2];
+        if (carry && dtype >= 0 && dtype < HR_NDTYPES && count > 0 && count * hr_itemsize[dtype] <= agree_slot)
+            hr_payload_combine((int)dtype, (int)op, a + 2 * w, b + 2 * w, (size_t)count, &quirks);
+    }
+}
+
+PyDoc_STRVAR(agreement_doc, "agreement(width, slot) -> (datatype, op)\n\nThe agreement's collective for a header "
+                            "of ``width`` words per half and a payload slot of ``slot`` bytes: its datatype (one "
+                            "element) and its op (agree.h) as mpi4py objects, made once.");
+
+static PyObject *agreement(PyObject *self, PyObject *args) {
+    int width;
+    Py_ssize_t slot;
+    if (!PyArg_ParseTuple(args, "in", &width, &slot)) return NULL;
+    if (width < 5 || slot < 0 || slot % 16) {
+        PyErr_SetString(PyExc_ValueError, "agreement: width >= 5, slot a multiple of 16");
+        return NULL;
+    }
+    if (agree_op == MPI_OP_NULL) {
+        agree_width = width;
+        agree_slot = slot;
+        if (MPI_Type_contiguous((int)(16 * width + slot), MPI_BYTE, &agree_type) != MPI_SUCCESS ||
+            MPI_Type_commit(&agree_type) != MPI_SUCCESS || MPI_Op_create(agree_reduce, 1, &agree_op) != MPI_SUCCESS) {
+            PyErr_SetString(PyExc_RuntimeError, "agreement: MPI could not make its datatype or op");
+            return NULL;
+        }
+    } else if (width != agree_width || slot != agree_slot) {
+        PyErr_SetString(PyExc_ValueError, "agreement: made already with another shape");
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", PyMPIDatatype_New(agree_type), PyMPIOp_New(agree_op));
+}
+
+PyDoc_STRVAR(combine_payload_doc, "combine_payload(dtype, op, a, b)\n\nb <- a (op) b as the agreement's op reduces "
+                                  "payloads (agree.h), on contiguous NumPy arrays of the kernels' dtype code: for tests.");
+
+static PyObject *combine_payload(PyObject *self, PyObject *args) {
+    int dtype, op;
+    PyObject *a_obj, *b_obj;
+    if (!PyArg_ParseTuple(args, "iiOO", &dtype, &op, &a_obj, &b_obj)) return NULL;
+    char *a, *b;
+    Py_ssize_t na, nb;
+    if (dtype < 0 || dtype >= HR_NDTYPES || array_bytes(a_obj, 0, &a, &na) < 0 || array_bytes(b_obj, 1, &b, &nb) < 0 ||
+        na != nb || na % hr_itemsize[dtype]) {
+        PyErr_SetString(PyExc_ValueError, "combine_payload: two C-contiguous arrays of one size and that dtype");
+        return NULL;
+    }
+    if (hr_payload_combine(dtype, op, a, b, (size_t)(na / hr_itemsize[dtype]), &quirks) < 0) {
+        PyErr_SetString(PyExc_ValueError, "combine_payload: no payload of that dtype and op");
+        return NULL;
+    }
+    Py_RETURN_NONE;
 }
 
 /* ---- waiting ------------------------------------------------------------------------------ */
@@ -715,6 +789,9 @@ typedef struct {
     int returns_x;
     int blocking;       /* the program is one blocking library call: the watchdog reads the channel's timeout */
     int mean;           /* op mean: the dtype code to divide (float32, float64), else -1 */
+    int fused;          /* a checked call's data rides with the agreement (agree.h) */
+    int64_t payload[3]; /* its dtype, op and count (the kernels' codes) */
+    Py_ssize_t nbytes;  /* the array's bytes */
     Program *program;
 } Warm;
 
@@ -741,7 +818,7 @@ static void warm_dealloc(Warm *w) {
 }
 
 PyDoc_STRVAR(warm_doc, "Warm(call, key, shape, itemsize, state, flight, busy, channel, timeout, comm, words, single, "
-                       "returns_x, blocking, mean, program)\n\n"
+                       "returns_x, blocking, mean, payload, program)\n\n"
                        "One kind of NumPy call, run in C: ``key`` (collective, op, algorithm, root, reproducible, "
                        "wire, out is None, dtype) and ``shape`` what engine.call's warm key compares; the rest what a "
                        "run stores, takes and calls (hpcring.engine.Call.compiled_warm builds it).");
@@ -750,10 +827,16 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     PyObject *call, *key, *shape, *state, *flight, *busy, *channel, *timeout, *comm, *words, *program;
     Py_ssize_t itemsize;
     int single, returns_x, blocking, mean;
-    if (!PyArg_ParseTuple(args, "OO!O!nOOOOOOO!pppiO!", &call, &PyTuple_Type, &key, &PyTuple_Type, &shape, &itemsize,
-                          &state, &flight, &busy, &channel, &timeout, &comm, &PyTuple_Type, &words, &single,
-                          &returns_x, &blocking, &mean, &ProgramType, &program))
+    long long pdtype, pop, pcount;
+    if (!PyArg_ParseTuple(args, "OO!O!nOOOOOOO!pppi(LLL)O!", &call, &PyTuple_Type, &key, &PyTuple_Type, &shape,
+                          &itemsize, &state, &flight, &busy, &channel, &timeout, &comm, &PyTuple_Type, &words, &single,
+                          &returns_x, &blocking, &mean, &pdtype, &pop, &pcount, &ProgramType, &program))
         return NULL;
+    int fused = pdtype >= 0;
+    if (agree_op == MPI_OP_NULL || PyTuple_GET_SIZE(words) + 2 + HR_PAYLOAD_COLUMNS != agree_width) {
+        PyErr_SetString(PyExc_ValueError, "Warm: the agreement's collective is not made for rows of this width");
+        return NULL;
+    }
     if (mean >= 0 && mean != HR_F32 && mean != HR_F64) {
         PyErr_SetString(PyExc_ValueError, "Warm: mean divides float32 and float64 only");
         return NULL;
@@ -778,6 +861,16 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         if (w->shape[d] == -1 && PyErr_Occurred()) goto fail;
     }
     w->itemsize = itemsize;
+    w->nbytes = itemsize;
+    for (int d = 0; d < w->ndim; d++) w->nbytes *= w->shape[d];
+    w->fused = fused;
+    w->payload[0] = pdtype;
+    w->payload[1] = pop;
+    w->payload[2] = pcount;
+    if (fused && (w->nbytes > agree_slot || pcount * itemsize != w->nbytes || !hr_payload_ok((int)pdtype, (int)pop))) {
+        PyErr_SetString(PyExc_ValueError, "Warm: a fused call's data must fit the agreement's slot");
+        goto fail;
+    }
     Py_INCREF(call);
     w->call = call;
     Py_INCREF(state);
@@ -1047,24 +1140,31 @@ static void divide(int dtype, char *buf, Py_ssize_t nbytes, int size) {
     }
 }
 
-/* The agreement, as hpcring.agreement.Agreement runs it: [number, row, verdict, -number, -row,
- * verdict] under MAX; 0 when every rank agreed, -1 raised (a stall, a mismatch, an MPI error). */
-static int agree(Warm *w, long long number, PyObject *timeout) {
-    int width = w->nwords + 2; /* number, row, verdict */
-    if (w->agree == NULL && (w->agree = PyMem_Malloc(2 * width * sizeof(int64_t))) == NULL) {
+/* The agreement, as hpcring.agreement.Agreement runs it (agree.h): [number, row, present, dtype,
+ * op, count, verdict], its negation and the payload slot, in one MPI_Iallreduce; where the call
+ * is fused, its data (``src``) rides in the slot. 1 when every rank agreed and every rank's data
+ * rode along (``dst`` then holds the result), 0 when they agreed and the data is yet to move, -1
+ * raised (a stall, a mismatch, an MPI error). */
+static int agree(Warm *w, long long number, PyObject *timeout, const char *src, char *dst) {
+    int width = w->nwords + 2 + HR_PAYLOAD_COLUMNS; /* number, row, payload columns, verdict */
+    size_t bytes = 16 * (size_t)width + (size_t)agree_slot;
+    if (w->agree == NULL && (w->agree = PyMem_Calloc(1, bytes)) == NULL) {
         PyErr_NoMemory();
         return -1;
     }
     int64_t *b = w->agree;
     b[0] = number;
-    b[width] = -number;
-    for (int k = 0; k < w->nwords; k++) {
-        b[1 + k] = w->words[k];
-        b[width + 1 + k] = -w->words[k];
-    }
+    for (int k = 0; k < w->nwords; k++) b[1 + k] = w->words[k];
+    int64_t *payload = b + 1 + w->nwords;
+    payload[0] = w->fused != 0;
+    payload[1] = w->fused ? w->payload[0] : -1;
+    payload[2] = w->fused ? w->payload[1] : -1;
+    payload[3] = w->fused ? w->payload[2] : 0;
+    for (int k = 0; k < width - 1; k++) b[width + k] = -b[k];
     b[width - 1] = b[2 * width - 1] = 0;
+    if (w->fused) memcpy(b + 2 * width, src, (size_t)w->nbytes);
     MPI_Request req;
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, b, 2 * width, MPI_INT64_T, MPI_MAX, w->agree_comm, &req);
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, b, 1, agree_type, agree_op, w->agree_comm, &req);
     if (rc != MPI_SUCCESS) {
         mpi_error(rc);
         return -1;
@@ -1096,9 +1196,7 @@ static int agree(Warm *w, long long number, PyObject *timeout) {
         Py_DECREF(r);
         Py_DECREF(request);
     }
-    int differ = b[width - 1] != 0;
-    for (int k = 0; k < width - 1; k++) differ |= b[k] + b[width + k] != 0;
-    if (differ) { /* every rank takes the slow path: the rows gathered, the same error everywhere */
+    if (!hr_agreed(b, width)) { /* every rank takes the slow path: the rows gathered, the same error everywhere */
         PyObject *n = PyLong_FromLongLong(number);
         PyObject *r = n ? PyObject_CallMethodObjArgs(w->call, s_disagreed, n, NULL) : NULL;
         Py_XDECREF(n);
@@ -1108,7 +1206,9 @@ static int agree(Warm *w, long long number, PyObject *timeout) {
         }
         return -1;
     }
-    return 0;
+    if (!w->fused || !hr_carried(b, width)) return 0;
+    memcpy(dst, b + 2 * width, (size_t)w->nbytes);
+    return 1;
 }
 
 /* One warm call: the result (x or out), NULL raised, or NotImplemented where the Python path
@@ -1146,6 +1246,7 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
     }
     PyObject *result = NULL, *slot = NULL;
     long long number = 0;
+    int carried = 0;
     /* the flight record: seq, and the slot's call, phase and start */
     PyObject *seq_obj = m_seq.get(m_seq.descr, w->flight, NULL);
     if (seq_obj == NULL) goto leave;
@@ -1165,11 +1266,11 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
         PyObject *n = PyLong_FromLongLong(number);
         int bad = n == NULL || PyObject_SetAttr(w->state, s_calls, n) < 0;
         Py_XDECREF(n);
-        if (bad || agree(w, number, timeout) < 0) goto fail;
+        if (bad || (carried = agree(w, number, timeout, src, dst)) < 0) goto fail;
     }
     if (store_long(&m_number, slot, number) < 0 || store_long(&m_phase, slot, 2) < 0) goto fail;
-    /* the data */
-    if (program_exec(w->program, src, dst, x, w->returns_x ? x : out, wait_for) < 0) goto fail;
+    /* the data, where it did not ride with the agreement */
+    if (!carried && program_exec(w->program, src, dst, x, w->returns_x ? x : out, wait_for) < 0) goto fail;
     if (w->mean >= 0) {
         Py_ssize_t nbytes = w->program->dst_nbytes;
         if (nbytes >= (1 << 16)) {
@@ -1431,6 +1532,8 @@ static PyObject *setup(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL, setup_doc},
     {"quirks", (PyCFunction)(void (*)(void))quirks_, METH_FASTCALL, quirks_doc},
+    {"agreement", agreement, METH_VARARGS, agreement_doc},
+    {"combine_payload", combine_payload, METH_VARARGS, combine_payload_doc},
     {"enable", enable, METH_O, enable_doc},
     {"set_fallback", set_fallback, METH_O, set_fallback_doc},
     {"clock", clock_, METH_NOARGS, clock_doc},
