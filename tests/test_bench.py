@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from helpers import everywhere, launch, launcher_env, mpiexec
+from helpers import everywhere, launch, launcher_env, mpiexec, run_job
 from mpi4py import MPI
 
 from hpcring import ALGORITHMS, algorithms, config
@@ -1046,3 +1046,19 @@ def test_a_tuned_all_gather_runs_its_table_in_the_next_bench(tmp_path: Path) -> 
         (r["size"], tuning.choose(r["count"] * 4, table)) for r in rows if r["algorithm"] == "auto"
     ]
     assert len(chosen) == 4 and {name for _, name in chosen} <= {"ring", "naive"}
+
+
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
+def test_startup_and_step_loop_modes() -> None:
+    """--startup prints the first call beside MPI's; --step-loop a table of its four rows, quiet
+    and beside a busy process, each with its ratio to the bare row (exit 0: the modes time,
+    they check nothing)."""
+    startup = run_job(["-m", "hpcring.bench", "--startup"])
+    assert len(startup) == 1 and startup[0].startswith("# first call: hpcring's import and first auto")
+    assert "the bare first MPI_Allreduce" in startup[0]
+    lines = run_job(["-m", "hpcring.bench", "--step-loop", "--steps", "20", "--passes", "1", "--busy", "1"])
+    assert lines[0].startswith("# step loop: 2 ranks, 20 steps")
+    assert all(row in lines[1] for row in ("MPI_Allreduce", "hpcring", "check=False", "plan"))
+    quiet, busy = lines[2], lines[3]
+    assert quiet.split()[0] == "quiet" and busy.startswith("  beside 1 busy")
+    assert quiet.count("x)") == busy.count("x)") == 4 and "(1.00x)" in quiet

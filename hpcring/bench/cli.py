@@ -19,9 +19,11 @@ from mpi4py import MPI
 
 from .. import algorithms, config, exact
 from ..algorithms.tuning import write_tuning
-from ..ops import BFLOAT16, DTYPES, OPS, check_op
+from ..ops import NAMES as DTYPE_NAMES
+from ..ops import OPS, bfloat16, check_op, is_bfloat16
 from ..units import format_size, parse_size
 from ..wire import WIDE
+from . import steploop
 from .collectives import COLLECTIVES
 from .data import sweep
 from .measure import (
@@ -51,6 +53,8 @@ from .report import (
     summarize,
     write_json,
 )
+from .startup import describe as describe_startup
+from .startup import first_call
 
 # nccl-tests names for dtypes and ops, accepted beside NumPy's and hpcring's own.
 DTYPE_ALIASES = {
@@ -132,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("-n", "--iters", type=_positive(int, 1), default=20, help="timed iterations per row (default 20)")
     add("-w", "--warmup", type=_positive(int, 0), default=5, help="untimed iterations first (default 5)")
     add("-c", "--check", type=int, choices=(0, 1), default=1, nargs="?", const=1, help="check results (1)")
-    add("-d", "--dtype", default="float32", help=f"one of {', '.join(d.name for d in DTYPES)} (float32)")
+    add("-d", "--dtype", default="float32", help=f"one of {', '.join(DTYPE_NAMES)} (float32)")
     add("-o", "--op", default=None, help=f"one of {', '.join(OPS)} (sum; reductions only)")
     add("-r", "--root", type=_positive(int, 0), default=0, help="the broadcast's root (default 0)")
     add(
@@ -182,6 +186,23 @@ def build_parser() -> argparse.ArgumentParser:
         help="beside each algorithm's row (but mpi's and nccl's), one of allreduce(wire=WIRE): what "
         "travels is narrowed to WIRE, named ALGORITHM+bf16 or +f16 (dtype float32 or float64)",
     )
+    add(
+        "--startup",
+        action="store_true",
+        help="print only what the first call costs (hpcring's import and first all-reduce against "
+        "the bare first MPI_Allreduce), measured at the start of every run",
+    )
+    add(
+        "--step-loop",
+        action="store_true",
+        help="run a simulation's step loop instead of the sweep: uneven work, a 192-byte all-reduce "
+        "(bare, hpcring checked and unchecked, a plan) and an MPI_Allgather per step, quiet and "
+        "beside --busy spinning processes",
+    )
+    add("--steps", type=_positive(int, 1), default=1000, help="--step-loop: steps per pass (1000)")
+    add("--work-us", type=_positive(float, 0.0), default=50.0, help="--step-loop: work per step (50)")
+    add("--late-us", type=_positive(float, 0.0), default=100.0, help="--step-loop: one rank's extra (100)")
+    add("--busy", type=_positive(int, 0), default=1, help="--step-loop: spinning processes beside (1)")
     add("--json", metavar="FILE", help="write header and every row to FILE")
     add("--plot", metavar="FILE.png", help="plot busbw vs size to FILE.png (needs matplotlib)")
     return parser
@@ -196,9 +217,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.minbytes > args.maxbytes:
         parser.error(f"minbytes ({args.minbytes}) is larger than maxbytes ({args.maxbytes})")
     name = DTYPE_ALIASES.get(args.dtype, args.dtype)
-    if name not in [d.name for d in DTYPES]:
-        parser.error(f"unknown dtype {args.dtype!r}; choose one of {', '.join(d.name for d in DTYPES)}")
-    args.dtype = np.dtype(name)
+    if name not in DTYPE_NAMES:
+        parser.error(f"unknown dtype {args.dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
+    args.dtype = bfloat16() if name == "bfloat16" else np.dtype(name)
     if not kind.reduces and args.op is not None:
         parser.error(f"-o: the {kind.title} reduces nothing")
     args.op = OP_ALIASES.get(args.op, args.op or "sum") if kind.reduces else None
@@ -274,12 +295,15 @@ def _baselines(args: argparse.Namespace, comm: MPI.Intracomm, dev: Device) -> di
 # ---------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> int:
+def main(
+    argv: list[str] | None = None, *, corrupt_rank: int | None = None, startup: dict[str, float] | None = None
+) -> int:
     """Run the benchmark; return 0, 1 if any element was wrong or bytes disagree, 2 on a usage error.
 
     ``corrupt_rank`` is a test hook: that rank flips one element after each checked
     reduction, to prove that a wrong result fails the run. ``HPCRING_BENCH_CORRUPT``
-    (a rank number) does the same from outside.
+    (a rank number) does the same from outside. ``startup``: the first call's cost, as
+    `hpcring.bench.startup` measured it before the rest was imported (``python -m hpcring.bench``).
     """
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -298,10 +322,18 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         return status
     if corrupt_rank is None:
         corrupt_rank = config.current().bench_corrupt
+    if args.startup:
+        facts = startup if startup is not None else first_call(comm)
+        if rank == 0:
+            print(describe_startup(facts), flush=True)
+        return 0
+    if args.step_loop:
+        steploop.run(args, comm)
+        return 0
 
     # From here on every rank runs the same collectives in the same order.
     dev = device_for(args.device, comm)
-    if not isinstance(dev, str) and dev.name == "gpu" and args.dtype == BFLOAT16:
+    if not isinstance(dev, str) and dev.name == "gpu" and is_bfloat16(args.dtype):
         dev = "bfloat16 is ml_dtypes' NumPy dtype, CuPy has none: run it with --device cpu"
     if isinstance(dev, str):
         if rank == 0:
@@ -315,6 +347,8 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         return USAGE_EXIT
     header = header_facts(args, argv, comm, dev)
     header["not_run"] = not_run
+    if startup is not None:
+        header["startup"] = startup
     params = load_model(comm)
     header["model"] = model_source(params)
     # auto's table, the model's file

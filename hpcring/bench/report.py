@@ -21,6 +21,7 @@ from ..algorithms import ALLREDUCE as MODEL_DEFAULT  # python -m hpcring.model's
 from ..units import format_size
 from .collectives import COLLECTIVES
 from .measure import BARE, Row
+from .startup import describe as describe_startup
 
 _COLUMNS = (
     ("size", ">12", "(B)"),
@@ -63,6 +64,7 @@ def format_header(h: dict[str, Any]) -> str:
         f"# topology: {h['topology']['describe']}, two-level {'yes' if h['topology']['two_level'] else 'no'}"
         f", ring in {h['topology']['ring_order']}",
         *([f"# core: {h['core']} ({h['core_reason']})"] if "core" in h else []),
+        *([describe_startup(h["startup"])] if h.get("startup") else []),
         *_gpu_header(h),
         *(f"# {name}: not run: {why}" for name, why in h.get("not_run", {}).items()),
         *_guidance(h),
