@@ -24,6 +24,7 @@ methods below only on slow paths. This file stays the reference both cores are t
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -426,30 +427,49 @@ class Call:
         the compiled core cannot take it whole: not a NumPy all-reduce or broadcast, no program,
         another thread level than MPI_THREAD_MULTIPLE's or the main thread's, a mean it does not
         divide. Listed in the communicator's table, found by the user's communicator's handle."""
-        collective = self.options.collective
         if not core.active():
             return None  # asked again on a later call
-        if (
-            not self.compiled
-            or self.serial is not None
-            or self.adapter is not NUMPY
-            or type(x) is not np.ndarray
-            or collective not in (ALLREDUCE, BROADCAST)
-            or self.exact
-            or (self.mean and x.dtype not in (np.float32, np.float64))
-        ):
+        if not self.compiled or not self._warmable(x):
             return False
         from .comm import attached  # the table lives and dies with the communicator's state
 
         table = attached(comm, "compiled-warm-calls", lambda: core.table(comm))
+        made = self._warm(key, self.compiled)
+        table.add(made)
+        return made
+
+    def planned(self, x: Any, out: Any, request: MPI.Prequest, op: Any, timeout: float | None) -> Any:
+        """A plan's run in C (`hpcring.plan`): its persistent request started and waited for
+        within the timeout, with this call's exclusion and flight record, and no agreement; a
+        callable of no arguments, or None where the compiled core cannot take it."""
+        if not core.active() or not self._warmable(x):
+            return None
+        key = (ALLREDUCE, self.adapter, self.adapter.shape(x), x.dtype, op, self.ran, out is None)
+        made = self._warm((*key, None, 0, None, False), request)
+        return functools.partial(made.run, x, out, timeout)
+
+    def _warmable(self, x: Any) -> bool:
+        """Whether a warm call in C can run this call on ``x`` whole (`compiled_warm`)."""
+        return not (
+            self.serial is not None
+            or self.adapter is not NUMPY
+            or type(x) is not np.ndarray
+            or self.options.collective not in (ALLREDUCE, BROADCAST)
+            or self.exact
+            or (self.mean and x.dtype not in (np.float32, np.float64))
+        )
+
+    def _warm(self, key: tuple[Any, ...], program: Any) -> Any:
+        """The C warm call of engine.call's ``key`` moving its data by ``program`` (a compiled
+        program, or a plan's persistent request)."""
         _, _, shape, dtype, op, algorithm, out_none, _, root, wire, reproducible = key
         mean = -1
         if self.mean:
             mean = 2 if dtype == np.float32 else 3  # the kernels' codes (hpcring.kernels.DTYPE_CODES)
         agreement_collective(compiled=True)  # the compiled agreement's datatype and op, made once
-        made = core.warm(
+        return core.warm(
             self,
-            (collective, op, algorithm, root, reproducible, wire, out_none, dtype),
+            (self.options.collective, op, algorithm, root, reproducible, wire, out_none, dtype),
             tuple(shape),
             dtype.itemsize,
             self.state,
@@ -464,10 +484,16 @@ class Call:
             self.spec.blocking,
             mean,
             self.fuse,
-            self.compiled,
+            program,
         )
-        table.add(made)
-        return made
+
+    def plan_waited(self, request: MPI.Prequest, timeout: float | None) -> None:
+        """A plan's run in C went on past its spinning: wait within ``timeout`` (None: no limit),
+        or raise StallError naming the ranks that never started theirs."""
+        waiter = self.state.agreement.waiter
+        woke = waiter.bounded(request, timeout)
+        if woke is not None:
+            raise waiter.stall(woke, f"{self.what} plan", timeout or 0.0, self.state.calls)
 
     def resolve_timeout(self, timeout: float | None) -> float:
         """The compiled warm call's timeout where the communicator has none read (a bad value raises)."""

@@ -104,7 +104,7 @@ static MPI_Op agree_op = MPI_OP_NULL;
 
 static PyObject *s_timeout, *s_step, *s_traffic, *s_sent, *s_unknown, *s_calls, *s_finish, *s_wait, *s_seq,
     *s_call, *s_phase, *s_start, *s_number, *s_end, *s_scratch, *s_tracer, *s_on, *s_stalled, *s_disagreed,
-    *s_failed, *s_divide, *s_resolve;
+    *s_failed, *s_divide, *s_resolve, *s_plan_waited;
 
 static double now(void) { /* time.monotonic and time.perf_counter on Linux: CLOCK_MONOTONIC */
     struct timespec t;
@@ -792,7 +792,8 @@ typedef struct {
     int fused;          /* a checked call's data rides with the agreement (agree.h) */
     int64_t payload[3]; /* its dtype, op and count (the kernels' codes) */
     Py_ssize_t nbytes;  /* the array's bytes */
-    Program *program;
+    Program *program;   /* the data movement; NULL where a persistent request moves it (a plan) */
+    PyObject *prequest; /* that request (mpi4py's Prequest, on the plan's buffers) */
 } Warm;
 
 static void warm_dealloc(Warm *w) {
@@ -812,13 +813,15 @@ static void warm_dealloc(Warm *w) {
     Py_XDECREF(w->channel);
     Py_XDECREF(w->timeout);
     Py_XDECREF((PyObject *)w->program);
+    Py_XDECREF(w->prequest);
     PyMem_Free(w->words);
     PyMem_Free(w->agree);
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
 
 PyDoc_STRVAR(warm_doc, "Warm(call, key, shape, itemsize, state, flight, busy, channel, timeout, comm, words, single, "
-                       "returns_x, blocking, mean, payload, program)\n\n"
+                       "returns_x, blocking, mean, payload, program)\n\nA plan's run has a persistent request instead "
+                       "of a program (program=mpi4py's Prequest on the plan's buffers: started, then waited for).\n\n"
                        "One kind of NumPy call, run in C: ``key`` (collective, op, algorithm, root, reproducible, "
                        "wire, out is None, dtype) and ``shape`` what engine.call's warm key compares; the rest what a "
                        "run stores, takes and calls (hpcring.engine.Call.compiled_warm builds it).");
@@ -828,10 +831,16 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     Py_ssize_t itemsize;
     int single, returns_x, blocking, mean;
     long long pdtype, pop, pcount;
-    if (!PyArg_ParseTuple(args, "OO!O!nOOOOOOO!pppi(LLL)O!", &call, &PyTuple_Type, &key, &PyTuple_Type, &shape,
+    if (!PyArg_ParseTuple(args, "OO!O!nOOOOOOO!pppi(LLL)O", &call, &PyTuple_Type, &key, &PyTuple_Type, &shape,
                           &itemsize, &state, &flight, &busy, &channel, &timeout, &comm, &PyTuple_Type, &words, &single,
-                          &returns_x, &blocking, &mean, &pdtype, &pop, &pcount, &ProgramType, &program))
+                          &returns_x, &blocking, &mean, &pdtype, &pop, &pcount, &program))
         return NULL;
+    int persistent = Py_TYPE(program) != &ProgramType;
+    if (persistent && (!PyObject_TypeCheck(program, &PyMPIRequest_Type) || PyMPIRequest_Get(program) == NULL)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "Warm: program must be a Program or a persistent MPI request");
+        return NULL;
+    }
     int fused = pdtype >= 0;
     if (agree_op == MPI_OP_NULL || PyTuple_GET_SIZE(words) + 2 + HR_PAYLOAD_COLUMNS != agree_width) {
         PyErr_SetString(PyExc_ValueError, "Warm: the agreement's collective is not made for rows of this width");
@@ -914,7 +923,8 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     w->blocking = blocking;
     w->mean = mean;
     Py_INCREF(program);
-    w->program = (Program *)program;
+    if (persistent) w->prequest = program;
+    else w->program = (Program *)program;
     return (PyObject *)w;
 fail:
     Py_DECREF(w);
@@ -928,6 +938,7 @@ static PyTypeObject WarmType = {
     .tp_doc = warm_doc,
     .tp_new = warm_new,
     .tp_dealloc = (destructor)warm_dealloc,
+    /* .tp_methods: warm_methods, set at module init (they come after the warm call) */
 };
 
 /* ---- Table: the warm calls of one user communicator --------------------------------------- */
@@ -1211,6 +1222,61 @@ static int agree(Warm *w, long long number, PyObject *timeout, const char *src, 
     return 1;
 }
 
+static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_obj, PyObject *timeout_obj,
+                          char *src, char *dst);
+
+/* A plan's run: its persistent request started, and tested until done (the GIL released), then,
+ * past SPIN_SECONDS, waited for in Python within the timeout (hpcring.engine.Call.plan_waited:
+ * a StallError naming the ranks that never started theirs). 1 done, -1 raised. */
+static int run_persistent(Warm *w, PyObject *timeout) {
+    MPI_Request *req = PyMPIRequest_Get(w->prequest);
+    if (req == NULL) return -1;
+    int rc = MPI_Start(req), done = 0;
+    if (rc == MPI_SUCCESS) {
+        Py_BEGIN_ALLOW_THREADS
+        done = spin(req, SPIN_SECONDS, 0, &rc);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc != MPI_SUCCESS) {
+        mpi_error(rc);
+        return -1;
+    }
+    if (!done) {
+        PyObject *r = PyObject_CallMethodObjArgs(w->call, s_plan_waited, w->prequest, timeout, NULL);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(run_warm_doc, "run(x, out, timeout)\n\nThis warm call on these arrays without the agreement, as a plan "
+                           "runs it; the result (x in place, else out).");
+
+static PyObject *warm_run_method(Warm *w, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 3) {
+        PyErr_SetString(PyExc_TypeError, "run(x, out, timeout)");
+        return NULL;
+    }
+    char *src, *dst;
+    if (Py_TYPE(argv[0]) != ndarray_type || !struct_ok || ready(w, (hr_ndarray *)argv[0], argv[1], &src, &dst)) {
+        PyErr_SetString(PyExc_ValueError, "run: arrays of another kind than this warm call's");
+        return NULL;
+    }
+    PyObject *result = warm_run(w, argv[0], argv[1], Py_False, argv[2], src, dst);
+    if (result == Py_NotImplemented) {
+        Py_DECREF(result);
+        PyErr_SetString(PyExc_RuntimeError, "hpcring.plan: another thread is running a collective on this "
+                                            "communicator; give each thread its own communicator (comm.Dup())");
+        return NULL;
+    }
+    return result;
+}
+
+static PyMethodDef warm_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))warm_run_method, METH_FASTCALL, run_warm_doc},
+    {NULL, NULL, 0, NULL},
+};
+
 /* One warm call: the result (x or out), NULL raised, or NotImplemented where the Python path
  * must take it (another thread, the exclusion taken: it raises saying why). */
 static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_obj, PyObject *timeout_obj,
@@ -1270,9 +1336,13 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
     }
     if (store_long(&m_number, slot, number) < 0 || store_long(&m_phase, slot, 2) < 0) goto fail;
     /* the data, where it did not ride with the agreement */
-    if (!carried && program_exec(w->program, src, dst, x, w->returns_x ? x : out, wait_for) < 0) goto fail;
+    if (!carried) {
+        int moved = w->prequest ? run_persistent(w, wait_for) : program_exec(w->program, src, dst, x,
+                                                                             w->returns_x ? x : out, wait_for);
+        if (moved < 0) goto fail;
+    }
     if (w->mean >= 0) {
-        Py_ssize_t nbytes = w->program->dst_nbytes;
+        Py_ssize_t nbytes = w->nbytes;
         if (nbytes >= (1 << 16)) {
             Py_BEGIN_ALLOW_THREADS
             divide(w->mean, dst, nbytes, w->size);
@@ -1568,8 +1638,10 @@ PyMODINIT_FUNC HR_CAT(PyInit_, HR_CORE_NAME)(void) {
         intern(&s_phase, "phase") || intern(&s_start, "start") || intern(&s_number, "number") ||
         intern(&s_end, "end") || intern(&s_scratch, "scratch") || intern(&s_tracer, "TRACER") ||
         intern(&s_on, "on") || intern(&s_stalled, "compiled_stalled") || intern(&s_disagreed, "compiled_disagreed") ||
-        intern(&s_failed, "compiled_failed") || intern(&s_divide, "divide") || intern(&s_resolve, "resolve_timeout"))
+        intern(&s_failed, "compiled_failed") || intern(&s_divide, "divide") || intern(&s_resolve, "resolve_timeout") ||
+        intern(&s_plan_waited, "plan_waited"))
         return NULL;
+    WarmType.tp_methods = warm_methods;
     if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&WarmType) < 0 || PyType_Ready(&TableType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
