@@ -217,6 +217,14 @@ class Config:
         meaning="microseconds a pipelined ring naps between polls (0 spins), for ranks outnumbering cores",
         must_agree=False,
     )
+    wait = Variable(
+        "HPCRING_WAIT",
+        choice({"auto": "auto", "spin": "spin", "share": "share"}, "auto"),
+        kind="auto, spin or share",
+        default="auto",
+        meaning="how a waiting rank spends its core: spin; share (yield, then nap); auto: share if crowded",
+        must_agree=False,
+    )
     ranks_per_node = Variable(
         "HPCRING_RANKS_PER_NODE",
         positive_integer,

@@ -23,6 +23,8 @@
 #include <Python.h>
 #include <mpi.h>
 #include <mpi4py/mpi4py.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <time.h>
 
 #include "agree.h"
@@ -234,26 +236,62 @@ static PyObject *combine_payload(PyObject *self, PyObject *args) {
 
 /* ---- waiting ------------------------------------------------------------------------------ */
 
+/* How a wait spends its core. Spinning on MPI_Test answers fastest, but where ranks outnumber
+ * cores it keeps the rank being waited for off the core it needs: there (`sharing`, set from
+ * hpcring/polling.py: HPCRING_WAIT, or the launcher's count of ranks against the cores), and
+ * while waits find this rank preempted by another process (`contended`: the involuntary context
+ * switches grew during a wait that outlasted SHARED_TESTS tests), a wait yields its core between
+ * tests. A wait that finds no preemption wins back one unit of spinning. */
+static int sharing;
+static int contended;       /* waits left to share the core after one found this rank preempted */
+#define CONTENDED_WAITS 256 /* that many waits share the core after one found preemption */
+#define SHARED_TESTS 64     /* tests before a wait looks at, or yields, the core */
+
+static long involuntary_switches(void) {
+    struct rusage use;
+    return getrusage(RUSAGE_SELF, &use) == 0 ? use.ru_nivcsw : 0;
+}
+
 /* Test ``*req`` until it completes (1) or ``seconds`` pass (0); napping ``nap`` ns between tests
- * where asked (HPCRING_WAIT_SLEEP_US). Called with or without the GIL: it touches no Python. */
+ * where asked (HPCRING_WAIT_SLEEP_US), yielding the core between tests where it is shared (above).
+ * Called with or without the GIL: it touches no Python. */
 static int spin(MPI_Request *req, double seconds, long nap, int *rc) {
     int flag = 0;
     if (!nap) {
-        for (int i = 0; i < 64; i++) {
+        for (int i = 0; i < SHARED_TESTS; i++) {
             if ((*rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS || flag) return flag;
         }
     }
+    int share = sharing || contended > 0;
+    long before = involuntary_switches();
     double end = now() + seconds;
     for (;;) {
-        for (int i = 0; i < (nap ? 1 : 16); i++) {
-            if ((*rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS || flag) return flag;
+        for (int i = 0; i < (nap || share ? 1 : 16); i++) {
+            if ((*rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS || flag) break;
         }
+        if (*rc != MPI_SUCCESS || flag) break;
         if (nap) {
             struct timespec t = {nap / 1000000000L, nap % 1000000000L};
             nanosleep(&t, NULL);
+        } else if (share) {
+            sched_yield();
         }
-        if (now() > end) return 0;
+        if (now() > end) break;
     }
+    long after = involuntary_switches();
+    if (after > before) contended = CONTENDED_WAITS; /* another process took the core meanwhile */
+    else if (contended > 0) contended--;
+    return flag;
+}
+
+PyDoc_STRVAR(waiting_doc, "waiting(share)\n\nWhether waits yield their core between tests from the start "
+                          "(hpcring.polling.share), beside the preemption they detect themselves.");
+
+static PyObject *waiting(PyObject *self, PyObject *on) {
+    int share = PyObject_IsTrue(on);
+    if (share < 0) return NULL;
+    sharing = share;
+    Py_RETURN_NONE;
 }
 
 static PyObject *mpi_error(int rc) {
@@ -1603,6 +1641,7 @@ static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL, setup_doc},
     {"quirks", (PyCFunction)(void (*)(void))quirks_, METH_FASTCALL, quirks_doc},
     {"agreement", agreement, METH_VARARGS, agreement_doc},
+    {"waiting", waiting, METH_O, waiting_doc},
     {"combine_payload", combine_payload, METH_VARARGS, combine_payload_doc},
     {"enable", enable, METH_O, enable_doc},
     {"set_fallback", set_fallback, METH_O, set_fallback_doc},
