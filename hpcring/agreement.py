@@ -90,7 +90,7 @@ class Row:
 
     def words(self) -> list[int]:
         """The row as integers, in field order (-1 where a value is unknown), for the collective."""
-        names = list(algorithms.table(self.collective))
+        names = algorithms.names(self.collective)
         return [
             algorithms.COLLECTIVES.index(self.collective),
             -1 if self.count is None else self.count,
@@ -110,7 +110,7 @@ class Row:
             "collective": list(algorithms.COLLECTIVES),
             "dtype": list(DTYPE_NAMES),
             "op": _OPS,
-            "algorithm": list(algorithms.table(self.collective)),
+            "algorithm": list(algorithms.names(self.collective)),
             "array": NAMES,
             "placement": ["out of place (out=)", "in place"],
             "wire": [f"wire={w!r}" for w in _WIRES],

@@ -98,7 +98,7 @@ def _setup(module: Any, MPI: Any) -> None:
     kernels.QUIRK_LISTENERS.append(lambda: module.quirks(*kernels.QUIRKS, tuple(kernels.OFF)))
     from . import polling  # waits share their core where ranks outnumber cores
 
-    module.waiting(polling._SHARING[0])
+    module.waiting(polling.shared())
     polling.SHARING_LISTENERS.append(module.waiting)
 
 

@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import algorithms, config, core, exact, kernels, tracing
+from . import algorithms, config, core, kernels, tracing
 from . import wire as wires
 from .agreement import NO_PAYLOAD, REPRODUCIBLE, Payload, Row, payload_descriptor
 from .agreement import collective as agreement_collective
@@ -47,7 +47,6 @@ from .ops import NAMES as DTYPE_NAMES
 from .ops import OPS, Op, check_op, op_name, supported
 from .partition import segment
 from .polling import abandon
-from .program import Unrecordable, record
 from .tracing import local_copy
 from .ulfm import first_call_failed, rank_failed
 from .units import format_bytes
@@ -196,13 +195,14 @@ class Call:
 
     def fusion(self) -> tuple[int, int, int]:
         """The descriptor of this call's data where it rides with the agreement: an all-reduce that
-        runs `mpi` on host memory, small enough for the agreement's slot, of a dtype and op whose
-        reductions commute bitwise (`hpcring.agreement.payload_descriptor`); else NO_PAYLOAD. It
-        rides only where it does on every rank (the agreement's header says), else it moves after."""
+        runs the library's own (`Spec.rides`) on host memory, small enough for the agreement's
+        slot, of a dtype and op whose reductions commute bitwise
+        (`hpcring.agreement.payload_descriptor`); else NO_PAYLOAD. It rides only where it does on
+        every rank (the agreement's header says), else it moves after."""
         adapter, reduction = self.adapter, self.reduction
         if (
             self.options.collective != ALLREDUCE
-            or self.ran != "mpi"
+            or not (self.settled and self.spec.rides)
             or self.exact
             or adapter.device
             or not adapter.direct
@@ -264,8 +264,9 @@ class Call:
             slot.start = clock()
             try:
                 carried = False
-                if check and self.fuse is not NO_PAYLOAD and problem is None and self.channel.size > 1:
-                    src, dst, out = self.buffers(x, out)  # the data rides with the agreement
+                if check and self.fuse is not NO_PAYLOAD and problem is None and not tracing.TRACER.on:
+                    src, dst, out = self.buffers(x, out)  # the data rides with the agreement (a
+                    # traced call's moves apart: the trace shows its steps)
                     carried = self._agree(timeout, problem, Payload(self.fuse, src, dst))
                 elif check:
                     self._agree(timeout, problem)
@@ -325,6 +326,8 @@ class Call:
         if tracer.on:
             tracer.begin(self.options.collective, self.ran or self.options.algorithm, channel, src, dst)
         if self.exact:  # ---- reproducible sums: integer words (hpcring/exact.py) ----
+            from . import exact  # here: only reproducible=True needs it
+
             parts = [src] if self.parts is None else self.parts
             exact.run(
                 channel, self.reduce_words, parts, dst, self.options.op, accumulated=self.parts is not None
@@ -414,6 +417,8 @@ class Call:
             programs[key] = _SEEN
             return None
         if made is _SEEN:
+            from .program import Unrecordable, record  # the compiled core's, from a kind's second run on
+
             try:
                 recording = record(spec, self.form, channel, src, dst, op, self.options.root, wire)
                 made = core.program(recording, src, dst)[0] or False
@@ -668,6 +673,8 @@ def prepare(
         try:
             count = adapter.size(x)
             if options.reproducible:  # ---- reproducible sums: hpcring/exact.py ----
+                from . import exact
+
                 exact_path = exact.check(op, dtype, accumulated=parts is not None)
             narrowed = wires.check(options.wire, dtype, spec, options.reproducible, bool(adapter.device))
             if narrowed is not None:  # ---- wire compression: hpcring/wire.py ----
@@ -891,6 +898,8 @@ def check_memory(
 
     scratch = scratch_of(count, itemsize)
     if exact_path:
+        from . import exact
+
         scratch = exact.scratch_bytes(channel, dtype, count, scratch_of, accumulated)
     need = scratch - channel.scratch_held()
     pool = 0

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
 import os
 import time
 import weakref
@@ -51,7 +50,7 @@ def sharing() -> bool:
     ``OMPI_MCA_mpi_oversubscribe``). A node shared with other processes is found at run time: the
     compiled core's waits share their core while they find this rank preempted (`hpcring.core`)."""
     policy = config.current().wait
-    if policy != "auto":
+    if policy in ("share", "spin"):
         return policy == "share"
     if os.environ.get("OMPI_MCA_mpi_oversubscribe", "").strip().lower() in ("1", "true", "yes"):  # noqa: SIM112
         return True
@@ -77,6 +76,11 @@ def share(on: bool | None = None) -> bool:
     _SHARING[0] = sharing() if on is None else on
     for listener in SHARING_LISTENERS:
         listener(_SHARING[0])
+    return _SHARING[0]
+
+
+def shared() -> bool:
+    """Whether waits give their core away early now (as `share` last set it)."""
     return _SHARING[0]
 
 
@@ -256,6 +260,8 @@ ABANDONED: list[MPI.Request] = []
 
 def abandon(error: BaseException) -> None:
     """Keep every request ``error``'s frames hold (and so its buffer) alive for good."""
+    import ctypes  # here: only a stall comes this way
+
     tb = error.__traceback__
     while tb is not None:
         for value in tb.tb_frame.f_locals.values():

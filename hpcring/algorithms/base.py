@@ -94,6 +94,9 @@ class Spec:
     narrowings: Callable[[int, int], int] | None = None
     stepped: bool = False  # counts its exchanges on ``ch.step`` (the flight record's step)
     blocking: bool = False  # its data exchange is one blocking library call (the watchdog's)
+    # its all-reduce is the library's, so a small one's data may ride with the agreement, which
+    # the library reduces too (hpcring.agreement: one collective for the checked call)
+    rides: bool = False
     ring_order: bool = False  # runs in the topology's node order: bytes_sent's rank is a position
     topology_aware: bool = False  # bytes_sent takes per_node and wire_itemsize
     # Why this rank's arrays cannot run it (a verdict of the agreement: every rank raises it)

@@ -114,6 +114,7 @@ ALLREDUCE = Spec(
     scratch_bytes=no_scratch,
     blocking=True,
     persistent=persistent,
+    rides=True,
     modelled_as=("ring", "rabenseifner"),
 )
 REDUCE_SCATTER = Spec(

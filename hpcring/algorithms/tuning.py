@@ -10,7 +10,6 @@ key, the built-in defaults below apply.
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -115,6 +114,8 @@ def load(
     try:
         if not path.exists():  # may raise too: a name too long, a folder not searchable
             return default
+        import json  # only where there is a file to read
+
         data = json.loads(path.read_text())
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
@@ -234,6 +235,8 @@ def write_tuning(
 ) -> tuple[Path, str]:
     """Merge this rank count's thresholds for ``collective`` into the tuning file (other keys are
     kept); returns the file and the table's key (`key_for`)."""
+    import json
+
     path = tuning_path()
     try:
         data = json.loads(path.read_text())
