@@ -14,11 +14,12 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
-from . import auto, binomial, hierarchical, mpi, naive, nccl, ps, rabenseifner, ring
-from .base import Phase, Spec
+from . import auto, binomial, bruck, hierarchical, mpi, naive, nccl, pairwise, ps, rabenseifner, ring
+from .base import Layout, Phase, Spec
 
 ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BROADCAST = "allreduce", "reduce_scatter", "allgather", "broadcast"
-COLLECTIVES = (ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BROADCAST)
+ALLTOALL = "alltoall"
+COLLECTIVES = (ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BROADCAST, ALLTOALL)
 
 _TABLES: dict[str, dict[str, Spec]] = {
     ALLREDUCE: {
@@ -51,6 +52,12 @@ _TABLES: dict[str, dict[str, Spec]] = {
         "binomial": binomial.BROADCAST,
         "mpi": mpi.BROADCAST,
         "auto": auto.BROADCAST,
+    },
+    ALLTOALL: {
+        "pairwise": pairwise.ALLTOALL,
+        "bruck": bruck.ALLTOALL,
+        "mpi": mpi.ALLTOALL,
+        "auto": auto.ALLTOALL,
     },
 }
 # Baselines that only run on some machines (NCCL: CuPy, one GPU per rank). They can be named
@@ -102,6 +109,12 @@ def choices(collective: str = ALLREDUCE) -> tuple[str, ...]:
     return tuple(name for name in portable(collective) if table(collective)[name].choose is None)
 
 
+def uneven(collective: str = ALLTOALL) -> tuple[str, ...]:
+    """What a chooser may choose for an all-to-all of uneven blocks (send_splits=): the choices
+    that do not run equal blocks only."""
+    return tuple(name for name in choices(collective) if not table(collective)[name].equal_only)
+
+
 def priced(s: Spec, count: int, itemsize: int, size: int) -> Spec:
     """The Spec whose formulas stand for ``s``: a chooser's (auto's) untuned default choice for
     ``count`` elements on ``size`` ranks, else ``s`` itself."""
@@ -148,11 +161,13 @@ PORTABLE: tuple[str, ...] = portable(ALLREDUCE)
 __all__ = [
     "ALLGATHER",
     "ALLREDUCE",
+    "ALLTOALL",
     "BASELINES",
     "BROADCAST",
     "COLLECTIVES",
     "PORTABLE",
     "REDUCE_SCATTER",
+    "Layout",
     "Phase",
     "Spec",
     "bytes_sent",
@@ -162,5 +177,6 @@ __all__ = [
     "scratch_bytes",
     "spec",
     "table",
+    "uneven",
     "unregister",
 ]

@@ -60,6 +60,7 @@ DEFAULTS: dict[str, tuple[tuple[tuple[int | None, str], ...], ...]] = {
     "reduce_scatter": (DEFAULT, DEFAULT_NOT_POWER_OF_TWO, ((32 << 10, "mpi"), (None, "ring"))),
     "allgather": (DEFAULT, DEFAULT_NOT_POWER_OF_TWO, ((32 << 10, "mpi"), (None, "ring"))),
     "broadcast": (((64 << 10, "mpi"), (None, "ring")),) * 3,
+    "alltoall": ((((1 << 10), "bruck"), (None, "pairwise")),) * 3,
 }
 FORMAT = 1
 
