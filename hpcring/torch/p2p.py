@@ -9,17 +9,19 @@ hpcring's collectives or the user's messages), and the `Transfer` (a torch ``Wor
 when MPI says so.
 
 Who drives MPI: the thread that waits. ``wait()`` tests the request in a loop, as ``MPI_Wait``
-does, so a step's latency is the library's and no thread spins between steps; ``is_completed()``
-tests once; a ``get_future()`` hands the transfer to the group's `Poller`, one thread that tests
-the transfers whose futures someone holds and naps between rounds. A transfer that does not
-complete within the group's timeout raises `hpcring.StallError` naming the peer (a receive is
-cancelled first; a send cannot be, and its buffer is kept for good, as a stalled collective's
-are). Each transfer takes a slot in the communicator's flight record (`hpcring.flight`), so a
-dump shows the sends and receives a rank was in.
+does (yielding its core between tests once the peer is not there at once, napping once it has
+waited long), so a step's latency is the library's and no thread spins between steps.
+``is_completed()`` tests once; a ``get_future()`` hands the transfer to the group's `Poller`,
+one thread that tests the transfers whose futures someone holds and naps between rounds. A
+transfer that does not complete within the group's timeout raises `hpcring.StallError` naming
+the peer (a receive is cancelled first; a send cannot be, and its buffer is kept for good, as a
+stalled collective's are). Each transfer takes a slot in the communicator's flight record
+(`hpcring.flight`), so a dump shows the sends and receives a rank was in.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from types import SimpleNamespace
@@ -27,42 +29,48 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from mpi4py import MPI
 
 from ..agreement import Row
 from ..errors import StallError
-from ..flight import MOVING, Recorder, clock
+from ..flight import MASK, MOVING, Recorder, clock
 from ..polling import ABANDONED, cancel
-from .work import Work
 
-SPIN = 2e-3  # seconds a waiting thread tests without a pause (a pipeline step's message is close)
-NAP = 5e-5  # then between tests: the core goes to ranks with work (oversubscribed nodes)
+YIELD_AFTER = 64  # tests before a waiting thread yields its core between tests (os.sched_yield)
+NAP_AFTER = 0.05  # seconds without completion after which it naps instead: a peer that late is busy
+NAP = 2e-4  # seconds of that nap
 POLL = 2e-4  # the poller's pause between rounds
 _NOT_STEPPED = SimpleNamespace(stepped=False)
 
 
 class Record:
-    """What a flight slot says of a transfer (`hpcring.flight.facts` reads it as a call)."""
+    """What a flight slot says of a transfer (`hpcring.flight.facts` reads it as a call); its row
+    is made only when a record is read."""
 
-    __slots__ = ("channel", "ran", "row", "spec")
+    __slots__ = ("kind", "nbytes", "peer", "tag")
+    ran, spec, channel = None, _NOT_STEPPED, None
 
     def __init__(self, kind: str, nbytes: int, peer: int, tag: int) -> None:
-        self.row = Row(
-            collective=kind,
-            count=nbytes,
+        self.kind, self.nbytes, self.peer, self.tag = kind, nbytes, peer, tag
+
+    @property
+    def row(self) -> Row:
+        return Row(
+            collective=self.kind,
+            count=self.nbytes,
             dtype=np.dtype(np.uint8),
             op=None,
-            algorithm=f"MPI_I{kind.removesuffix('_anysource')}",
+            algorithm=f"MPI_I{self.kind.removesuffix('_anysource')} (tag {self.tag})",
             array="torch.Tensor",
             placement=None,
-            root=peer,
-            settings=tag,
+            root=self.peer,
+            settings=0,
             wire=None,
         )
-        self.ran, self.spec, self.channel = None, _NOT_STEPPED, None
 
 
-class Transfer(Work):
+class Transfer(dist.Work):
     """One send or receive in flight (module docstring): a torch ``Work``."""
 
     def __init__(
@@ -76,18 +84,21 @@ class Transfer(Work):
         keep: Any,
         then: Any = None,
     ) -> None:
-        super().__init__([tensor], kind)
+        super().__init__()
         self._p2p, self._request, self._keep, self._then = p2p, request, keep, then
-        self._peer, self._tag, self._kind = peer, tag, kind
-        self._status = MPI.Status()
+        self._tensor, self._peer, self._tag, self._kind = tensor, peer, tag, kind
+        self._status = MPI.Status() if peer < 0 else None
         self._source = peer
         self._lock = threading.Lock()
+        self._done = False
+        self._error: BaseException | None = None
+        self._future: torch.futures.Future[Any] | None = None
         self._deadline = time.monotonic() + p2p.timeout if p2p.timeout > 0 else None
         flight = p2p.flight
         seq = flight.seq = flight.seq + 1
-        self._slot = slot = flight.slots[seq & (len(flight.slots) - 1)]
+        self._slot = slot = flight.slots[seq & MASK]
         slot.call, slot.number, slot.phase, slot.start = (
-            Record(kind, keep.nbytes, peer, tag),
+            Record(kind, len(keep), peer, tag),
             0,
             MOVING,
             clock(),
@@ -96,19 +107,20 @@ class Transfer(Work):
     def _test(self) -> bool:
         """One MPI_Test (under this transfer's lock: two threads never test one request); True once done."""
         with self._lock:
-            if self._done.is_set():
+            if self._done:
                 return True
             try:
                 done = self._request.Test(self._status)
             except MPI.Exception as error:
-                self._fail(error)
+                self._finish(error)
                 return True
             if not done:
                 if self._deadline is not None and time.monotonic() > self._deadline:
-                    self._fail(self._stall())
+                    self._finish(self._stall())
                     return True
                 return False
-            self._source = self._status.Get_source() if self._kind == "recv_anysource" else self._peer
+            if self._status is not None:  # recv_anysource: who sent it
+                self._source = self._status.Get_source()
             error: BaseException | None = None
             if self._then is not None:
                 try:
@@ -116,9 +128,19 @@ class Transfer(Work):
                 except BaseException as failed:
                     error = failed
             self._slot.end = clock()
-            self._keep = None
-            self.finish(error)
+            self._finish(error)
             return True
+
+    def _finish(self, error: BaseException | None) -> None:
+        self._done, self._error, self._keep = True, error, None if error is None else self._keep
+        if error is not None:
+            self._p2p.flight.failed(self._slot, error)
+        future = self._future
+        if future is not None:
+            if error is None:
+                future.set_result([self._tensor])
+            else:
+                future.set_exception(error)
 
     def _stall(self) -> StallError:
         if self._kind == "send":
@@ -131,16 +153,21 @@ class Transfer(Work):
         what = "send to" if self._kind == "send" else "recv from"
         return StallError(missing, f"the hpcring backend's {what} {who} (tag {self._tag})", self._p2p.timeout)
 
-    def _fail(self, error: BaseException) -> None:
-        self._p2p.flight.failed(self._slot, error)
-        self.finish(error)
-
     def wait(self, timeout: Any = None) -> bool:
-        """Test until done (this thread drives MPI, as MPI_Wait does), bounded by the group's
-        timeout; raise what the transfer raised."""
-        start = time.monotonic()
+        """Test until done (this thread drives MPI, as MPI_Wait does, yielding its core between
+        tests once the peer is not there at once), bounded by the group's timeout; raise what the
+        transfer raised."""
+        tests = 0
+        began = 0.0
         while not self._test():
-            if time.monotonic() - start > SPIN:
+            tests += 1
+            if tests < YIELD_AFTER:
+                continue
+            if tests == YIELD_AFTER:
+                began = time.monotonic()
+            if tests & 63 or time.monotonic() - began < NAP_AFTER:
+                os.sched_yield()
+            else:
                 time.sleep(NAP)
         if self._error is not None:
             raise self._error
@@ -149,7 +176,29 @@ class Transfer(Work):
     def is_completed(self) -> bool:
         return self._test()
 
+    def is_success(self) -> bool:
+        return self._test() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error if self._done else None
+
+    def result(self) -> list[torch.Tensor]:
+        self.wait()
+        return [self._tensor]
+
+    def synchronize(self) -> None:
+        self.wait()
+
     def get_future(self) -> torch.futures.Future[Any]:
+        with self._lock:
+            if self._future is None:
+                self._future = torch.futures.Future()
+                if self._done:
+                    if self._error is None:
+                        self._future.set_result([self._tensor])
+                    else:
+                        self._future.set_exception(self._error)
+                    return self._future
         self._p2p.poller().watch(self)
         return self._future
 
@@ -239,8 +288,8 @@ class P2P:
     def recv(self, tensor: torch.Tensor, peer: int | None, tag: int) -> Transfer:
         """Start receiving into ``tensor`` from ``peer`` (None: any rank)."""
         self.check(peer, tag, "recv")
-        direct = tensor.is_contiguous() and tensor.device.type == "cpu"
-        data = host_bytes(tensor) if direct else np.empty(_nbytes(tensor), dtype=np.uint8)
+        direct = tensor.device.type == "cpu" and tensor.is_contiguous()
+        data = host_bytes(tensor) if direct else np.empty(tensor.nbytes, dtype=np.uint8)
         source = MPI.ANY_SOURCE if peer is None else peer
         request = self.comm.Irecv(data, source, tag)
         then = None if direct else (lambda: _copy_bytes_into(tensor, data))
@@ -254,21 +303,21 @@ class P2P:
             self.comm.Free()
 
 
-def _nbytes(tensor: torch.Tensor) -> int:
-    return tensor.numel() * tensor.element_size()
-
-
-def host_bytes(tensor: torch.Tensor) -> np.ndarray:
-    """``tensor``'s bytes as a NumPy uint8 array MPI reads or writes: the tensor's own memory where it
-    is a contiguous CPU tensor (as with every backend, it is not to be written while a send is in
-    flight), else a host copy (a CUDA tensor: through host memory, no CUDA-aware path here)."""
-    t = tensor.detach()
+def host_bytes(tensor: torch.Tensor) -> Any:
+    """``tensor``'s bytes as a buffer MPI reads or writes: the tensor's own memory where it is a
+    contiguous CPU tensor (as with every backend, it is not to be written while a send is in
+    flight, and the transfer holds the tensor), else a host copy (a CUDA tensor: through host
+    memory, no CUDA-aware path here)."""
+    t = tensor
     if t.device.type != "cpu":
-        t = t.cpu()
+        t = t.detach().cpu()
     elif not t.is_contiguous():
-        t = t.contiguous()
-    if t.numel() == 0:
+        t = t.detach().contiguous()
+    nbytes = t.nbytes
+    if nbytes == 0:
         return np.empty(0, dtype=np.uint8)
+    if t is tensor:
+        return MPI.buffer.fromaddress(t.data_ptr(), nbytes)
     return t.reshape(-1).view(torch.uint8).numpy()
 
 
