@@ -17,13 +17,12 @@ weights per run, the same line on every rank.
 from __future__ import annotations
 
 import argparse
-import hashlib
-import statistics
 import sys
-import time
 from typing import Any
 
 import numpy as np
+
+from .sidebyside import digest, need_torch, table, timed_step
 
 SCHEDULES = ("GPipe", "1F1B")
 
@@ -48,12 +47,7 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    try:
-        import torch
-    except ImportError as error:
-        raise SystemExit(
-            f"hpcring.examples.torch_pipeline needs PyTorch ({error}): pip install -e '.[torch]' in hpcring's clone"
-        ) from None
+    torch = need_torch("torch_pipeline")
     import torch.distributed as dist
     from mpi4py import MPI
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
@@ -100,12 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         kind = ScheduleGPipe if schedule == "GPipe" else Schedule1F1B
         pipe = kind(stage, args.microbatches, loss_fn=loss_fn)
         optimizer = torch.optim.SGD(module.parameters(), lr=args.lr)
-        times, loss = [], 0.0
-        for step in range(args.warmup + args.steps):
-            comm.Barrier()
-            began = time.perf_counter()
+        times, losses = [], []
+
+        def step() -> None:
             optimizer.zero_grad()
-            losses: list[torch.Tensor] = []
+            losses.clear()
             if size == 1:
                 pipe.step(inputs, target=targets, losses=losses)
             elif rank == 0:
@@ -115,40 +108,33 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 pipe.step()
             optimizer.step()
-            elapsed = comm.allreduce(time.perf_counter() - began, op=MPI.MAX)  # the slowest rank's
-            if step >= args.warmup:
+
+        for number in range(args.warmup + args.steps):
+            elapsed = timed_step(comm, step)
+            if number >= args.warmup:
                 times.append(elapsed)
-            if losses:
-                loss = float(torch.stack(losses).mean())
+        loss = float(torch.stack(losses).mean()) if losses else 0.0
         mine = torch.cat([p.detach().reshape(-1) for p in module.parameters()]).numpy()
         whole = np.concatenate(comm.allgather(mine))  # every stage's weights, in stage order
         return whole, times, comm.bcast(loss, root=size - 1)
 
-    results: dict[tuple[str, str], tuple[np.ndarray, list[float], float]] = {}
+    rows: dict[str, dict[str, tuple[np.ndarray, list[float]]]] = {}
     for schedule in schedules:
         for backend in backends:
-            results[schedule, backend] = run(schedule, groups[backend])
-            weights, _, loss = results[schedule, backend]
-            digest = hashlib.sha256(weights.tobytes()).hexdigest()[:16]
+            weights, times, loss = run(schedule, groups[backend])
+            rows.setdefault(schedule, {})[backend] = weights, times
             print(
-                f"torch_pipeline: {schedule} on {backend}: weights {digest} after "
+                f"torch_pipeline: {schedule} on {backend}: weights {digest(weights)} after "
                 f"{args.warmup + args.steps} steps, loss {loss:.6g}"
             )
     sys.stdout.flush()
     comm.Barrier()
-    if rank == 0:
-        print(
-            f"# {size} stages (one per rank), {args.dtype}, {per} block(s) of width {args.width} per "
-            f"stage, global batch {args.batch} in {args.microbatches} microbatches, {args.steps} timed "
-            f"steps after {args.warmup} (ms per step: median of the slowest rank's)"
-        )
-        print("| schedule | " + " | ".join(backends) + " | max abs difference of the weights |")
-        print("| --- | " + " | ".join("---" for _ in backends) + " | --- |")
-        for schedule in schedules:
-            runs = [results[schedule, b] for b in backends]
-            ms = [f"{1e3 * statistics.median(r[1]):.2f}" for r in runs]
-            difference = float(np.max(np.abs(runs[0][0] - runs[-1][0])))
-            print(f"| {schedule} | " + " | ".join(ms) + f" | {difference:.3g} |")
+    heading = (
+        f"# {size} stages (one per rank), {args.dtype}, {per} block(s) of width {args.width} per stage, "
+        f"global batch {args.batch} in {args.microbatches} microbatches, {args.steps} timed steps after "
+        f"{args.warmup} (ms per step: median of the slowest rank's)"
+    )
+    table(comm, heading, backends, rows)
     hpcring.torch.destroy_process_group()  # and a moment for gloo's threads (hpcring.torch.launch)
     return 0
 

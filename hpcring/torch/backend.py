@@ -266,7 +266,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             )
         algorithm = self.algorithm[algorithms.ALLGATHER]
         if output.is_contiguous() and input.is_contiguous() and input.dtype in MOVABLE:
-            rows = output.view(g, *input.shape)
+            rows, input = output.detach().view(g, *input.shape), input.detach()
             return self._submit(
                 "all_gather_single",
                 [output],
@@ -473,10 +473,10 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             [output],
             lambda: [
                 ialltoall(
-                    input,
+                    input.detach(),  # the same memory, outside autograd (nn.functional's inputs)
                     send_splits=sends,
                     recv_splits=recvs,
-                    out=output,
+                    out=output.detach(),
                     algorithm=algorithm,
                     **self._common(),
                 )
@@ -623,21 +623,19 @@ class _Staged:
         self.t = t
         self.nbytes = t.numel() * t.element_size()
         self.words = words and t.dtype not in MOVABLE
+        self.copied = True  # x is not t's own memory: copied back once the data is there
         if self.words:
             padded = torch.zeros(-(-self.nbytes // 8), dtype=WORD, device=t.device)
             if not fresh:
                 padded.view(torch.uint8)[: self.nbytes].copy_(t.contiguous().reshape(-1).view(torch.uint8))
             self.x = padded
         elif t.is_contiguous():
-            self.x = t
+            self.x = t.detach()  # the same memory, outside autograd (an autograd Function's inputs)
+            self.copied = False
         else:
             self.x = torch.empty_like(t, memory_format=torch.contiguous_format)
             if not fresh:
                 self.x.copy_(t)
-
-    @property
-    def copied(self) -> bool:
-        return self.x is not self.t
 
     def unwords(self, row: torch.Tensor) -> torch.Tensor:
         """A result row (of ``x``'s kind) as a tensor of ``t``'s dtype and shape."""
