@@ -53,6 +53,8 @@ from .report import (
 )
 
 # nccl-tests names for dtypes and ops, accepted beside NumPy's and hpcring's own.
+# What --framework torch times in (the dtypes torch and hpcring share, by NumPy's names)
+TORCH_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "complex64", "complex128")
 DTYPE_ALIASES = {
     "half": "float16",
     "float": "float32",
@@ -182,6 +184,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="beside each algorithm's row (but mpi's and nccl's), one of allreduce(wire=WIRE): what "
         "travels is narrowed to WIRE, named ALGORITHM+bf16 or +f16 (dtype float32 or float64)",
     )
+    add(
+        "--framework",
+        choices=("torch",),
+        help="time the collective four ways side by side instead: hpcring's blocking call, its "
+        "non-blocking one waited for, torch.distributed on the hpcring backend, and on gloo "
+        "(needs PyTorch; -a names the one algorithm)",
+    )
     add("--json", metavar="FILE", help="write header and every row to FILE")
     add("--plot", metavar="FILE.png", help="plot busbw vs size to FILE.png (needs matplotlib)")
     return parser
@@ -219,6 +228,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--{option}: all-reduce rows only (hpcring.{kind.name} has no {option}=)")
     if args.in_place and kind.in_place_only:
         parser.error(f"--in-place: the {kind.title} is always in place")
+    if args.in_place and kind.out_of_place_only:
+        parser.error(f"--in-place: the {kind.title} has no in-place form")
     if args.in_place and args.tune and not kind.in_place_tables:
         parser.error(f"--in-place with --tune: auto keeps one {kind.title} table, for both placements")
     if args.reproducible:
@@ -251,6 +262,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"no size between minbytes and maxbytes holds {whole}")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib (pip install -e '.[bench]' in hpcring's clone)")
+    if args.framework is not None:
+        if importlib.util.find_spec("torch") is None:
+            parser.error("--framework torch needs PyTorch (pip install -e '.[torch]' in hpcring's clone)")
+        if args.dtype.name not in TORCH_DTYPES:
+            parser.error(f"--framework torch: dtype one of {', '.join(TORCH_DTYPES)}")
+        for option in ("json", "plot", "tune", "reproducible", "wire", "in_place", "no_agree"):
+            if getattr(args, option):
+                parser.error(f"--framework torch prints its own table: no --{option.replace('_', '-')}")
     return args
 
 
@@ -298,6 +317,10 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         return status
     if corrupt_rank is None:
         corrupt_rank = config.current().bench_corrupt
+    if args.framework is not None:  # four ways side by side (hpcring.bench.framework)
+        from . import framework
+
+        return framework.main(args, comm)
 
     # From here on every rank runs the same collectives in the same order.
     dev = device_for(args.device, comm)

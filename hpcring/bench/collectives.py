@@ -24,7 +24,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .. import collectives
-from ..algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER
+from ..algorithms import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCE_SCATTER
 from ..partition import segment_bounds
 from ..units import busbw_formula, collective_title
 from .data import expected_result, gathered_rows, row_input, verifiable_input
@@ -65,6 +65,7 @@ class Collective:
     in_place_tables: bool = False  # auto keeps tables in place apart (`hpcring.algorithms.tuning`)
     rooted: bool = False  # has a root (what each rank sends depends on it)
     in_place_only: bool = False  # has no out-of-place form (--in-place means nothing)
+    out_of_place_only: bool = False  # has no in-place form (--in-place is refused)
     size_is: str | None = None  # what a row's size counts, where more than "the buffer"
     options: tuple[str, ...] = ()  # the front end's options the bench has rows for (--wire, ...)
 
@@ -241,8 +242,40 @@ class Broadcast(Collective):
         return BareCall(None, b.x, b.x, lambda send, recv, op: comm.Bcast(recv, root))
 
 
+class AllToAll(Collective):
+    name, bare, mpi4py = ALLTOALL, "MPI_Alltoall", "comm.Alltoall"
+    reduces, rewrites_input, out_of_place_only = False, False, True
+    size_is = "the whole buffer, each rank's input (G blocks, one for each rank), as nccl-tests"
+
+    def granule(self, itemsize: int, size: int) -> int:
+        return itemsize * size  # G whole blocks
+
+    def placement(self, in_place: bool) -> str:
+        return "out-of-place (out=, its only form), input constant across iterations"
+
+    def inputs(self, xp: Any, count: int, dtype: np.dtype, op: str, rank: int, root: int) -> Any:
+        return row_input(xp, count, dtype, rank)  # block j: the part of this rank's row for rank j
+
+    def expected(self, xp: Any, count: int, dtype: np.dtype, op: str, size: int, rank: int, root: int) -> Any:
+        m = count // size  # block i: rank i's block for this rank
+        rows = [row_input(xp, count, dtype, i)[rank * m : (rank + 1) * m] for i in range(size)]
+        return xp.concatenate(rows)
+
+    def buffers(self, xp: Any, x: Any, in_place: bool, rank: int, size: int) -> Buffers:
+        out = xp.empty_like(x)
+        return Buffers(x, out, out)
+
+    def run(
+        self, b: Buffers, algorithm: str, comm: Any, op: str, check: bool, root: int, **options: Any
+    ) -> None:
+        collectives.alltoall(b.x, algorithm=algorithm, comm=comm, out=b.out, check=check)
+
+    def bare_call(self, comm: Any, b: Buffers, in_place: bool, root: int) -> BareCall:
+        return BareCall(b.x, b.out, b.out, lambda send, recv, op: comm.Alltoall(send, recv))
+
+
 COLLECTIVES: dict[str, Collective] = {
-    kind.name: kind for kind in (AllReduce(), ReduceScatter(), AllGather(), Broadcast())
+    kind.name: kind for kind in (AllReduce(), ReduceScatter(), AllGather(), Broadcast(), AllToAll())
 }
 
 __all__ = ["COLLECTIVES", "BareCall", "Buffers", "Collective"]

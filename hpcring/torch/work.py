@@ -7,7 +7,10 @@ by itself (DDP chains its next step on the future and never calls ``wait``). Bet
 sits one thread per process group, the `Completer`: it waits on each request in submission
 order, runs what is left to do once the data is there (a copy out of a staging buffer), and
 completes the future, or fails it with the error hpcring raised (on every rank alike). It only
-uses the Request's public ``wait()``, so it works however the requests progress.
+uses the Request's public ``wait()``, so it works however the requests progress. A thread that
+waits on the Work itself (a synchronous collective: ``work.wait()`` right after it is issued)
+waits on the requests directly and finishes the Work, whichever of the two threads gets there
+first, so the caller wakes when the data is there, not one thread switch later.
 
 At exit every completer is joined (`atexit`, before mpi4py's MPI_Finalize): a daemon thread
 still inside torch's C++ when Python finalizes (completing a future runs its callbacks) would
@@ -47,11 +50,40 @@ class Work(dist.Work):
         self._future: torch.futures.Future[Any] = torch.futures.Future()
         self._done = threading.Event()
         self._error: BaseException | None = None
+        self._requests: Sequence[Any] = ()  # hpcring's requests, and what runs once they are done
+        self._then: Callable[[], None] | None = None
+        self._finishing = threading.Lock()
+
+    def attach(self, requests: Sequence[Any], then: Callable[[], None] | None) -> None:
+        self._requests, self._then = requests, then
+
+    def complete(self) -> None:
+        """Wait for every request (each one, even after a failure: none left running), then run
+        what is left to do and finish, once, in whichever thread gets here first."""
+        if self._done.is_set():
+            return
+        error: BaseException | None = None
+        for request in self._requests:
+            try:
+                request.wait()
+            except BaseException as failed:
+                error = error or failed
+        with self._finishing:
+            if self._done.is_set():
+                return
+            if error is None and self._then is not None:
+                try:
+                    self._then()
+                except BaseException as failed:
+                    error = failed
+            self.finish(error)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Block until the collective is done; raise its error. ``timeout`` (torch's; 0 or None:
         none) bounds this wait only: hpcring's own timeout bounds the collective."""
         seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+        if not seconds and self._requests:
+            self.complete()  # this thread waits on the requests itself
         if not self._done.wait(seconds if seconds else None):
             raise TimeoutError(f"hpcring backend: {self.name} not done after {seconds:g} s")
         if self._error is not None:
@@ -101,24 +133,13 @@ class Completer:
 
     def add(self, work: Work, requests: Sequence[Any], then: Callable[[], None] | None = None) -> Work:
         """Complete ``work`` once every request in ``requests`` is done and ``then()`` has run."""
+        work.attach(requests, then)
         self._jobs.put((work, requests, then))
         return work
 
     def _run(self) -> None:
         while (job := self._jobs.get()) is not None:
-            work, requests, then = job
-            error: BaseException | None = None
-            for request in requests:  # every one waited for, even after a failure: none left running
-                try:
-                    request.wait()
-                except BaseException as failed:
-                    error = error or failed
-            if error is None and then is not None:
-                try:
-                    then()
-                except BaseException as failed:
-                    error = failed
-            work.finish(error)
+            job[0].complete()
 
     def stop(self) -> None:
         """Complete what was submitted, then end the thread (idempotent)."""
