@@ -3,14 +3,14 @@ and the `Completer` thread that completes them.
 
 hpcring's non-blocking collectives (`hpcring.nonblocking`) return a `Request` that makes
 progress in the background; torch wants a ``Work`` whose ``torch.futures.Future`` completes
-by itself (DDP chains its next step on the future and never calls ``wait``). Between the two
-sits one thread per process group, the `Completer`: it waits on each request in submission
-order, runs what is left to do once the data is there (a copy out of a staging buffer), and
-completes the future, or fails it with the error hpcring raised (on every rank alike). It only
-uses the Request's public ``wait()``, so it works however the requests progress. A thread that
-waits on the Work itself (a synchronous collective: ``work.wait()`` right after it is issued)
-waits on the requests directly and finishes the Work, whichever of the two threads gets there
-first, so the caller wakes when the data is there, not one thread switch later.
+by itself (DDP chains its next step on the future and never calls ``wait``). The thread that
+finishes the Work's last request (hpcring's progress thread, `Request.then`) runs what is left
+to do once the data is there (a copy out of a staging buffer) and completes the future, or
+fails it with the error hpcring raised (on every rank alike); a thread that waits on the Work
+itself (a synchronous collective: ``work.wait()`` right after it is issued) waits on the
+requests directly and may finish it first, so the caller wakes when the data is there, not a
+thread switch later. A Work made of other Works waits on them in the group's `Completer`
+thread, in submission order.
 
 At exit every completer is joined (`atexit`, before mpi4py's MPI_Finalize): a daemon thread
 still inside torch's C++ when Python finalizes (completing a future runs its callbacks) would
@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from mpi4py import MPI  # noqa: F401  (imported before the atexit below registers: it runs first)
+
+from ..nonblocking import Request
 
 
 class Work(dist.Work):
@@ -132,8 +134,24 @@ class Completer:
         _running.add(self)
 
     def add(self, work: Work, requests: Sequence[Any], then: Callable[[], None] | None = None) -> Work:
-        """Complete ``work`` once every request in ``requests`` is done and ``then()`` has run."""
+        """Complete ``work`` once every request in ``requests`` is done and ``then()`` has run:
+        hpcring's requests complete it themselves, on the thread that finishes the last of them
+        (`Request.then`: no thread switch to this one); anything else (other Works) in order here."""
         work.attach(requests, then)
+        if requests and all(isinstance(r, Request) for r in requests):
+            left = [len(requests)]
+            counting = threading.Lock()
+
+            def finished(_: Request) -> None:
+                with counting:
+                    left[0] -= 1
+                    last = left[0] == 0
+                if last:
+                    work.complete()
+
+            for request in requests:
+                request.then(finished)
+            return work
         self._jobs.put((work, requests, then))
         return work
 
