@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from helpers import everywhere, raises_everywhere
+from helpers import BACKENDS, everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
@@ -141,6 +141,30 @@ def test_tensors_and_jax_arrays_come_back_as_themselves() -> None:
     ok &= type(got).__module__.startswith("jax") and np.asarray(got).tobytes() == want.tobytes()
     ok &= np.asarray(hpcring.alltoall(jnp.asarray(equal))).tobytes() == want_equal.tobytes()
     ok &= np.asarray(a).tobytes() == x.tobytes()
+    assert everywhere(WORLD, ok)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_device_arrays_go_through_the_gpu_path(backend: str) -> None:
+    """CuPy arrays (skipped without a GPU) as NumPy's: staged through host memory where MPI is
+    not CUDA-aware; every algorithm, equal and uneven blocks."""
+    xp = pytest.importorskip(backend)
+    g, rank = WORLD.size, WORLD.rank
+    sends = uneven_counts(rank, g)
+    recvs = [uneven_counts(i, g)[rank] for i in range(g)]
+    ok = True
+    for uneven in (False, True):
+        counts = sends if uneven else [3] * g
+        host = blocks(rank, counts, (2,), np.dtype(np.float32))
+        want = library(WORLD, host, counts, recvs if uneven else counts)
+        for algorithm in UNEVEN if uneven else EVERY:
+            got = hpcring.alltoall(
+                xp.asarray(host), send_splits=sends if uneven else None, algorithm=algorithm
+            )
+            ok &= (
+                type(got) is type(xp.asarray(host))
+                and np.asarray(got.get() if backend == "cupy" else got).tobytes() == want.tobytes()
+            )
     assert everywhere(WORLD, ok)
 
 
