@@ -432,6 +432,14 @@ class Channel:
         self.finish(self.comm.Ialltoall(np.asarray(sends, dtype=np.int64), out))
         return out.tolist()
 
+    def table(self, row: list[int]) -> np.ndarray:
+        """Every rank's ``row`` of integers (all of one length), by rank (MPI_Iallgather, waited for
+        within the timeout)."""
+        mine = np.asarray(row, dtype=np.int64)
+        out = np.empty((self.size, mine.size), dtype=np.int64)
+        self.finish(self.comm.Iallgather(mine, out))
+        return out
+
     def verdict(self, bad: bool) -> bool:
         """Whether any rank's ``bad`` is true (MPI_Iallreduce under MAX of one integer, waited for
         within the timeout): every rank learns the same answer, so all raise or none."""

@@ -6,10 +6,12 @@ whole. So its signature (what the warm table keys, what the agreement compares) 
 must be the same everywhere (the form, the dtype, the array kind, the algorithm, and the
 elements of one row: equal blocks compare the whole count, uneven ones the row size), and the
 splits travel with each call (`Exchange.plan`, kept per thread). Once the ranks agree, an
-uneven call learns its receive counts by one small exchange (`Channel.counts`: an all-to-all
-of G integers), checks them against ``recv_splits=`` and ``out=`` where given, and the ranks
-agree on that verdict (`Channel.verdict`) before any data moves: a mismatch raises the same
-ValueError on every rank, naming the ranks, with the user's arrays untouched. Everything else
+uneven call learns its receive counts and checks them against ``recv_splits=`` and ``out=``
+where given, before any data moves: up to TABLE_RANKS ranks by one all-gather of every rank's
+splits (`Channel.table`), from which every rank finds the same problems; above, by an
+all-to-all of the counts (`Channel.counts`) and a verdict the ranks agree on
+(`Channel.verdict`). A mismatch raises the same ValueError on every rank, naming the ranks,
+with the user's arrays untouched. Everything else
 (the exclusion, the timeout and StallError naming ranks, the flight record, the compiled
 core's step tables) is the engine's `Call`, unchanged.
 
@@ -46,6 +48,10 @@ CALLER = "hpcring.alltoall"
 _WORLD = MPI.COMM_WORLD
 _SEEN = "seen"
 UNEVEN = -2  # an uneven call's count in the agreement: UNEVEN - (elements of one row)
+# Up to this many ranks an uneven call checks its splits by one all-gather of every rank's (2G+1
+# integers each: G^2 in all); above, by an all-to-all of the counts and a verdict, two rounds of
+# G integers.
+TABLE_RANKS = 64
 
 
 @dataclass(frozen=True)
@@ -166,28 +172,24 @@ class Exchange(Call):
     # -- the data --------------------------------------------------------------------------------
 
     def layout(self, out: Any) -> Layout:
-        """This call's layout; uneven: the receive counts exchanged and checked first, with every
-        rank agreeing on the verdict (module docstring)."""
+        """This call's layout; uneven: the receive counts exchanged and checked first, the same
+        verdict on every rank (module docstring)."""
         if not self.uneven:
             return self.equal_layout
         now, channel, items = self.now, self.channel, self.row_items
         sends, recvs = now.sends, now.recvs
         assert sends is not None
-        if recvs is None or now.check:
-            got = tuple(channel.counts(list(sends))) if channel.size > 1 else sends
-            problem = None
-            if recvs is not None and got != recvs:
-                wrong = [i for i in range(channel.size) if got[i] != recvs[i]]
-                problem = (
-                    f"rank {channel.rank}'s recv_splits do not match what the ranks send it: "
-                    + "; ".join(f"recv_splits[{i}] is {recvs[i]}, rank {i} sends {got[i]}" for i in wrong)
-                )
-            elif out is not None and self.adapter.shape(out)[0] != sum(got):
-                problem = (
-                    f"rank {channel.rank}'s out has {self.adapter.shape(out)[0]} rows, but the "
-                    f"ranks send it {sum(got)} ({list(got)})"
-                )
-            if now.check and channel.size > 1:
+        if channel.size == 1:
+            problem = _problem(channel.rank, sends, recvs, out_rows(self.adapter, out))
+            if problem is not None:
+                raise ValueError(f"{CALLER}: {problem}")
+            recvs = sends
+        elif now.check and channel.size <= TABLE_RANKS:
+            recvs = self.checked(sends, recvs, out)
+        elif recvs is None or now.check:
+            got = tuple(channel.counts(list(sends)))
+            problem = _problem(channel.rank, got, recvs, out_rows(self.adapter, out))
+            if now.check:
                 if channel.verdict(problem is not None):
                     reports = channel.comm.allgather(problem)  # every rank is here: the verdict came
                     raise ValueError(f"{CALLER}: " + "; ".join(r for r in reports if r))
@@ -196,6 +198,27 @@ class Exchange(Call):
             recvs = got
         now.shape = (sum(recvs), *self.rest)
         return Layout.of(tuple(s * items for s in sends), tuple(r * items for r in recvs))
+
+    def checked(self, sends: tuple[int, ...], recvs: tuple[int, ...] | None, out: Any) -> tuple[int, ...]:
+        """The receive counts, from one all-gather of every rank's splits (sends, receives as given
+        or -1, the rows of ``out`` or -1): every rank sees every rank's and finds the same
+        problems, so all raise the same error, or none, without a second exchange."""
+        channel, size = self.channel, self.channel.size
+        mine = [*sends, *(recvs if recvs is not None else [-1] * size), out_rows(self.adapter, out)]
+        table = channel.table(mine)
+        got = tuple(int(table[i][channel.rank]) for i in range(size))
+        problems = []
+        for q in range(size):
+            given = table[q][size : 2 * size]
+            told = None if given[0] < 0 else tuple(int(v) for v in given)
+            arrives = tuple(int(table[i][q]) for i in range(size))
+            rows = int(table[q][2 * size])
+            problem = _problem(q, arrives, told, None if rows < 0 else rows)
+            if problem is not None:
+                problems.append(problem)
+        if problems:
+            raise ValueError(f"{CALLER}: " + "; ".join(problems))
+        return got
 
     def move(self, x: Any, out: Any) -> tuple[Any, Any]:
         """The all-to-all on flat native views; returns (the result's flat view, the user's output)."""
@@ -258,6 +281,26 @@ class Exchange(Call):
 
 
 # ---- checks without communication --------------------------------------------------------------
+
+
+def out_rows(adapter: Adapter, out: Any) -> int:
+    """The rows of ``out`` (-1: no out=)."""
+    return -1 if out is None else int(adapter.shape(out)[0])
+
+
+def _problem(
+    rank: int, arrives: tuple[int, ...], recvs: tuple[int, ...] | None, rows: int | None
+) -> str | None:
+    """What is wrong with rank ``rank``'s receive side, where the ranks send it ``arrives``: its
+    ``recv_splits`` (None: not given) or the ``rows`` of its out= (None or -1: none)."""
+    if recvs is not None and arrives != recvs:
+        wrong = [i for i in range(len(arrives)) if arrives[i] != recvs[i]]
+        return f"rank {rank}'s recv_splits do not match what the ranks send it: " + "; ".join(
+            f"recv_splits[{i}] is {recvs[i]}, rank {i} sends {arrives[i]}" for i in wrong
+        )
+    if rows is not None and rows >= 0 and rows != sum(arrives):
+        return f"rank {rank}'s out has {rows} rows, but the ranks send it {sum(arrives)} ({list(arrives)})"
+    return None
 
 
 def splits(values: Sequence[int], size: int, name: str) -> tuple[int, ...]:

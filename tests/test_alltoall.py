@@ -281,3 +281,28 @@ def test_a_rank_that_never_arrives_is_named(uneven: bool) -> None:
             ok = error.missing == [missing] and timeout - 0.1 <= elapsed <= timeout + 2.0
     assert everywhere(WORLD, ok)
     comm.Free()
+
+
+def test_many_ranks_check_their_splits_in_two_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past TABLE_RANKS ranks the splits travel by an all-to-all of the counts and a verdict
+    instead of one all-gather of every rank's: the same results, the same errors everywhere."""
+    from hpcring import exchange
+
+    monkeypatch.setattr(exchange, "TABLE_RANKS", 1)
+    g, rank = WORLD.size, WORLD.rank
+    sends = uneven_counts(rank, g)
+    recvs = [uneven_counts(i, g)[rank] for i in range(g)]
+    x = blocks(rank, sends, (), np.dtype(np.float64))
+    want = library(WORLD, x, sends, recvs)
+    ok = hpcring.alltoall(x, send_splits=sends).tobytes() == want.tobytes()
+    ok &= hpcring.alltoall(x, send_splits=sends, recv_splits=recvs).tobytes() == want.tobytes()
+    assert everywhere(WORLD, ok)
+    if g > 1:
+        wrong = list(recvs)
+        if rank == g - 1:
+            wrong[0] += 1
+        raises_everywhere(
+            ValueError,
+            f"rank {g - 1}'s recv_splits do not match",
+            lambda: hpcring.alltoall(x, send_splits=sends, recv_splits=wrong),
+        )

@@ -978,6 +978,25 @@ def test_bytes_of_every_collective_equal_their_closed_forms(collective: str) -> 
 
 
 @pytest.mark.mpi
+def test_uneven_all_to_all_rows_against_mpi_alltoallv() -> None:
+    """--uneven: every algorithm that runs uneven blocks beside MPI_Alltoallv, every element right,
+    pairwise's bytes every block but its own; bruck, equal blocks only, is refused by name."""
+    size = COMM.Get_size()
+    status, report = _run([*TINY, "--collective", "alltoall", "--uneven"])
+    rows = (report or {}).get("rows", [])
+    names = {r["algorithm"] for r in rows}
+    ok = status == 0 and names == {"MPI_Alltoallv", "pairwise", "mpi", "auto"}
+    ok = ok and report["header"]["baseline"] == "MPI_Alltoallv"
+    for row in rows:
+        ok = ok and row["wrong"] == 0 and row["bytes_match"]
+        if row["algorithm"] == "pairwise":
+            own = row["count"] * 1 // (size * (size + 1) // 2)  # part[0]: a 1/(1+...+G) share
+            ok = ok and row["bytes_sent_per_rank"] == [(row["count"] - own) * 4] * size
+    assert everywhere(COMM, ok)
+    assert main([*TINY, "--collective", "alltoall", "--uneven", "-a", "bruck"]) == 2
+
+
+@pytest.mark.mpi
 @pytest.mark.parametrize("collective", OTHERS)
 def test_a_wrong_element_of_any_collective_fails_the_run(collective: str) -> None:
     """Rank 0 spoils one element of its result after each checked call: every row counts it, the

@@ -22,7 +22,7 @@ from ..algorithms.tuning import write_tuning
 from ..ops import BFLOAT16, DTYPES, OPS, check_op
 from ..units import format_size, parse_size
 from ..wire import WIDE
-from .collectives import COLLECTIVES
+from .collectives import kind_of
 from .data import sweep
 from .measure import (
     REPRODUCIBLE,
@@ -185,6 +185,12 @@ def build_parser() -> argparse.ArgumentParser:
         "travels is narrowed to WIRE, named ALGORITHM+bf16 or +f16 (dtype float32 or float64)",
     )
     add(
+        "--uneven",
+        action="store_true",
+        help="alltoall: uneven blocks (send_splits=, G sizes in proportion 1:2:...:G), rows against "
+        "MPI_Alltoallv",
+    )
+    add(
         "--framework",
         choices=("torch",),
         help="time the collective four ways side by side instead: hpcring's blocking call, its "
@@ -201,7 +207,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     agree without talking."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    kind = COLLECTIVES[args.collective]
+    if args.uneven and args.collective != algorithms.ALLTOALL:
+        parser.error("--uneven: all-to-all rows only (--collective alltoall)")
+    kind = kind_of(args.collective, args.uneven)
     if args.minbytes > args.maxbytes:
         parser.error(f"minbytes ({args.minbytes}) is larger than maxbytes ({args.maxbytes})")
     name = DTYPE_ALIASES.get(args.dtype, args.dtype)
@@ -246,9 +254,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error("--wire with --tune or --reproducible: measure them apart")
     args.default_algorithms = args.algorithms is None
     known = tuple(algorithms.table(args.collective))
-    given = args.algorithms or ",".join(algorithms.portable(args.collective))
+    portable = algorithms.portable(args.collective)
+    if args.uneven:  # what runs uneven blocks, auto included
+        portable = tuple(a for a in portable if not algorithms.spec(args.collective, a).equal_only)
+    given = args.algorithms or ",".join(portable)
     names = [a.strip() for a in given.split(",") if a.strip()]
     unknown = [a for a in names if a not in known]
+    equal = [
+        a for a in names if a in known and args.uneven and algorithms.spec(args.collective, a).equal_only
+    ]
+    if equal:
+        parser.error(f"--uneven: {', '.join(map(repr, equal))} runs equal blocks only")
     if unknown or not names:
         parser.error(f"unknown algorithm {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
     if args.device == "cpu" and "nccl" in names:
@@ -347,7 +363,7 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
     if rank == 0:
         print(format_header(header), flush=True)
     # The bare library call is measured at every size whatever -a says: it is the footer's yardstick.
-    kind = COLLECTIVES[args.collective]
+    kind = kind_of(args.collective, args.uneven)
     bare = kind.bare
     names = [bare, *args.algorithms]
     if args.reproducible:  # each algorithm's reproducible row right after its plain one
