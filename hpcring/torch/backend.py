@@ -53,11 +53,10 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .. import algorithms, config
+from .. import algorithms, collectives, config, nonblocking
 from ..comm import intracomm
-from ..nonblocking import iallgather, iallreduce, ialltoall, ibroadcast, ireduce_scatter
 from .p2p import P2P, Transfer
-from .work import Completer, Work, done
+from .work import Completer, Finished, Work, done
 
 NAME = "hpcring"
 DEFAULT_ALGORITHM = "ring"
@@ -129,6 +128,31 @@ class Options:
 _default: list[Any] = []  # the default group's Options and communicator, for its subgroups
 
 
+class _Mode(threading.local):
+    inline = False  # this thread's submission runs in the caller (`ProcessGroupHpcring._submit`)
+
+
+_MODE = _Mode()
+
+
+def _started(nonblocking_call: Callable[..., Any], blocking_call: Callable[..., Any]) -> Callable[..., Any]:
+    """hpcring's non-blocking call, or, where the submission runs in the caller, its blocking one."""
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        if _MODE.inline:
+            return Finished(blocking_call, *args, **kwargs)
+        return nonblocking_call(*args, **kwargs)
+
+    return start
+
+
+iallreduce = _started(nonblocking.iallreduce, collectives.allreduce)
+ibroadcast = _started(nonblocking.ibroadcast, collectives.broadcast)
+iallgather = _started(nonblocking.iallgather, collectives.allgather)
+ireduce_scatter = _started(nonblocking.ireduce_scatter, collectives.reduce_scatter)
+ialltoall = _started(nonblocking.ialltoall, collectives.alltoall)
+
+
 class ProcessGroupHpcring(dist.ProcessGroup):
     """A torch process group over an MPI communicator; every collective is hpcring's (see the module).
 
@@ -192,10 +216,21 @@ class ProcessGroupHpcring(dist.ProcessGroup):
         result: list[torch.Tensor],
         start: Callable[[], list[Any]],
         then: Callable[[], None] | None = None,
+        opts: Any = None,
     ) -> Work:
-        """Start hpcring's requests (``start()``) and hand them to the completer, as one Work."""
+        """Start hpcring's requests (``start()``) and hand them to the completer, as one Work.
+
+        Where torch says the caller waits at once (``opts.asyncOp`` False: ``dist.all_reduce``
+        without ``async_op=True``), the collectives run here, in the caller's thread, as
+        hpcring's blocking calls (on the communicator's first duplicate: the progress thread's
+        calls, on the second, never meet them), and the Work comes back done: no thread switch
+        on the way there and back."""
         with self._lock:
-            return self._completer.add(Work(result, name), start(), then)
+            _MODE.inline = opts is not None and getattr(opts, "asyncOp", True) is False
+            try:
+                return self._completer.add(Work(result, name), start(), then)
+            finally:
+                _MODE.inline = False
 
     def _common(self) -> dict[str, Any]:
         return {"comm": self.comm, "check": self.options.check, "timeout": self.timeout}
@@ -211,6 +246,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             tensors,
             lambda: [iallreduce(s.x, op=op, algorithm=algorithm, **self._common()) for s in staged],
             _copy_back(staged),
+            opts,
         )
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
@@ -227,6 +263,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             tensors,
             lambda: [ibroadcast(s.x, root=root, algorithm=algorithm, **self._common()) for s in staged],
             _copy_back(staged),
+            opts,
         )
 
     # -- all-gather ------------------------------------------------------------------------------
@@ -253,7 +290,9 @@ class ProcessGroupHpcring(dist.ProcessGroup):
                 for out, row in zip(outputs, request.wait(), strict=True):
                     _copy_into(out, s.unwords(row))
 
-        return self._submit("allgather", [t for outputs in output_tensors for t in outputs], start, then)
+        return self._submit(
+            "allgather", [t for outputs in output_tensors for t in outputs], start, then, opts
+        )
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         """``all_gather_into_tensor``: every rank's input, in rank order, into one output (FSDP2's
@@ -271,6 +310,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
                 "all_gather_single",
                 [output],
                 lambda: [iallgather(input, out=rows, algorithm=algorithm, **self._common())],
+                opts=opts,
             )
         return self.allgather([list(output.reshape(g, -1).unbind(0))], [input.reshape(-1)], opts)
 
@@ -313,6 +353,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
                 )
             ],
             _copy_back([target]),
+            opts,
         )
 
     _reduce_scatter_base = reduce_scatter_single
@@ -350,6 +391,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             lambda: [
                 iallreduce(one, op="sum", algorithm=self.algorithm[algorithms.ALLREDUCE], **self._common())
             ],
+            opts=opts,
         )
 
     # -- point to point: hpcring.torch.p2p --------------------------------------------------------
@@ -390,6 +432,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
                 for s, out in zip(staged, outs, strict=True)
             ],
             then,
+            opts,
         )
 
     def gather(
@@ -404,7 +447,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
         if self.rank() == root:
             _count(outputs, g, "gather", "output")
             recvs = list(outputs)
-        return self._blocks("gather", sends, recvs, [*outputs])
+        return self._blocks("gather", sends, recvs, [*outputs], opts=opts)
 
     def scatter(
         self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
@@ -418,7 +461,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             _count(inputs, g, "scatter", "input")
             sends = list(inputs)
         recvs: list[torch.Tensor | None] = [target if i == root else None for i in range(g)]
-        return self._blocks("scatter", sends, recvs, [target])
+        return self._blocks("scatter", sends, recvs, [target], opts=opts)
 
     # -- all-to-all ----------------------------------------------------------------------------------
 
@@ -429,7 +472,8 @@ class ProcessGroupHpcring(dist.ProcessGroup):
         g = self.size()
         _count(input_tensors, g, "alltoall", "input")
         _count(output_tensors, g, "alltoall", "output")
-        return self._blocks("alltoall", list(input_tensors), list(output_tensors), list(output_tensors))
+        outputs = list(output_tensors)
+        return self._blocks("alltoall", list(input_tensors), outputs, outputs, opts=opts)
 
     def all_to_all_single(
         self,
@@ -464,9 +508,8 @@ class ProcessGroupHpcring(dist.ProcessGroup):
                 raise ValueError("hpcring backend: all_to_all_single needs tensors with a first dimension")
             ins = _rows(input, sends or [input.shape[0] // g] * g)
             outs = _rows(output, recvs or [output.shape[0] // g] * g)
-            return self._blocks(
-                "all_to_all_single", ins, outs, [output], equal=sends is None and recvs is None
-            )
+            equal = sends is None and recvs is None
+            return self._blocks("all_to_all_single", ins, outs, [output], equal=equal, opts=opts)
         algorithm = self.algorithm[algorithms.ALLTOALL]
         return self._submit(
             "all_to_all_single",
@@ -481,6 +524,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
                     **self._common(),
                 )
             ],
+            opts=opts,
         )
 
     alltoall_base = all_to_all_single
@@ -492,6 +536,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
         recvs: list[torch.Tensor | None],
         result: list[torch.Tensor],
         equal: bool = False,
+        opts: Any = None,
     ) -> Work:
         """One uneven all-to-all of these blocks (None: nothing to or from that rank), packed in rank
         order into one buffer each way and unpacked into ``recvs`` when the data is there. A dtype
@@ -546,6 +591,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             result,
             lambda: [ialltoall(packed, out=unpacked, algorithm=algorithm, **splits, **self._common())],
             then,
+            opts,
         )
 
     # -- barriers ------------------------------------------------------------------------------------

@@ -121,6 +121,26 @@ class Work(dist.Work):
             self._future.set_exception(error)
 
 
+class Finished:
+    """A collective run to its end in the caller's thread: a request that is done, with its result
+    or its error (what `hpcring.nonblocking.Request.wait` gives)."""
+
+    __slots__ = ("error", "result")
+
+    def __init__(self, call: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        try:
+            self.result = call(*args, **kwargs)
+        except BaseException as failed:  # raised by wait(), as a request's is
+            self.error = failed
+
+    def wait(self) -> Any:
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
 _Job = tuple[Work, Sequence[Any], Callable[[], None] | None]
 
 
@@ -138,7 +158,10 @@ class Completer:
         hpcring's requests complete it themselves, on the thread that finishes the last of them
         (`Request.then`: no thread switch to this one); anything else (other Works) in order here."""
         work.attach(requests, then)
-        if requests and all(isinstance(r, Request) for r in requests):
+        if all(isinstance(r, Finished) for r in requests):  # run in the caller: done already
+            work.complete()
+            return work
+        if all(isinstance(r, Request) for r in requests):
             left = [len(requests)]
             counting = threading.Lock()
 
@@ -183,4 +206,4 @@ def done(result: list[torch.Tensor], name: str) -> Work:
     return work
 
 
-__all__ = ["Completer", "Work", "done"]
+__all__ = ["Completer", "Finished", "Work", "done"]
