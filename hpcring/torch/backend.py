@@ -654,9 +654,12 @@ def _op(opts: Any, collective: str) -> str:
     """hpcring's op for torch's ``opts.reduceOp``; NotImplementedError naming any other."""
     reduce_op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
     kind = getattr(reduce_op, "op", reduce_op)
-    for torch_op, name in OPS.items():
-        if kind == torch_op:
-            return name
+    try:
+        name = OPS.get(kind)
+    except TypeError:  # an op torch cannot hash: none of these
+        name = None
+    if name is not None:
+        return name
     raise _unsupported(f"{collective} with op {str(kind).rpartition('.')[2]}")
 
 

@@ -49,12 +49,14 @@ class Work(dist.Work):
         self._result = result
         self._value = result if value is None else value  # what the future holds (a hook's: a tensor)
         self.name = name  # the collective, for messages
-        self._future: torch.futures.Future[Any] = torch.futures.Future()
-        self._done = threading.Event()
+        # Made when asked for: a synchronous collective finished in its caller needs neither
+        self._future: torch.futures.Future[Any] | None = None
+        self._event: threading.Event | None = None
+        self._done = False
         self._error: BaseException | None = None
         self._requests: Sequence[Any] = ()  # hpcring's requests, and what runs once they are done
         self._then: Callable[[], None] | None = None
-        self._finishing = threading.Lock()
+        self._finishing = threading.RLock()  # guards the finish, the event's and the future's making
 
     def attach(self, requests: Sequence[Any], then: Callable[[], None] | None) -> None:
         self._requests, self._then = requests, then
@@ -62,7 +64,7 @@ class Work(dist.Work):
     def complete(self) -> None:
         """Wait for every request (each one, even after a failure: none left running), then run
         what is left to do and finish, once, in whichever thread gets here first."""
-        if self._done.is_set():
+        if self._done:
             return
         error: BaseException | None = None
         for request in self._requests:
@@ -71,35 +73,46 @@ class Work(dist.Work):
             except BaseException as failed:
                 error = error or failed
         with self._finishing:
-            if self._done.is_set():
+            if self._done:
                 return
             if error is None and self._then is not None:
                 try:
                     self._then()
                 except BaseException as failed:
                     error = failed
-            self.finish(error)
+            self._finish(error)
 
     def wait(self, timeout: timedelta | None = None) -> bool:
         """Block until the collective is done; raise its error. ``timeout`` (torch's; 0 or None:
         none) bounds this wait only: hpcring's own timeout bounds the collective."""
-        seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else None
-        if not seconds and self._requests:
-            self.complete()  # this thread waits on the requests itself
-        if not self._done.wait(seconds if seconds else None):
-            raise TimeoutError(f"hpcring backend: {self.name} not done after {seconds:g} s")
+        if not self._done:
+            seconds = timeout.total_seconds() if isinstance(timeout, timedelta) else None
+            if not seconds and self._requests:
+                self.complete()  # this thread waits on the requests itself
+            if not self._done:
+                with self._finishing:
+                    event = self._event = self._event or threading.Event()
+                    if self._done:
+                        event.set()
+                if not event.wait(seconds if seconds else None):
+                    raise TimeoutError(f"hpcring backend: {self.name} not done after {seconds:g} s")
         if self._error is not None:
             raise self._error
         return True
 
     def get_future(self) -> torch.futures.Future[Any]:
-        return self._future
+        with self._finishing:
+            if self._future is None:
+                self._future = torch.futures.Future()
+                if self._done:
+                    self._settle(self._future)
+            return self._future
 
     def is_completed(self) -> bool:
-        return self._done.is_set()
+        return self._done
 
     def is_success(self) -> bool:
-        return self._done.is_set() and self._error is None
+        return self._done and self._error is None
 
     def exception(self) -> BaseException | None:
         return self._error
@@ -112,13 +125,23 @@ class Work(dist.Work):
         self.wait()
 
     def finish(self, error: BaseException | None) -> None:
-        """The Completer's: the data is there (or ``error``): wake waiters, complete the future."""
+        """The data is there (or ``error``): wake waiters, complete the future."""
+        with self._finishing:
+            self._finish(error)
+
+    def _finish(self, error: BaseException | None) -> None:
         self._error = error
-        self._done.set()
-        if error is None:
-            self._future.set_result(self._value)
+        self._done = True
+        if self._event is not None:
+            self._event.set()
+        if self._future is not None:
+            self._settle(self._future)
+
+    def _settle(self, future: torch.futures.Future[Any]) -> None:
+        if self._error is None:
+            future.set_result(self._value)
         else:
-            self._future.set_exception(error)
+            future.set_exception(self._error)
 
 
 class Finished:
