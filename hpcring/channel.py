@@ -392,6 +392,9 @@ class Channel:
     def alltoall(self, src: Any, dst: Any) -> None:
         """MPI_Alltoall of raw bytes: block i of ``src`` to rank i, rank i's block into row i of ``dst``."""
         self.traffic.unknown = True
+        if self._host:  # NumPy: MPI reads and writes the arrays themselves, no view to set up
+            self.comm.Alltoall(_raw(src), _raw(dst))
+            return
         view = self.adapter.mpi_view
         with (
             view(src, copy_in=True, copy_out=False, slot=0) as s,

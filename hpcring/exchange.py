@@ -235,7 +235,11 @@ class Exchange(Call):
             tracer.begin(ALLTOALL, self.ran or self.options.algorithm, channel, src, dst)
         if channel.size > 1 and (self.uneven or src.size):  # uneven: a rank with nothing still meets
             spec = self.spec if self.settled else self.settle(-1 if self.uneven else src.nbytes)
-            compiled = self.compiled_for(spec, src, dst, layout) if not tracer.on else False
+            compiled = self.compiled if kernels.ACTIVE == "c" and not tracer.on else False
+            if compiled is None or (compiled is not False and self.uneven):
+                compiled = self.compiled_for(spec, src, dst, layout)  # by the layout: uneven ones vary
+                if not self.uneven and compiled is not None:  # equal blocks: one for the signature
+                    self.compiled = compiled
             if not (compiled and compiled.run(src, dst, channel.timeout)):
                 spec.run(channel, src, dst, layout)
         elif dst.size:  # one rank: its own block only

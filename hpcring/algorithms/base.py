@@ -152,11 +152,7 @@ class Layout:
     send_displs: tuple[int, ...]
     recv_counts: tuple[int, ...]
     recv_displs: tuple[int, ...]
-
-    @property
-    def equal(self) -> bool:
-        """Every block the same size (MPI_Alltoall's layout)."""
-        return len(set(self.send_counts) | set(self.recv_counts)) <= 1
+    equal: bool = field(default=False, compare=False)  # every block the same size: MPI_Alltoall's
 
     @property
     def block(self) -> int:
@@ -168,12 +164,13 @@ class Layout:
         """Equal blocks of ``block`` elements for ``size`` ranks, in rank order."""
         displs = tuple(i * block for i in range(size))
         counts = (block,) * size
-        return Layout(counts, displs, counts, displs)
+        return Layout(counts, displs, counts, displs, True)
 
     @staticmethod
     def of(sends: tuple[int, ...], recvs: tuple[int, ...]) -> Layout:
         """The layout of blocks of these counts, packed in rank order on both sides."""
-        return Layout(tuple(sends), _displs(sends), tuple(recvs), _displs(recvs))
+        equal = len(set(sends) | set(recvs)) <= 1
+        return Layout(tuple(sends), _displs(sends), tuple(recvs), _displs(recvs), equal)
 
 
 def _displs(counts: tuple[int, ...]) -> tuple[int, ...]:
