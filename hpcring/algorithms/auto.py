@@ -88,8 +88,9 @@ def default(collective: str, nbytes: int, size: int) -> str:
 
 # The all-to-all's uneven form (send_splits=): the ranks' sizes differ, so no size can choose
 # (ranks that chose differently would run different algorithms, and hang). One choice for every
-# size: the library's own MPI_Alltoallv, which measured ahead of pairwise at 2 and 4 ranks here.
-UNEVEN = "mpi"
+# size: pairwise, ahead of the library's own MPI_Alltoallv through hpcring (`mpi`) at 4 ranks
+# from 64 KiB to 4 MiB per rank here (bench --uneven, docs/collectives.md).
+UNEVEN = "pairwise"
 
 
 def choose_alltoall(ch: Channel, nbytes: int, in_place: bool, known: Sequence[str] | None) -> str:
