@@ -3,10 +3,12 @@
 `register()` (run by ``import hpcring.torch``) makes ``"hpcring"`` a backend name for the cpu
 and cuda devices, so ``torch.distributed.init_process_group("hpcring")`` builds a
 `ProcessGroupHpcring`, and DDP, FSDP2 (``fully_shard``) and the object collectives run on it
-with no hook. Each collective is one of hpcring's non-blocking ones (`hpcring.nonblocking`) on
-the group's communicator, so every one of them runs on hpcring's progress thread, in the
-order issued, and ``async_op=True`` returns at once while the data moves; the group's
-`Completer` completes the torch Work when the data is there. hpcring's guarantees come along:
+with no hook. Each asynchronous collective is one of hpcring's non-blocking ones
+(`hpcring.nonblocking`) on the group's communicator, so it runs on hpcring's progress thread, in
+the order issued, and ``async_op=True`` returns at once while the data moves; the torch Work
+completes when the data is there (`hpcring.torch.work`). One torch waits for at once
+(``opts.asyncOp`` False) runs in the caller as hpcring's blocking call instead (`_submit`).
+hpcring's guarantees come along:
 the ranks agree on each call before data moves (a mismatch raises on every rank), and a rank
 that does not arrive within the group's timeout is a `hpcring.StallError` naming it.
 
