@@ -1,7 +1,8 @@
 """hpcring: gradient all-reduce and the collectives around it over MPI, the textbook algorithms
 side by side with the library's own.
 
-This module is the public face only (`allreduce`, `reduce_scatter`, `allgather`, `broadcast`, their
+This module is the public face only (`allreduce`, `reduce_scatter`, `allgather`, `broadcast`,
+`alltoall`, their
 non-blocking forms, `plan`, `ExactSum`, `GradientSync`, `Intracomm`, `trace`, `info`...); the work
 is in the submodules, and the names that need MPI load on first use.
 """
@@ -19,10 +20,10 @@ from .tracing import trace
 if TYPE_CHECKING:
     from . import elastic
     from .accumulator import ExactSum
-    from .collectives import allgather, allreduce, broadcast, reduce_scatter
+    from .collectives import allgather, allreduce, alltoall, alltoall_splits, broadcast, reduce_scatter
     from .elastic import shrink
     from .gpu import select_device
-    from .nonblocking import Request, iallgather, iallreduce, ibroadcast, ireduce_scatter
+    from .nonblocking import Request, iallgather, iallreduce, ialltoall, ibroadcast, ireduce_scatter
     from .persistent import Plan, plan
     from .training import GradientSync
     from .wrap import Intracomm
@@ -36,10 +37,13 @@ _LAZY = {
     "reduce_scatter": "collectives",
     "allgather": "collectives",
     "broadcast": "collectives",
+    "alltoall": "collectives",
+    "alltoall_splits": "collectives",
     "iallreduce": "nonblocking",
     "ireduce_scatter": "nonblocking",
     "iallgather": "nonblocking",
     "ibroadcast": "nonblocking",
+    "ialltoall": "nonblocking",
     "Request": "nonblocking",
     "plan": "persistent",
     "Plan": "persistent",
@@ -117,10 +121,13 @@ __all__ = [
     "aborting",
     "allgather",
     "allreduce",
+    "alltoall",
+    "alltoall_splits",
     "broadcast",
     "elastic",
     "iallgather",
     "iallreduce",
+    "ialltoall",
     "ibroadcast",
     "info",
     "ireduce_scatter",

@@ -37,7 +37,7 @@ from . import algorithms, config, core, kernels, tracing
 from . import wire as wires
 from .agreement import NO_PAYLOAD, REPRODUCIBLE, Payload, Row, payload_descriptor
 from .agreement import collective as agreement_collective
-from .algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER, Spec
+from .algorithms import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCE_SCATTER, Spec
 from .arrays import NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
 from .comm import CommState, intracomm, known_state, state_of
@@ -55,9 +55,15 @@ WARM_CALLS = 256  # kinds of call remembered per communicator
 PROGRAMS = 256  # compiled programs kept per channel (`Call.compile`)
 _SEEN = "seen"  # a program's kind was seen once: recorded the next time
 # How a collective's run function is called (`hpcring.algorithms.base`): (ch, src, dst, op),
-# (ch, src, dst) or (ch, buf, root).
-REDUCING, GATHERING, ROOTED = "reducing", "gathering", "rooted"
-FORMS = {ALLREDUCE: REDUCING, REDUCE_SCATTER: REDUCING, ALLGATHER: GATHERING, BROADCAST: ROOTED}
+# (ch, src, dst), (ch, buf, root) or, the all-to-all's (`hpcring.exchange`), (ch, src, dst, layout).
+REDUCING, GATHERING, ROOTED, EXCHANGING = "reducing", "gathering", "rooted", "exchanging"
+FORMS = {
+    ALLREDUCE: REDUCING,
+    REDUCE_SCATTER: REDUCING,
+    ALLGATHER: GATHERING,
+    BROADCAST: ROOTED,
+    ALLTOALL: EXCHANGING,
+}
 _WORLD = MPI.COMM_WORLD
 _serialized = threading.Lock()  # under MPI_THREAD_SERIALIZED, one MPI call at a time in all
 
@@ -740,7 +746,7 @@ def _ready_gathered(adapter: Adapter) -> Callable[[Any, Any], bool]:
     return ready
 
 
-_READY[REDUCE_SCATTER] = _READY[ALLGATHER] = _ready_gathered
+_READY[REDUCE_SCATTER] = _READY[ALLGATHER] = _READY[ALLTOALL] = _ready_gathered
 
 
 # ---- validation: one place, through the adapter ----------------------------------------------
@@ -973,6 +979,9 @@ def _offset_inside(part: np.ndarray, whole: np.ndarray) -> int | None:
 call = core.caller(call)
 
 __all__ = [
+    "EXCHANGING",
+    "FORMS",
+    "WARM_CALLS",
     "Call",
     "Options",
     "call",

@@ -412,6 +412,8 @@ _RECORDERS: dict[str, Callable[..., None]] = {
     "reduce_scatter": _library("MPI_Reduce_scatter", 1),
     "allgather": _library("MPI_Allgather", 1),
     "broadcast": _library("MPI_Bcast", 0),
+    "alltoall": _library("MPI_Alltoall", 1),
+    "alltoallv": _library("MPI_Alltoallv", 3),
 }
 
 

@@ -169,6 +169,10 @@ EXAMPLE_TESTS = {
     "zero": "test_zero.py",  # with and without --reproducible, at 1-4 ranks
     "cg": "test_wrap_examples.py",  # with and without --hpcring
     "nbody": "test_wrap_examples.py",
+    "torch_pipeline": "test_strategy_examples.py",  # each matching gloo, in-process under mpiexec
+    "torch_tensor": "test_strategy_examples.py",
+    "torch_moe": "test_strategy_examples.py",
+    "torch_2d": "test_strategy_examples.py",
 }
 
 

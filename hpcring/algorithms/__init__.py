@@ -14,10 +14,11 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
-from .base import Phase, Spec
+from .base import Layout, Phase, Spec
 
 ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BROADCAST = "allreduce", "reduce_scatter", "allgather", "broadcast"
-COLLECTIVES = (ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BROADCAST)
+ALLTOALL = "alltoall"
+COLLECTIVES = (ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BROADCAST, ALLTOALL)
 
 # Where each Spec lives ("module:NAME" in this package): a module is imported when one of its
 # Specs is first asked for (`spec`, `table`), so a code that only ever runs `mpi` never loads the
@@ -53,6 +54,12 @@ _WHERE: dict[str, dict[str, str]] = {
         "binomial": "binomial:BROADCAST",
         "mpi": "mpi:BROADCAST",
         "auto": "auto:BROADCAST",
+    },
+    ALLTOALL: {
+        "pairwise": "pairwise:ALLTOALL",
+        "bruck": "bruck:ALLTOALL",
+        "mpi": "mpi:ALLTOALL",
+        "auto": "auto:ALLTOALL",
     },
 }
 # The choosers among them: they pick another algorithm of the table and run nothing themselves.
@@ -137,6 +144,12 @@ def choices(collective: str = ALLREDUCE) -> tuple[str, ...]:
     )
 
 
+def uneven(collective: str = ALLTOALL) -> tuple[str, ...]:
+    """What a chooser may choose for an all-to-all of uneven blocks (send_splits=): the choices
+    that do not run equal blocks only."""
+    return tuple(name for name in choices(collective) if not table(collective)[name].equal_only)
+
+
 def priced(s: Spec, count: int, itemsize: int, size: int) -> Spec:
     """The Spec whose formulas stand for ``s``: a chooser's (auto's) untuned default choice for
     ``count`` elements on ``size`` ranks, else ``s`` itself."""
@@ -175,12 +188,14 @@ PORTABLE: tuple[str, ...] = portable(ALLREDUCE)
 __all__ = [
     "ALLGATHER",
     "ALLREDUCE",
+    "ALLTOALL",
     "BASELINES",
     "BROADCAST",
     "CHOOSERS",
     "COLLECTIVES",
     "PORTABLE",
     "REDUCE_SCATTER",
+    "Layout",
     "Phase",
     "Spec",
     "bytes_sent",
@@ -191,5 +206,6 @@ __all__ = [
     "scratch_bytes",
     "spec",
     "table",
+    "uneven",
     "unregister",
 ]

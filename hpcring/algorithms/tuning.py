@@ -59,6 +59,11 @@ DEFAULTS: dict[str, tuple[tuple[tuple[int | None, str], ...], ...]] = {
     "reduce_scatter": (DEFAULT, DEFAULT_NOT_POWER_OF_TWO, ((32 << 10, "mpi"), (None, "ring"))),
     "allgather": (DEFAULT, DEFAULT_NOT_POWER_OF_TWO, ((32 << 10, "mpi"), (None, "ring"))),
     "broadcast": (((64 << 10, "mpi"), (None, "ring")),) * 3,
+    # Bruck's log2 G messages for blocks that small (they pay at many ranks; at 2 and 4 ranks on
+    # one node Bruck and pairwise measured within the noise of each other up to 16 KiB), then
+    # pairwise, which sends the least: ahead of the library's own through hpcring (`mpi`) from
+    # 64 KiB to 16 MiB at 2 and 4 ranks here (docs/collectives.md)
+    "alltoall": ((((1 << 10), "bruck"), (None, "pairwise")),) * 3,
 }
 FORMAT = 1
 

@@ -24,7 +24,7 @@ from ..ops import OPS, bfloat16, check_op, is_bfloat16
 from ..units import format_size, parse_size
 from ..wire import WIDE
 from . import steploop
-from .collectives import COLLECTIVES
+from .collectives import kind_of
 from .data import sweep
 from .measure import (
     REPRODUCIBLE,
@@ -57,6 +57,8 @@ from .startup import describe as describe_startup
 from .startup import first_call
 
 # nccl-tests names for dtypes and ops, accepted beside NumPy's and hpcring's own.
+# What --framework torch times in (the dtypes torch and hpcring share, by NumPy's names)
+TORCH_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "complex64", "complex128")
 DTYPE_ALIASES = {
     "half": "float16",
     "float": "float32",
@@ -203,6 +205,19 @@ def build_parser() -> argparse.ArgumentParser:
     add("--work-us", type=_positive(float, 0.0), default=50.0, help="--step-loop: work per step (50)")
     add("--late-us", type=_positive(float, 0.0), default=100.0, help="--step-loop: one rank's extra (100)")
     add("--busy", type=_positive(int, 0), default=1, help="--step-loop: spinning processes beside (1)")
+    add(
+        "--uneven",
+        action="store_true",
+        help="alltoall: uneven blocks (send_splits=, G sizes in proportion 1:2:...:G), rows against "
+        "MPI_Alltoallv",
+    )
+    add(
+        "--framework",
+        choices=("torch",),
+        help="time the collective four ways side by side instead: hpcring's blocking call, its "
+        "non-blocking one waited for, torch.distributed on the hpcring backend, and on gloo "
+        "(needs PyTorch; -a names the one algorithm)",
+    )
     add("--json", metavar="FILE", help="write header and every row to FILE")
     add("--plot", metavar="FILE.png", help="plot busbw vs size to FILE.png (needs matplotlib)")
     return parser
@@ -213,7 +228,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     agree without talking."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    kind = COLLECTIVES[args.collective]
+    if args.uneven and args.collective != algorithms.ALLTOALL:
+        parser.error("--uneven: all-to-all rows only (--collective alltoall)")
+    kind = kind_of(args.collective, args.uneven)
     if args.minbytes > args.maxbytes:
         parser.error(f"minbytes ({args.minbytes}) is larger than maxbytes ({args.maxbytes})")
     name = DTYPE_ALIASES.get(args.dtype, args.dtype)
@@ -240,6 +257,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--{option}: all-reduce rows only (hpcring.{kind.name} has no {option}=)")
     if args.in_place and kind.in_place_only:
         parser.error(f"--in-place: the {kind.title} is always in place")
+    if args.in_place and kind.out_of_place_only:
+        parser.error(f"--in-place: the {kind.title} has no in-place form")
     if args.in_place and args.tune and not kind.in_place_tables:
         parser.error(f"--in-place with --tune: auto keeps one {kind.title} table, for both placements")
     if args.reproducible:
@@ -256,9 +275,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error("--wire with --tune or --reproducible: measure them apart")
     args.default_algorithms = args.algorithms is None
     known = tuple(algorithms.table(args.collective))
-    given = args.algorithms or ",".join(algorithms.portable(args.collective))
+    portable = algorithms.portable(args.collective)
+    if args.uneven:  # what runs uneven blocks, auto included
+        portable = tuple(a for a in portable if not algorithms.spec(args.collective, a).equal_only)
+    given = args.algorithms or ",".join(portable)
     names = [a.strip() for a in given.split(",") if a.strip()]
     unknown = [a for a in names if a not in known]
+    equal = [
+        a for a in names if a in known and args.uneven and algorithms.spec(args.collective, a).equal_only
+    ]
+    if equal:
+        parser.error(f"--uneven: {', '.join(map(repr, equal))} runs equal blocks only")
     if unknown or not names:
         parser.error(f"unknown algorithm {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
     if args.device == "cpu" and "nccl" in names:
@@ -272,6 +299,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"no size between minbytes and maxbytes holds {whole}")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib (pip install -e '.[bench]' in hpcring's clone)")
+    if args.framework is not None:
+        if importlib.util.find_spec("torch") is None:
+            parser.error("--framework torch needs PyTorch (pip install -e '.[torch]' in hpcring's clone)")
+        if args.dtype.name not in TORCH_DTYPES:
+            parser.error(f"--framework torch: dtype one of {', '.join(TORCH_DTYPES)}")
+        for option in ("json", "plot", "tune", "reproducible", "wire", "in_place", "no_agree"):
+            if getattr(args, option):
+                parser.error(f"--framework torch prints its own table: no --{option.replace('_', '-')}")
     return args
 
 
@@ -330,6 +365,10 @@ def main(
     if args.step_loop:
         steploop.run(args, comm)
         return 0
+    if args.framework is not None:  # four ways side by side (hpcring.bench.framework)
+        from . import framework
+
+        return framework.main(args, comm)
 
     # From here on every rank runs the same collectives in the same order.
     dev = device_for(args.device, comm)
@@ -358,7 +397,7 @@ def main(
     if rank == 0:
         print(format_header(header), flush=True)
     # The bare library call is measured at every size whatever -a says: it is the footer's yardstick.
-    kind = COLLECTIVES[args.collective]
+    kind = kind_of(args.collective, args.uneven)
     bare = kind.bare
     names = [bare, *args.algorithms]
     if args.reproducible:  # each algorithm's reproducible row right after its plain one
