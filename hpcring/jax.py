@@ -136,17 +136,11 @@ def _lowering(collective: str) -> Any:
             raise RuntimeError(f"hpcring.jax: the FFI target is not there ({why})")
         args, key = _site_args(collective, params)
         number = jax_ffi.site(module, collective, args, key)
-        # Over the operand where XLA finds it dead (not a function argument: see the docstring)
-        alias = collective == BROADCAST or (collective == ALLREDUCE and not isinstance(x, _block_argument()))
+        # over its operand where that costs no copy
+        alias = collective in (ALLREDUCE, BROADCAST) and jax_ffi.reusable(x)
         return jax_ffi.lower(ctx, x, number=number, alias=alias)
 
     return rule
-
-
-def _block_argument() -> type:
-    from jax.extend.mlir import ir
-
-    return ir.BlockArgument
 
 
 _LOWERED: set[tuple[str, str]] = set()
@@ -165,7 +159,9 @@ def _register_lowerings() -> None:
     ):
         for platform in platforms:
             if (made.name, platform) not in _LOWERED:
-                mlir.register_lowering(made, _lowering(collective), platform=platform)
+                # Not cacheable: a cached lowering is built in a function of its own and then
+                # inlined, where its token could not join the chain of the block it lands in.
+                mlir.register_lowering(made, _lowering(collective), platform=platform, cacheable=False)
                 _LOWERED.add((made.name, platform))
 
 

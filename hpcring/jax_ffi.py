@@ -154,6 +154,21 @@ def site(module: Any, collective: str, args: tuple[Any, ...], key: tuple[Any, ..
     return number
 
 
+def reusable(x: Any) -> bool:
+    """Whether a result may be written over operand ``x``: a value the program computed (XLA
+    copies it first only where it is still needed), or an argument the caller donated. Any other
+    argument is written to a new buffer, as a copy of it would cost more."""
+    from jax.extend.mlir import ir
+
+    if not isinstance(x, ir.BlockArgument):
+        return True
+    owner = x.owner.owner
+    if owner.operation.name != "func.func" or "arg_attrs" not in owner.attributes:
+        return False
+    attrs = owner.attributes["arg_attrs"][x.arg_number]
+    return "tf.aliasing_output" in attrs or "jax.buffer_donor" in attrs
+
+
 def lower(ctx: Any, x: Any, *, number: int, alias: bool) -> list[Any]:
     """The custom call of site ``number`` on ``x``, chained to the previous one of this block."""
     import jax

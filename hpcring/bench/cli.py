@@ -182,6 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="beside each algorithm's row (but mpi's and nccl's), one of allreduce(wire=WIRE): what "
         "travels is narrowed to WIRE, named ALGORITHM+bf16 or +f16 (dtype float32 or float64)",
     )
+    add(
+        "--framework",
+        choices=("jax",),
+        help="jax: time a jax.jit step holding hpcring.jax.allreduce beside the same step with "
+        "mpi4jax's (where installed); -a default auto, float dtypes (docs/frameworks.md)",
+    )
     add("--json", metavar="FILE", help="write header and every row to FILE")
     add("--plot", metavar="FILE.png", help="plot busbw vs size to FILE.png (needs matplotlib)")
     return parser
@@ -233,6 +239,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--wire: applies to dtype float32 or float64, not {args.dtype.name}")
         if args.tune or args.reproducible:
             parser.error("--wire with --tune or --reproducible: measure them apart")
+    if args.framework is not None:
+        _framework_args(parser, args)
     args.default_algorithms = args.algorithms is None
     known = tuple(algorithms.table(args.collective))
     given = args.algorithms or ",".join(algorithms.portable(args.collective))
@@ -252,6 +260,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib (pip install -e '.[bench]' in hpcring's clone)")
     return args
+
+
+def _framework_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--framework: an all-reduce of floats in a jitted step, none of the sweep's extras."""
+    if args.collective != algorithms.ALLREDUCE or args.op != "sum":
+        parser.error("--framework: the all-reduce with op sum only")
+    if args.dtype.kind not in "fV":
+        parser.error(f"--framework: a float dtype, not {args.dtype.name}")
+    extras = {"--tune": args.tune, "--reproducible": args.reproducible, "--wire": args.wire is not None}
+    extras |= {"--in-place": args.in_place, "--no-agree": args.no_agree, "--json": bool(args.json)}
+    extras |= {"--plot": bool(args.plot), "--device gpu": args.device == "gpu"}
+    given = [flag for flag, on in extras.items() if on]
+    if given:
+        parser.error(f"--framework: {', '.join(given)} apply to the sweep, not to the jitted step")
+    if args.algorithms is None:
+        args.algorithms = "auto"
+    if importlib.util.find_spec("jax") is None:
+        parser.error("--framework jax needs JAX (pip install -e '.[jax]' in hpcring's clone)")
 
 
 def _baselines(args: argparse.Namespace, comm: MPI.Intracomm, dev: Device) -> dict[str, str]:
@@ -300,6 +326,10 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         corrupt_rank = config.current().bench_corrupt
 
     # From here on every rank runs the same collectives in the same order.
+    if args.framework == "jax":
+        from .frameworks import run
+
+        return run(args, comm)
     dev = device_for(args.device, comm)
     if not isinstance(dev, str) and dev.name == "gpu" and args.dtype == BFLOAT16:
         dev = "bfloat16 is ml_dtypes' NumPy dtype, CuPy has none: run it with --device cpu"
