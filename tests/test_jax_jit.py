@@ -252,12 +252,45 @@ def test_a_donated_operand_is_written_in_place() -> None:
     y = jnp.arange(1024.0)
     kept = jax.jit(lambda a: hj.allreduce(a, comm=self_))(y)
     assert kept.unsafe_buffer_pointer() != y.unsafe_buffer_pointer()
-    assert np.array_equal(np.asarray(y), np.arange(1024.0)) and np.array_equal(np.asarray(kept), np.asarray(y))
+    assert np.array_equal(np.asarray(y), np.arange(1024.0)) and np.array_equal(
+        np.asarray(kept), np.asarray(y)
+    )
+
+
+@pytest.mark.mpi
+def test_the_bench_times_the_jitted_step() -> None:
+    """python -m hpcring.bench --framework jax: a row per size, each result checked, exit 0."""
+    from hpcring.bench import main
+
+    assert main(["--framework", "jax", "-b", "1K", "-e", "4K", "-f", "4", "-n", "3", "-w", "1"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--collective", "broadcast"], "--framework: the all-reduce with op sum only"),
+        (["-d", "int32"], "--framework: a float dtype, not int32"),
+        (["--tune", "--no-agree"], "--framework: --tune, --no-agree apply to the sweep"),
+    ],
+)
+def test_the_bench_refuses_what_the_jitted_step_has_no_use_for(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hpcring.bench import main
+
+    assert main(["--framework", "jax", *argv]) == 2
+    assert said in capsys.readouterr().err
 
 
 def test_info_says_which_path_runs(monkeypatch: pytest.MonkeyPatch) -> None:
-    """hpcring.info()["jax"]: "ffi" where the target built, "callback" and why otherwise."""
+    """hpcring.info()["jax"]: "ffi" where the target built, "callback" and why otherwise. CI sets
+    HPCRING_REQUIRE_CORE=1: there the target must have built (JAX is installed)."""
+    import os
+
     from hpcring.jax_ffi import describe
+
+    if os.environ.get("HPCRING_REQUIRE_CORE") == "1":
+        assert FFI, f"HPCRING_REQUIRE_CORE=1, but hpcring.jax has no FFI target: {jax_ffi.target()[1]}"
 
     monkeypatch.setattr(jax_ffi, "_STATE", [])
     monkeypatch.setenv("HPCRING_JAX", "callback")

@@ -163,7 +163,8 @@ static hr_jax_status hr_jax_run(int64_t site, int dtype, int rank, const int64_t
         break;
     case K_BROADCAST: /* in place on the result, the operand copied there first */
         xa = view(dtype, y_rank, y_dims, y, true);
-        if (xa && !aliased) memcpy(y, x, (size_t)PyArray_NBYTES((PyArrayObject *)xa));
+        if (xa && !aliased && PyArray_NBYTES((PyArrayObject *)xa) > 0)
+            memcpy(y, x, (size_t)PyArray_NBYTES((PyArrayObject *)xa));
         break;
     default:
         PyErr_SetString(PyExc_ValueError, "hpcring.jax: unknown collective kind");
@@ -300,11 +301,12 @@ PyMODINIT_FUNC PyInit__jax_ffi(void) {
         XLA_FFI_Error_Code_ABORTED, "UNIMPLEMENTED", XLA_FFI_Error_Code_UNIMPLEMENTED, "INTERNAL",
         XLA_FFI_Error_Code_INTERNAL);
     PyObject *api = PyCapsule_New(reinterpret_cast<void *>(&hr_jax_run), "hpcring._jax_ffi.run", NULL);
-    if (types == NULL || codes == NULL || api == NULL || PyModule_AddObject(m, "XLA_TYPES", types) < 0 ||
-        PyModule_AddObject(m, "ERROR_CODES", codes) < 0 || PyModule_AddObject(m, "RUN", api) < 0) {
-        Py_XDECREF(types);
-        Py_XDECREF(codes);
-        Py_XDECREF(api);
+    int bad = types == NULL || codes == NULL || api == NULL || PyModule_AddObjectRef(m, "XLA_TYPES", types) < 0 ||
+              PyModule_AddObjectRef(m, "ERROR_CODES", codes) < 0 || PyModule_AddObjectRef(m, "RUN", api) < 0;
+    Py_XDECREF(types);
+    Py_XDECREF(codes);
+    Py_XDECREF(api);
+    if (bad) {
         Py_DECREF(m);
         return NULL;
     }
@@ -317,10 +319,12 @@ PyMODINIT_FUNC PyInit__jax_ffi(void) {
 /* ============================================================================================ */
 #include <cuda_runtime_api.h>
 
-static hr_jax_run_fn run_on_host;
+#include <mutex>
 
-/* Pinned host memory for one call's staging, kept and grown (one buffer pair per process: calls
- * on one device run one at a time, as the CPU handler's do). */
+static hr_jax_run_fn run_on_host;
+static std::mutex staging_lock; /* one call at a time through the staging buffers */
+
+/* Pinned host memory for one call's staging, kept and grown (one buffer pair per process). */
 struct Staging {
     void *x = nullptr, *y = nullptr;
     size_t xn = 0, yn = 0;
@@ -343,6 +347,7 @@ static ffi::Error cuda_failed(const char *what, cudaError_t rc) {
 static ffi::Error collective_cuda(cudaStream_t stream, ffi::AnyBuffer x, ffi::Token, ffi::Result<ffi::AnyBuffer> y,
                                   ffi::Result<ffi::Token>, int64_t site) {
     static Staging staging;
+    std::lock_guard<std::mutex> hold(staging_lock);
     if (run_on_host == nullptr) return ffi::Error(ffi::ErrorCode::kFailedPrecondition, "hpcring.jax (CUDA): not set up");
     size_t xn = x.size_bytes(), yn = y->size_bytes();
     bool aliased = x.untyped_data() == y->untyped_data();
