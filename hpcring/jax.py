@@ -43,7 +43,7 @@ from mpi4py import MPI
 
 from . import jax_callback, jax_ffi
 from .algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER, choices
-from .comm import intracomm
+from .comm import intracomm, known_state, state_of
 from .ops import op_name
 from .partition import segment
 
@@ -289,8 +289,16 @@ batching.primitive_batchers[reduce_scatter_p] = _reduce_scatter_batch
 
 
 def _bind(made: Primitive, x: Any, **params: Any) -> jax.Array:
+    """Bind a primitive, after making hpcring's duplicate of the communicator now, while tracing:
+    in program order, on the thread that traces, as a first call outside jit makes it, so that
+    no compiled program ever runs a collective on the user's communicator (a first call from
+    inside one would, on XLA's thread, beside the user's own calls)."""
     _register_lowerings()
-    return made.bind(jnp.asarray(x), comm=_Comm(params.pop("comm")), **params)
+    comm = params.pop("comm")
+    plain = intracomm(comm, f"hpcring.jax.{made.name.removeprefix('hpcring_')}")
+    if known_state(plain) is None:
+        state_of(plain)
+    return made.bind(jnp.asarray(x), comm=_Comm(comm), **params)
 
 
 def allreduce(

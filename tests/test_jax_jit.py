@@ -229,8 +229,9 @@ def test_a_stall_inside_jit_names_the_rank(monkeypatch: pytest.MonkeyPatch) -> N
 @pytest.mark.mpi
 @needs_ffi
 def test_the_first_call_on_a_fresh_communicator() -> None:
-    """A jitted call is the first hpcring call a communicator sees: the first call's path (its
-    duplicate made, the agreement) runs from inside XLA, and the result is right, twice."""
+    """A jitted call is the first hpcring call a communicator sees: its duplicate is made while
+    tracing, the first call's path (validation, agreement, auto's choice) runs inside XLA's
+    call, and the result is right, twice."""
     comm = WORLD.Dup()
     call = jax.jit(lambda a: hj.allreduce(a, op="mean", comm=comm))
     x = jnp.asarray(values(RANK, "float64"))
