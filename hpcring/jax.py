@@ -42,7 +42,7 @@ from jax.interpreters import ad, batching, mlir, xla
 from mpi4py import MPI
 
 from . import jax_callback, jax_ffi
-from .algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER, choices
+from .algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER, table
 from .comm import intracomm, known_state, state_of
 from .ops import op_name
 from .partition import segment
@@ -228,9 +228,9 @@ def _broadcast_transpose(ct: Any, x: Any, *, root: int, algorithm: str, comm: _C
     return [total if rank == root else jnp.zeros_like(total)]
 
 
-def _named(collective: str, algorithm: str) -> str:
-    """``algorithm`` where ``collective`` has one of that name (auto included), else the ring."""
-    return algorithm if algorithm == "auto" or algorithm in choices(collective) else "ring"
+def _named(collective: str, algorithm: str, otherwise: str = "ring") -> str:
+    """``algorithm`` where ``collective`` has one of that name (auto included), else ``otherwise``."""
+    return algorithm if algorithm in table(collective) else otherwise
 
 
 ad.primitive_jvps[allreduce_p] = _jvp(allreduce_p, ALLREDUCE)

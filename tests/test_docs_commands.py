@@ -151,6 +151,7 @@ STEPS = {  # the examples' step knobs, so a training run is seconds
     "hpcring.examples.train": "--max-steps 5",
     "hpcring.examples.torch_ddp": "--steps 3",
     "hpcring.examples.jax_step": "--steps 3",
+    "hpcring.examples.jax_train": "--steps 3",
     "hpcring.examples.nbody": "--steps 20",
 }
 
@@ -165,6 +166,7 @@ EXAMPLE_TESTS = {
     ),  # --reproducible at 1-4 ranks; --elastic, ranks killed
     "torch_ddp": "test_framework_examples.py",  # the hook and --gloo
     "jax_step": "test_framework_examples.py",
+    "jax_train": "test_framework_examples.py",  # float64 against the NumPy example and mpi4jax
     "torch_fsdp": "test_framework_examples.py",  # DDP and FSDP2 on hpcring and on gloo
     "zero": "test_zero.py",  # with and without --reproducible, at 1-4 ranks
     "cg": "test_wrap_examples.py",  # with and without --hpcring
