@@ -113,9 +113,14 @@ def _abstract(collective: str) -> Any:
     return rule
 
 
-for _p, _c in ((allreduce_p, ALLREDUCE), (reduce_scatter_p, REDUCE_SCATTER), (allgather_p, ALLGATHER)):
-    _p.def_abstract_eval(_abstract(_c))
-broadcast_p.def_abstract_eval(_abstract(BROADCAST))
+PRIMITIVES = {
+    ALLREDUCE: allreduce_p,
+    REDUCE_SCATTER: reduce_scatter_p,
+    ALLGATHER: allgather_p,
+    BROADCAST: broadcast_p,
+}
+for _collective, _made in PRIMITIVES.items():
+    _made.def_abstract_eval(_abstract(_collective))
 
 
 def _site_args(collective: str, params: dict[str, Any]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
@@ -148,16 +153,8 @@ _LOWERED: set[tuple[str, str]] = set()
 
 def _register_lowerings() -> None:
     """The primitives' lowerings, for the platforms the FFI target was registered for."""
-    platforms = ["cpu"]
-    if "CUDA buffers" in jax_ffi.target()[1]:
-        platforms.append("cuda")
-    for made, collective in (
-        (allreduce_p, ALLREDUCE),
-        (reduce_scatter_p, REDUCE_SCATTER),
-        (allgather_p, ALLGATHER),
-        (broadcast_p, BROADCAST),
-    ):
-        for platform in platforms:
+    for collective, made in PRIMITIVES.items():
+        for platform in jax_ffi.platforms():
             if (made.name, platform) not in _LOWERED:
                 # Not cacheable: a cached lowering is built in a function of its own and then
                 # inlined, where its token could not join the chain of the block it lands in.

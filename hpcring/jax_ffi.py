@@ -37,7 +37,7 @@ TARGET = "hpcring_collective"
 # The handler's collective kinds (hpcring/_c/jax_ffi.cc: K_ALLREDUCE...).
 KINDS = {"allreduce": 0, "reduce_scatter": 1, "allgather": 2, "broadcast": 3}
 
-_STATE: list[Any] = []  # [the set-up extension module or None, why], made on first use
+_STATE: list[Any] = []  # [the set-up extension module or None, why, its platforms], made on first use
 _SITES: dict[tuple[Any, ...], int] = {}  # a call site's arguments -> its number in the module's table
 _CHAINS = ("hpcring.jax", "token chains")  # key of the token chains in a module's lowering cache
 
@@ -47,6 +47,12 @@ def target() -> tuple[Any, str]:
     if not _STATE:
         _STATE[:] = _load()
     return _STATE[0], _STATE[1]
+
+
+def platforms() -> list[str]:
+    """The JAX platforms the target is registered for ("cpu", and "cuda" where that handler is)."""
+    target()
+    return _STATE[2]
 
 
 def describe() -> tuple[str, str]:
@@ -79,14 +85,14 @@ def _not_built(error: Exception) -> str:
     )
 
 
-def _load() -> tuple[Any, str]:
+def _load() -> tuple[Any, str, list[str]]:
     why = _refusal()
     if why:
-        return None, why
+        return None, why, []
     try:
         module = importlib.import_module("hpcring._jax_ffi")
     except ImportError as error:
-        return None, _not_built(error)
+        return None, _not_built(error), []
     import jax
     import numpy as np
 
@@ -98,28 +104,28 @@ def _load() -> tuple[Any, str]:
     }
     module.setup(engine.call, _error_text(module.ERROR_CODES), dtypes)
     jax.ffi.register_ffi_target(TARGET, module.handler(), platform="cpu")
-    about = f"{_ABOUT} (CPU"
-    cuda = _cuda(module)
-    return module, f"{about}{cuda})"
+    cuda, why = _cuda(module)
+    return module, f"{_ABOUT} (CPU{why})", ["cpu", "cuda"] if cuda else ["cpu"]
 
 
-def _cuda(module: Any) -> str:
-    """Register the CUDA handler where it built, a CUDA device is there and JAX has CUDA."""
+def _cuda(module: Any) -> tuple[bool, str]:
+    """Register the CUDA handler where it built, a CUDA device is there and JAX has CUDA: whether
+    it is registered, and what to say about it."""
     try:
         cuda = importlib.import_module("hpcring._jax_ffi_cuda")
     except ImportError:
-        return ""
+        return False, ""
     import jax
 
     if cuda.devices() < 1:
-        return "; the CUDA handler is built, no CUDA device here"
+        return False, "; the CUDA handler is built, no CUDA device here"
     try:
         jax.devices("cuda")
     except RuntimeError:
-        return "; the CUDA handler is built, JAX has no CUDA backend here"
+        return False, "; the CUDA handler is built, JAX has no CUDA backend here"
     cuda.setup(module.RUN)
     jax.ffi.register_ffi_target(TARGET, cuda.handler(), platform="CUDA")
-    return "; CUDA buffers staged through host memory"
+    return True, "; CUDA buffers staged through host memory"
 
 
 def _error_text(codes: dict[str, int]) -> Any:

@@ -37,7 +37,7 @@ def path(request: pytest.FixtureRequest) -> Iterator[str]:
         pytest.skip(f"the FFI target is not there: {jax_ffi.target()[1]}")
     saved = list(jax_ffi._STATE)
     if request.param == "callback":
-        jax_ffi._STATE[:] = [None, "the test asks for the callback path"]
+        jax_ffi._STATE[:] = [None, "the test asks for the callback path", []]
     yield request.param
     jax_ffi._STATE[:] = saved
 
@@ -301,3 +301,15 @@ def test_info_says_which_path_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     config.reload()
     path, why = describe()
     assert (path == "ffi") == FFI, why
+
+
+@needs_ffi
+def test_the_cuda_handler_skips_cleanly_without_a_device() -> None:
+    """Built where CUDA is (here, without a GPU): importable, and registered only where JAX has a
+    CUDA backend and a device is there; the reason says which."""
+    cuda = pytest.importorskip("hpcring._jax_ffi_cuda", reason="the CUDA handler is built where CUDA is")
+    why = jax_ffi.target()[1]
+    if cuda.devices() == 0:
+        assert "the CUDA handler is built, no CUDA device here" in why
+    else:
+        assert "CUDA" in why
