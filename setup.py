@@ -158,8 +158,8 @@ class BuildExt(build_ext):
             import numpy
         except ImportError as error:
             raise RuntimeError(
-                f"JAX does not import here ({error}); install it, then rebuild with "
-                "pip install -e . --no-build-isolation"
+                f"JAX does not import here ({error}); install it, then build hpcring again with "
+                "pip install --no-build-isolation (-e . in a clone)"
             ) from None
         ext.include_dirs = [*ext.include_dirs, jax.ffi.include_dir(), numpy.get_include()]
         if ext.name.endswith("_cuda"):

@@ -81,7 +81,7 @@ def _refusal() -> str:
 def _not_built(error: Exception) -> str:
     return (
         f"hpcring._jax_ffi did not load ({type(error).__name__}: {error}); it builds where JAX imports "
-        "at build time: pip install -e . --no-build-isolation"
+        "at build time: pip install --no-build-isolation (-e . in a clone) once JAX is installed"
     )
 
 
