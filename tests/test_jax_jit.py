@@ -11,7 +11,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from helpers import everywhere, identical_everywhere, raises_everywhere
+from helpers import everywhere, identical_everywhere
 from mpi4py import MPI
 
 import hpcring
@@ -28,6 +28,9 @@ G, RANK = WORLD.size, WORLD.rank
 N = 37  # odd: uneven reduce-scatter parts
 FFI = jax_ffi.target()[0] is not None
 needs_ffi = pytest.mark.skipif(not FFI, reason=f"the FFI target is not there: {jax_ffi.target()[1]}")
+# What JAX raises for a failed execution: its runtime error, or ValueError from its C++ fast path
+# (a compiled function called again).
+FAILED = (jax.errors.JaxRuntimeError, ValueError)
 
 
 @pytest.fixture(params=["ffi", "callback"])
@@ -167,10 +170,13 @@ def test_grad_is_what_the_math_says(path: str) -> None:
 @pytest.mark.mpi
 @needs_ffi
 def test_vmap_is_one_call_per_batch() -> None:
-    """A batch of 5 is one call of the handler, and each element's result is its own call's."""
+    """A batch of 5 is one call of the handler, and each element's result is its own call's
+    (small integers: exact in any order, since a batched buffer is cut into other segments than
+    one element's, and from 3 ranks on the ring adds a segment's contributions in another order)."""
     from hpcring import _jax_ffi
 
-    batch = jnp.stack([jnp.asarray(values(RANK, "float32")) * (k + 1) for k in range(5)])
+    whole = ((np.arange(N) + RANK) % 5 + 1).astype(np.float32)
+    batch = jnp.stack([jnp.asarray(whole) * (k + 1) for k in range(5)])
     for collective in (hj.allreduce, hj.reduce_scatter, hj.allgather, hj.broadcast):
         batched = jax.jit(jax.vmap(collective))
         jax.block_until_ready(batched(batch))  # compiled
@@ -189,14 +195,18 @@ def test_a_mismatch_inside_jit_raises_on_every_rank() -> None:
     and message inside XLA's runtime error, before any data moves."""
     if G == 1:
         pytest.skip("needs a second rank to differ")
-    n = N + (RANK == G - 1)
-    x = jnp.asarray(values(RANK, "float32", n))
     call = jax.jit(lambda a: hj.allreduce(a))
-    raises_everywhere(
-        jax.errors.JaxRuntimeError, "ValueError: hpcring.allreduce", lambda: jax.block_until_ready(call(x))
-    )
-    same = jnp.asarray(values(RANK, "float32"))  # the communicator goes on: the next call agrees
-    assert everywhere(WORLD, np.array_equal(np.asarray(call(same)), outside(values(RANK, "float32"))))
+    same = jnp.asarray(values(RANK, "float32"))
+    want = outside(values(RANK, "float32"))
+    assert everywhere(WORLD, np.array_equal(np.asarray(call(same)), want))  # compiled: the fast path
+    x = jnp.asarray(values(RANK, "float32", N + (RANK == G - 1)))
+    start, ok = time.monotonic(), False
+    try:
+        jax.block_until_ready(call(x))
+    except FAILED as error:
+        ok = "ValueError: hpcring.allreduce" in str(error)
+    assert everywhere(WORLD, ok and time.monotonic() - start < 10)
+    assert everywhere(WORLD, np.array_equal(np.asarray(call(same)), want))  # and the communicator goes on
 
 
 @pytest.mark.mpi
@@ -218,7 +228,7 @@ def test_a_stall_inside_jit_names_the_rank(monkeypatch: pytest.MonkeyPatch) -> N
         try:
             jax.block_until_ready(call(x))
             ok = False
-        except jax.errors.JaxRuntimeError as error:
+        except FAILED as error:
             text, elapsed = str(error), time.monotonic() - start
             ok = "hpcring.errors.StallError" in text and f"rank {G - 1} did not arrive" in text
             ok &= 1.9 <= elapsed <= 4.0
