@@ -10,11 +10,12 @@ sums the gradient over the ranks with one all-reduce (the gradients raveled into
 NumPy example's one bucket), and takes the optimizer's step. Nothing leaves the compiled program
 between the batch going in and the new weights coming out.
 
-It then runs the same steps with mpi4jax's all-reduce in place of hpcring's, where mpi4jax is
-installed, and the NumPy example itself, and prints each one's median time per step and the
-largest difference between its final weights and these (the weights agree to rounding: 1e-6 in
-float32 after a few dozen steps, far less in float64; hpcring's and mpi4jax's sums are the same
-operation on the same gradients, ``--algorithm mpi`` makes them the same call).
+It runs the same steps with mpi4jax's all-reduce in place of hpcring's beside it, where mpi4jax
+is installed (the two runs take their steps in turn), then the NumPy example itself, and prints
+each one's median time per step and the largest difference between its final weights and
+these (they agree to rounding: 1e-6 in float32 after a few dozen steps, far less in float64;
+hpcring's and mpi4jax's sums are the same operation on the same gradients, ``--algorithm mpi``
+makes them the same call).
 """
 
 from __future__ import annotations
@@ -73,7 +74,7 @@ def make_step(reduce: Callable[[Any], Any], optimizer: str) -> Callable[..., Any
 
 def train(
     comm: MPI.Intracomm,
-    reduce: Callable[[Any], Any],
+    reducers: dict[str, Callable[[Any], Any]],
     *,
     steps: int,
     batch: int = 64,
@@ -83,9 +84,10 @@ def train(
     lr: float = 1e-3,
     dtype: str = "float32",
     seed: int = 0,
-) -> tuple[list[np.ndarray], list[float], list[float]]:
-    """``steps`` steps of the NumPy example's training, in JAX: (final weights, seconds per
-    step on this rank, each step's local loss)."""
+) -> dict[str, tuple[list[np.ndarray], list[float], list[float]]]:
+    """``steps`` steps of the NumPy example's training, in JAX, once per gradient sum of
+    ``reducers``, the runs taking their steps in turn (so that a slow spell of the machine
+    hits each alike): per run, (final weights, seconds per step on this rank, local losses)."""
     import jax
     import jax.numpy as jnp
 
@@ -93,13 +95,13 @@ def train(
     np_dtype = np.dtype(dtype)
     x_train, y_train, _, _ = numpy_example.load_digits_split()
     sizes = [x_train.shape[1], *[width] * depth, 10]
-    params = [jnp.asarray(p) for p in numpy_example.init_params(sizes, seed, np_dtype, np)]
-    m = [jnp.zeros_like(p) for p in params]
-    v = [jnp.zeros_like(p) for p in params]
-    step = make_step(reduce, optimizer)
+    first = numpy_example.init_params(sizes, seed, np_dtype, np)
+    runs = {}
+    for name, reduce in reducers.items():
+        params = [jnp.asarray(p) for p in first]
+        state = [params, [jnp.zeros_like(p) for p in params], [jnp.zeros_like(p) for p in params]]
+        runs[name] = (make_step(reduce, optimizer), state, [], [])
     order_rng = np.random.default_rng(seed + 1)  # the epochs' orders, as the NumPy example draws them
-    seconds: list[float] = []
-    losses: list[float] = []
     t = 0
     while t < steps:
         order = order_rng.permutation(len(y_train))
@@ -110,12 +112,17 @@ def train(
             mine = np.array_split(order[start : start + batch], size)[rank]
             xb, yb = jnp.asarray(x_train[mine].astype(np_dtype)), jnp.asarray(y_train[mine])
             c1, c2 = 1 - 0.9**t, 1 - 0.999**t
-            began = time.perf_counter()
-            params, m, v, loss = step(params, m, v, xb, yb, 1.0 / batch, lr, c1, c2)
-            jax.block_until_ready(params)
-            seconds.append(time.perf_counter() - began)
-            losses.append(float(loss))
-    return [np.asarray(p) for p in params], seconds, losses
+            for step, state, seconds, losses in runs.values():
+                began = time.perf_counter()
+                params, m, v, loss = step(*state, xb, yb, 1.0 / batch, lr, c1, c2)
+                state[:] = [params, m, v]
+                jax.block_until_ready(state[0])
+                seconds.append(time.perf_counter() - began)
+                losses.append(float(loss))
+    return {
+        name: ([np.asarray(p) for p in state[0]], seconds, losses)
+        for name, (_, state, seconds, losses) in runs.items()
+    }
 
 
 def reducers(comm: MPI.Intracomm, algorithm: str) -> dict[str, Callable[[Any], Any]]:
@@ -182,8 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     runs: dict[str, tuple[list[np.ndarray], list[float]]] = {}
-    for name, reduce in reducers(comm, args.algorithm).items():
-        weights, seconds, losses = train(comm, reduce, **common)
+    for name, (weights, seconds, losses) in train(comm, reducers(comm, args.algorithm), **common).items():
         runs[name] = (weights, seconds)
         warm = seconds[min(5, len(seconds) - 1) :]
         slowest = comm.allreduce(statistics.median(warm), op=MPI.MAX)
