@@ -267,9 +267,8 @@ def _reduce_scatter_batch(args: Any, dims: Any, *, op: str, algorithm: str, comm
     flat = x.reshape(batch, n)
     bounds = [segment(n, size, r) for r in range(size)]
     longest = max(stop - start for start, stop in bounds)
-    index = np.array(
-        [[min(start + j, max(stop - 1, start)) for j in range(longest)] for start, stop in bounds]
-    )
+    # part r's elements, then repeats of an element of x where part r is shorter (sliced off below)
+    index = np.clip(np.array([start for start, _ in bounds])[:, None] + np.arange(longest), 0, max(n - 1, 0))
     laid = jnp.moveaxis(flat[:, index], 1, 0) if n else jnp.zeros((size, batch, longest), x.dtype)
     part = reduce_scatter_p.bind(laid.reshape(-1), op=op, algorithm=algorithm, comm=comm)
     start, stop = bounds[rank]
