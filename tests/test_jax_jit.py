@@ -59,12 +59,13 @@ def outside(x: np.ndarray, **kwargs: object) -> np.ndarray:
 @pytest.mark.mpi
 @pytest.mark.parametrize("algorithm", ["ring", "rabenseifner", "mpi", "auto"])
 def test_allreduce_inside_jit_is_the_call_outside(path: str, algorithm: str) -> None:
-    """Every dtype hpcring reduces, every op (the ring; the others with sum): the same bits."""
+    """Every dtype hpcring reduces with sum, and with the ring every other op on a float, bfloat16
+    and an integer type: the same bits."""
     floats = ("float32", "float64", "bfloat16", "float16")
     cases = [(d, "sum") for d in (*floats, "int32", "int64")]
     if algorithm == "ring":
-        cases += [(d, op) for d in floats for op in ("mean", "max", "min", "prod")]
-        cases += [(d, op) for d in ("int32", "int64") for op in ("max", "min", "prod")]
+        cases += [(d, op) for d in ("float32", "bfloat16") for op in ("mean", "max", "min", "prod")]
+        cases += [("int32", op) for op in ("max", "min", "prod")]
     if path == "callback":
         cases = cases[:2]  # the fallback: the same engine, a few cases
     failures = []
@@ -213,9 +214,10 @@ def test_a_mismatch_inside_jit_raises_on_every_rank() -> None:
 @needs_ffi
 def test_a_stall_inside_jit_names_the_rank(monkeypatch: pytest.MonkeyPatch) -> None:
     """The last rank skips a warm call: every other raises hpcring's StallError (inside XLA's
-    error) naming it, within HPCRING_TIMEOUT."""
-    if G == 1:
-        pytest.skip("needs a rank to miss")
+    error) naming it, within HPCRING_TIMEOUT. At 2 ranks only: what is tested is the error's way
+    out of XLA (test_stall.py has the stall itself at every rank count), and each run waits 3 s."""
+    if G != 2:
+        pytest.skip("runs at 2 ranks")
     monkeypatch.setenv("HPCRING_TIMEOUT", "2")
     config.reload()
     comm = WORLD.Dup()  # takes the 2 s at its first use
