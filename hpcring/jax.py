@@ -21,9 +21,10 @@ sum of the cotangents on the root and zero elsewhere. max, min and prod have no 
 through them raises. ``jax.vmap`` makes one call of the whole batch, not one per element.
 
 An all-reduce whose operand is an intermediate value of the program writes its result over it
-where XLA finds the operand dead (gradients, mostly): no second buffer and no copy. One whose
-operand is an argument of the jitted function writes a new buffer (no copy either); donate the
-argument (``donate_argnums``) and the result is written over it.
+(gradients, mostly: no second buffer and no copy; where the program still uses the operand
+afterwards, XLA copies it first). One whose operand is an argument of the jitted function
+writes a new buffer, without a copy; donate the argument (``donate_argnums``) and the result is
+written over it.
 
 CPU arrays (and CUDA arrays, staged through host memory, where the CUDA handler is built);
 ``comm`` defaults to COMM_WORLD.
