@@ -74,13 +74,15 @@ def __getattr__(name: str) -> Any:
 
 
 def info() -> dict[str, Any]:
-    """What this process runs on: versions, MPI thread level, array backends, CUDA-aware mode, core."""
+    """What this process runs on: versions, MPI thread level, array backends, CUDA-aware mode, core,
+    and what `hpcring.jax` runs inside ``jit`` (the FFI target or io_callbacks)."""
     import mpi4py
     from mpi4py import MPI
 
     from .arrays import available
     from .core import describe as describe_core
     from .gpu import cuda_aware
+    from .jax_ffi import describe as describe_jax
     from .library import mpi_library
 
     levels = {
@@ -91,6 +93,7 @@ def info() -> dict[str, Any]:
     }
     aware, reason = cuda_aware()
     core, core_reason = describe_core()
+    jax_path, jax_reason = describe_jax()
     return {
         "hpcring": __version__,
         "mpi4py": mpi4py.__version__,
@@ -104,6 +107,8 @@ def info() -> dict[str, Any]:
         "iallreduce_progress": __getattr__("_progress_mode")(),
         "core": core,  # "c": the compiled core; "python": the pure-Python one
         "core_reason": core_reason,
+        "jax": jax_path,  # hpcring.jax inside jit: "ffi", the XLA FFI target; "callback", io_callbacks
+        "jax_reason": jax_reason,
     }
 
 

@@ -314,6 +314,14 @@ class Config:
         meaning="python: the pure-Python core; c: the compiled one or an error; unset: compiled where built",
         must_agree=False,  # the cores give the same bits: ranks may differ
     )
+    jax = Variable(
+        "HPCRING_JAX",
+        choice({"ffi": "ffi", "callback": "callback"}, None),
+        kind="ffi or callback",
+        default="unset",
+        meaning="hpcring.jax in jit: callback, io_callbacks; unset or ffi, the XLA FFI target where built",
+        must_agree=False,  # both paths run the same calls in the same order
+    )
     algo = Variable(
         "HPCRING_ALGO",
         assignments,

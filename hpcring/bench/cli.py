@@ -213,10 +213,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add(
         "--framework",
-        choices=("torch",),
-        help="time the collective four ways side by side instead: hpcring's blocking call, its "
-        "non-blocking one waited for, torch.distributed on the hpcring backend, and on gloo "
-        "(needs PyTorch; -a names the one algorithm)",
+        choices=("torch", "jax"),
+        help="instead of the sweep: torch, the collective timed four ways side by side (hpcring's "
+        "blocking call, its non-blocking one waited for, torch.distributed on the hpcring backend, "
+        "and on gloo; needs PyTorch; -a names the one algorithm); jax, a jax.jit step holding "
+        "hpcring.jax.allreduce beside the same step with mpi4jax's (where installed; -a default "
+        "auto, float dtypes)",
     )
     add("--json", metavar="FILE", help="write header and every row to FILE")
     add("--plot", metavar="FILE.png", help="plot busbw vs size to FILE.png (needs matplotlib)")
@@ -273,6 +275,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--wire: applies to dtype float32 or float64, not {args.dtype.name}")
         if args.tune or args.reproducible:
             parser.error("--wire with --tune or --reproducible: measure them apart")
+    if args.framework == "jax":
+        _jax_step_args(parser, args)
     args.default_algorithms = args.algorithms is None
     known = tuple(algorithms.table(args.collective))
     portable = algorithms.portable(args.collective)
@@ -299,7 +303,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"no size between minbytes and maxbytes holds {whole}")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib (pip install -e '.[bench]' in hpcring's clone)")
-    if args.framework is not None:
+    if args.framework == "torch":
         if importlib.util.find_spec("torch") is None:
             parser.error("--framework torch needs PyTorch (pip install -e '.[torch]' in hpcring's clone)")
         if args.dtype.name not in TORCH_DTYPES:
@@ -308,6 +312,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             if getattr(args, option):
                 parser.error(f"--framework torch prints its own table: no --{option.replace('_', '-')}")
     return args
+
+
+def _jax_step_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--framework jax: an all-reduce of floats in a jitted step, none of the sweep's extras."""
+    if args.collective != algorithms.ALLREDUCE or args.op != "sum":
+        parser.error("--framework jax: the all-reduce with op sum only")
+    if args.dtype.kind not in "fV":
+        parser.error(f"--framework jax: a float dtype, not {args.dtype.name}")
+    extras = {"--tune": args.tune, "--reproducible": args.reproducible, "--wire": args.wire is not None}
+    extras |= {"--in-place": args.in_place, "--no-agree": args.no_agree, "--json": bool(args.json)}
+    extras |= {"--plot": bool(args.plot), "--device gpu": args.device == "gpu"}
+    given = [flag for flag, on in extras.items() if on]
+    if given:
+        parser.error(f"--framework jax: {', '.join(given)} apply to the sweep, not to the jitted step")
+    if args.algorithms is None:
+        args.algorithms = "auto"
+    if importlib.util.find_spec("jax") is None:
+        parser.error("--framework jax needs JAX (pip install -e '.[jax]' in hpcring's clone)")
 
 
 def _baselines(args: argparse.Namespace, comm: MPI.Intracomm, dev: Device) -> dict[str, str]:
@@ -365,10 +387,14 @@ def main(
     if args.step_loop:
         steploop.run(args, comm)
         return 0
-    if args.framework is not None:  # four ways side by side (hpcring.bench.framework)
-        from . import framework
+    if args.framework == "torch":  # four ways side by side (hpcring.bench.torchcalls)
+        from . import torchcalls
 
-        return framework.main(args, comm)
+        return torchcalls.main(args, comm)
+    if args.framework == "jax":  # a jitted step beside mpi4jax's (hpcring.bench.jaxstep)
+        from . import jaxstep
+
+        return jaxstep.run(args, comm)
 
     # From here on every rank runs the same collectives in the same order.
     dev = device_for(args.device, comm)
