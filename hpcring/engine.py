@@ -24,6 +24,8 @@ methods below only on slow paths. This file stays the reference both cores are t
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import threading
 from collections.abc import Callable
@@ -455,8 +457,13 @@ class Call:
         callable of no arguments, or None where the compiled core cannot take it."""
         if not core.active() or not self._warmable(x):
             return None
+        # Its own Call, whose Spec says it does not block: the run's wait is bounded by its own
+        # timeout (`plan_waited`), so the watchdog, which ends a job stuck in a blocking library
+        # call, must not take it for one.
+        run = copy.copy(self)
+        run.spec = dataclasses.replace(self.spec, blocking=False)
         key = (ALLREDUCE, self.adapter, self.adapter.shape(x), x.dtype, op, self.ran, out is None)
-        made = self._warm((*key, None, 0, None, False), request)
+        made = run._warm((*key, None, 0, None, False), request)
         return functools.partial(made.run, x, out, timeout)
 
     def _warmable(self, x: Any) -> bool:
