@@ -107,6 +107,7 @@ class Call:
         "options",
         "out_shape",
         "parts",
+        "planning",
         "ran",
         "ready",
         "reduction",
@@ -148,6 +149,7 @@ class Call:
         self.exact = False  # reproducible=True: the sum runs on integer words (`hpcring.exact`)
         self.parts: list[Any] | None = None  # an ExactSum's local contributions, where it calls
         self.fuse = NO_PAYLOAD  # what rides with the agreement (`fusion`), once known
+        self.planning = False  # a plan's run (`planned`): its failures name the plan's agreed call
         level = _thread_level()
         self.single = level < MPI.THREAD_SERIALIZED  # MPI allows the main thread alone
         self.serial = _serialized if level == MPI.THREAD_SERIALIZED else None
@@ -462,6 +464,7 @@ class Call:
         # call, must not take it for one.
         run = copy.copy(self)
         run.spec = dataclasses.replace(self.spec, blocking=False)
+        run.planning = True
         key = (ALLREDUCE, self.adapter, self.adapter.shape(x), x.dtype, op, self.ran, out is None)
         made = run._warm((*key, None, 0, None, False), request)
         return functools.partial(made.run, x, out, timeout)
@@ -530,7 +533,7 @@ class Call:
         """A compiled warm call raised after taking its flight slot: recorded as the Python path
         records a failure (the requests a StallError leaves pending are kept), and an MPI error
         that is a failed rank (ULFM) raised as the RankFailedError the Python path raises."""
-        slot.number = self.state.calls if check else 0
+        slot.number = self.state.calls if check or self.planning else 0
         failure = rank_failed(self, error, slot.number, moving=slot.phase == MOVING)
         self.flight.failed(slot, failure or error)
         if isinstance(error, StallError) or failure is not None:
