@@ -40,8 +40,7 @@ from typing import Any
 
 import numpy as np
 
-from . import kernels
-from .ops import BFLOAT16
+from . import kernels, ops
 
 HEADROOM = 20  # bits above the grid's top: the words of 2^20 contributions sum without overflow
 MAX_CONTRIBUTIONS = 1 << HEADROOM
@@ -76,24 +75,39 @@ class Format:
         return self.exponent_mask
 
 
-FORMATS: dict[np.dtype, Format] = {
+_FORMATS: dict[np.dtype, Format] = {
     f.dtype: f
     for f in (
         Format(np.dtype(np.float16), np.dtype(np.uint16), 10, 15, 0x1F, np.dtype(np.uint8), 1),
-        Format(BFLOAT16, np.dtype(np.uint16), 7, 127, 0xFF, np.dtype(np.uint8), 1),
         Format(np.dtype(np.float32), np.dtype(np.uint32), 23, 127, 0xFF, np.dtype(np.uint8), 1),
         Format(np.dtype(np.float64), np.dtype(np.uint64), 52, 1023, 0x7FF, np.dtype(np.uint16), 2),
     )
 }
+_NAMES = "float16, bfloat16, float32, float64"
 
 
-def format_of(dtype: np.dtype) -> Format:
+def _bfloat16_format() -> Format:
+    """bfloat16's format, made when a call first needs it (ml_dtypes is imported then)."""
+    return Format(ops.bfloat16(), np.dtype(np.uint16), 7, 127, 0xFF, np.dtype(np.uint8), 1)
+
+
+def format_of(dtype: Any) -> Format:
     """The format of ``dtype``; TypeError for a dtype with no reproducible sum here."""
-    try:
-        return FORMATS[np.dtype(dtype)]
-    except KeyError:
-        names = ", ".join(d.name for d in FORMATS)
-        raise TypeError(f"reproducible=True needs a float dtype ({names}), got {dtype}") from None
+    dtype = np.dtype(dtype)
+    found = _FORMATS.get(dtype)
+    if found is None and ops.is_bfloat16(dtype):
+        found = _FORMATS[dtype] = _bfloat16_format()
+    if found is None:
+        raise TypeError(f"reproducible=True needs a float dtype ({_NAMES}), got {dtype}")
+    return found
+
+
+def __getattr__(name: str) -> Any:
+    """``FORMATS`` (dtype -> Format, bfloat16 included) imports ml_dtypes: made when asked for."""
+    if name == "FORMATS":
+        format_of(ops.bfloat16())
+        return dict(_FORMATS)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def check(op: str, dtype: np.dtype, accumulated: bool = False) -> bool:
@@ -422,7 +436,7 @@ def run(
     with one rank there is nothing to exchange, and the same conversion runs, so the bits are
     those of any rank count.
     """
-    xp, fmt, n = ch.xp, FORMATS[dst.dtype], dst.size
+    xp, fmt, n = ch.xp, format_of(dst.dtype), dst.size
     # Reused across calls, like an algorithm's scratch: fresh pages cost more than the sum.
     code = ch.scratch("exact-code", n, fmt.code)
     words = ch.scratch("exact-words", fmt.words * n, np.dtype(np.int64)).reshape(fmt.words, n)
@@ -463,7 +477,7 @@ def run(
 def bytes_sent(sent: Callable[[int, int], int | None], count: int, dtype: np.dtype) -> int | None:
     """Bytes this rank hands to MPI for one reproducible call, from the algorithm's formula
     ``sent(count, itemsize)``: the agreed integers plus the words (None where not visible)."""
-    fmt = FORMATS[np.dtype(dtype)]
+    fmt = format_of(dtype)
     codes = sent(count, fmt.code.itemsize)
     words = sent(fmt.words * count, 8)
     return None if codes is None or words is None else codes + words
@@ -480,7 +494,7 @@ def scratch_bytes(
     one more code array), the conversion's blocks, and the algorithm's own scratch for the larger
     of its two all-reduces (``scratch(count, itemsize)``: the algorithm's formula). The memory
     guard prices this before anything is allocated."""
-    fmt = FORMATS[np.dtype(dtype)]
+    fmt = format_of(dtype)
     code = count * fmt.code.itemsize
     held = code * (2 if accumulated else 1) + fmt.words * count * 8
     held += min(count, _step(count, ch.xp)) * (

@@ -20,17 +20,18 @@ import importlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from . import config
 
-# The C side's dtype and op codes (enum hr_dtype, hr_op in hpcring/_c/reduce.h).
-DTYPES: tuple[np.dtype, ...] = tuple(
-    np.dtype(t)
+# The C side's dtype and op codes (enum hr_dtype, hr_op in hpcring/_c/reduce.h). bfloat16's place
+# (code 1) is None until a call first needs bfloat16 (`add_bfloat16`): no array can hold one
+# before ml_dtypes is imported, and importing it costs up to half a second (hpcring.ops).
+DTYPES: tuple[np.dtype | None, ...] = tuple(
+    None if t is None else np.dtype(t)
     for t in (
         np.float16,
-        ml_dtypes.bfloat16,
+        None,
         np.float32,
         np.float64,
         np.int32,
@@ -41,9 +42,10 @@ DTYPES: tuple[np.dtype, ...] = tuple(
         np.uint16,
     )
 )
-DTYPE_CODES: dict[np.dtype, int] = {dtype: code for code, dtype in enumerate(DTYPES)}
+BFLOAT16_CODE = 1
+DTYPE_CODES: dict[np.dtype, int] = {dtype: code for code, dtype in enumerate(DTYPES) if dtype is not None}
 OP_CODES: dict[str, int] = {"add": 0, "maximum": 1, "minimum": 2, "multiply": 3}
-_REDUCED = DTYPES[:8]  # the dtypes hpcring reduces (the last two are exact.py's codes)
+_REDUCED = 8  # the first 8 codes are the dtypes hpcring reduces (the last two are exact.py's codes)
 
 ACTIVE = "python"  # which kernels run: "c" or "python"
 REASON = "not selected yet"  # why, in words (hpcring.info()["core_reason"])
@@ -51,6 +53,8 @@ COMPILED: Any = None  # the loaded hpcring._kernels, selected or not
 QUIRKS: tuple[bool, bool, bool] = (False, False, False)  # what `_quirks` measured (the MPI-linked core's too)
 OFF: tuple[tuple[int, int], ...] = ()  # (dtype, op) codes whose compiled reduction NumPy's loops replace
 LISTENERS: list[Callable[[str], None]] = []  # told of every `select` (the MPI-linked core follows it)
+# told when QUIRKS and OFF change (bfloat16 added): the MPI-linked core reduces with them too
+QUIRK_LISTENERS: list[Callable[[], None]] = []
 
 
 # --- the entry points: rebound to the compiled ones by `select` -------------------------------
@@ -108,7 +112,7 @@ def _load() -> tuple[Any, str]:
     try:
         quirks = _quirks()
         _kernels.setup(np.ndarray, DTYPES, *quirks, ())
-        off = _self_test(_kernels)
+        off = _self_test(_kernels, [d for d in DTYPES[:_REDUCED] if d is not None])
         _kernels.setup(np.ndarray, DTYPES, *quirks, tuple(off))
         QUIRKS, OFF = quirks, tuple(off)
     except Exception as error:  # a module of another build than this file expects: Python's path
@@ -116,8 +120,32 @@ def _load() -> tuple[Any, str]:
     built = f"{_kernels.COMPILER.split()[0]} {_kernels.CFLAGS}"
     if not off:
         return _kernels, f"compiled kernels (hpcring._kernels, {built})"
-    names = ", ".join(f"{DTYPES[d].name} {list(OP_CODES)[o]}" for d, o in off)
-    return _kernels, f"compiled kernels (hpcring._kernels, {built}); NumPy's loops kept for {names}"
+    return _kernels, f"compiled kernels (hpcring._kernels, {built}); NumPy's loops kept for {_kept(off)}"
+
+
+def _kept(off: Any) -> str:
+    """The (dtype, op) codes left to NumPy's loops, in words."""
+    return ", ".join(f"{DTYPES[d].name} {list(OP_CODES)[o]}" for d, o in off)  # type: ignore[union-attr]
+
+
+def add_bfloat16(dtype: np.dtype) -> None:
+    """ml_dtypes' bfloat16 (``dtype``), now that a call needs it: its code, what its additions of
+    two NaNs return, and the self-test of its compiled reductions (as the other dtypes had at load)."""
+    global DTYPES, QUIRKS, OFF, REASON, _WHY
+    DTYPES = (*DTYPES[:BFLOAT16_CODE], dtype, *DTYPES[BFLOAT16_CODE + 1 :])
+    DTYPE_CODES[dtype] = BFLOAT16_CODE
+    if COMPILED is None:
+        return
+    quirks = (QUIRKS[0], _bf16_nan_right(dtype), QUIRKS[2])
+    COMPILED.setup(np.ndarray, DTYPES, *quirks, OFF)
+    off = (*OFF, *_self_test(COMPILED, [dtype]))
+    COMPILED.setup(np.ndarray, DTYPES, *quirks, off)
+    QUIRKS, OFF = quirks, off
+    if off and "kept for" not in _WHY:  # say so, as a load that found them would
+        _WHY = f"{_WHY}; NumPy's loops kept for {_kept(off)}"
+        REASON = _WHY if ACTIVE == "c" else REASON
+    for listener in QUIRK_LISTENERS:
+        listener()
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -125,30 +153,68 @@ def _bits(a: np.ndarray) -> np.ndarray:
 
 
 def _quirks() -> tuple[bool, bool, bool]:
-    """What this NumPy and ml_dtypes do where IEEE leaves the choice to the implementation: which
-    NaN survives float16 and bfloat16 additions of two NaNs, and whether complex multiply fuses."""
+    """What this NumPy does where IEEE leaves the choice to the implementation: which NaN survives
+    float16 additions of two NaNs, and whether complex multiply fuses (bfloat16's NaNs: measured
+    when bfloat16 is first needed, `_bf16_nan_right`)."""
     with np.errstate(all="ignore"):
         half = np.array([0x7E01], np.uint16).view(np.float16), np.array([0xFE02], np.uint16).view(np.float16)
         half_right = int(_bits(np.add(*half))[0]) == 0xFE02
-        bf16 = np.dtype(ml_dtypes.bfloat16)
-        brain = np.array([0x7FC1], np.uint16).view(bf16), np.array([0xFFC2], np.uint16).view(bf16)
-        bf16_right = int(_bits(np.add(*brain))[0]) == 0xFFC0
         # fma(ar, br, -(ai bi)) differs from ar br - ai bi in the last bit for these
         a = np.full(64, 1 + 2**-23 + 1j * (1 + 2**-22), np.complex64)
         b = np.full(64, 1 - 2**-23 + 1j * (1 - 2**-22), np.complex64)
         p = a * b
         ar, ai, br, bi = (np.float64(v) for v in (a[0].real, a[0].imag, b[0].real, b[0].imag))
         fused = np.float32(ar * br - np.float64(np.float32(ai * bi)))
-    return half_right, bf16_right, bool(p[0].real == fused and p[-1].real == fused)
+    return half_right, False, bool(p[0].real == fused and p[-1].real == fused)
+
+
+def _bf16_nan_right(bf16: np.dtype) -> bool:
+    """Which NaN survives an ml_dtypes bfloat16 addition of two NaNs (only the sign survives the
+    narrowing): the right one's."""
+    with np.errstate(all="ignore"):
+        brain = np.array([0x7FC1], np.uint16).view(bf16), np.array([0xFFC2], np.uint16).view(bf16)
+        return int(_bits(np.add(*brain))[0]) == 0xFFC0
+
+
+class _Stream:
+    """Reproducible pseudo-random numbers from a seed (splitmix64), in NumPy arithmetic: the
+    self-test runs at the first call, where importing numpy.random would cost more than the test."""
+
+    def __init__(self, seed: int) -> None:
+        self.state = np.uint64(seed * 0x9E3779B97F4A7C15 % (1 << 64))
+
+    def bits(self, n: int) -> np.ndarray:
+        """n uniform 64-bit words."""
+        with np.errstate(over="ignore"):
+            z = self.state + np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+            self.state = z[-1] if n else self.state
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+            return z ^ (z >> np.uint64(31))
+
+    def uniform(self, n: int) -> np.ndarray:
+        """n floats in (0, 1)."""
+        return ((self.bits(n) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
+
+    def normal(self, n: int) -> np.ndarray:
+        """n standard normal floats (Box-Muller)."""
+        u, v = self.uniform(n), self.uniform(n)
+        return np.sqrt(-2.0 * np.log(u)) * np.cos(2.0 * np.pi * v)
+
+    def choice(self, values: list[float], n: int) -> np.ndarray:
+        return np.array(values)[self.bits(n) % np.uint64(len(values))]
+
+    def permutation(self, a: np.ndarray) -> np.ndarray:
+        return a[np.argsort(self.bits(a.size), kind="stable")]
 
 
 def _edge_values(dtype: np.dtype, n: int, seed: int) -> np.ndarray:
     """n values of ``dtype`` full of edges: signed zeros, Infs, NaNs, subnormals, extremes, ties."""
-    rng = np.random.default_rng(seed)
+    rng = _Stream(seed)
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
         edges = np.array([0, 1, -1, info.max, info.min, info.max - 1], dtype=np.int64)[:n]
-        out = rng.integers(info.min, info.max, n, dtype=dtype, endpoint=True)
+        out = rng.bits(n).astype(np.dtype(f"u{dtype.itemsize}")).view(dtype)  # the whole range
         out[: len(edges)] = edges.astype(dtype)
         return rng.permutation(out)
     if dtype.kind == "c":
@@ -156,10 +222,10 @@ def _edge_values(dtype: np.dtype, n: int, seed: int) -> np.ndarray:
         out = np.empty(n, dtype)
         out.real, out.imag = _edge_values(part, n, seed), _edge_values(part, n, seed + 1)
         return out
-    info = ml_dtypes.finfo(dtype)
+    info = np.finfo(dtype) if dtype.kind == "f" else importlib.import_module("ml_dtypes").finfo(dtype)
     scale = rng.choice([1.0, float(info.tiny), float(info.max) / 4, float(info.smallest_subnormal) * 3], n)
     with np.errstate(all="ignore"):
-        out = (rng.standard_normal(n) * scale).astype(dtype)
+        out = (rng.normal(n) * scale).astype(dtype)
     edges = [0.0, -0.0, np.inf, -np.inf, np.nan, float(info.max), -float(info.max), float(info.tiny)][:n]
     out[: len(edges)] = np.array(edges).astype(dtype)
     return rng.permutation(out)
@@ -167,15 +233,15 @@ def _edge_values(dtype: np.dtype, n: int, seed: int) -> np.ndarray:
 
 def _nan(a: np.ndarray) -> np.ndarray:
     """isnan, bfloat16 included (through float32), complex where either part is NaN."""
-    return np.isnan(a.astype(np.float32) if a.dtype == DTYPES[1] else a)
+    return np.isnan(a.astype(np.float32) if a.dtype.kind == "V" else a)
 
 
-def _self_test(module: Any) -> list[tuple[int, int]]:
+def _self_test(module: Any, dtypes: list[np.dtype]) -> list[tuple[int, int]]:
     """The (dtype, op) pairs whose compiled reduction differs from NumPy's on edge values. Only
     where at most one operand is NaN: for two NaNs NumPy's own float32 bits depend on the position."""
     off = []
     with np.errstate(all="ignore"):
-        for dtype in _REDUCED:
+        for dtype in dtypes:
             left, right = _edge_values(dtype, 67, 1), _edge_values(dtype, 67, 2)
             if dtype.kind not in "iu":
                 right[_nan(left) & _nan(right)] = 1

@@ -5,6 +5,10 @@ so every algorithm only ever sees sum, max, min or prod.
 
 bfloat16 is ml_dtypes' (the type JAX and TensorFlow hand to NumPy), on NumPy arrays:
 NumPy has no such dtype, and ml_dtypes gives it NumPy's add, maximum, minimum and multiply.
+ml_dtypes is imported when a call needs bfloat16 (`bfloat16`), never by ``import hpcring``: its
+extension module takes up to half a second to load (version 0.7), which a code that never touches
+bfloat16 should not pay. A bfloat16 array can only exist once ml_dtypes is loaded, so recognizing
+one (`code`) costs nothing.
 """
 
 from __future__ import annotations
@@ -13,21 +17,70 @@ import functools
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 from . import kernels
 from .tracing import reduction
 
-BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-_NUMPY_NAMES = ("float16", "float32", "float64", "int32", "int64", "complex64", "complex128")
-DTYPES: tuple[np.dtype, ...] = (*(np.dtype(name) for name in _NUMPY_NAMES), BFLOAT16)
+# The dtypes hpcring reduces, in the agreement's order (`code`).
+NAMES = ("float16", "float32", "float64", "int32", "int64", "complex64", "complex128", "bfloat16")
+_NUMPY: dict[np.dtype, int] = {np.dtype(name): k for k, name in enumerate(NAMES[:-1])}
+_BFLOAT16: list[np.dtype] = []  # ml_dtypes' bfloat16, once a call needed it
+
+
+def bfloat16() -> np.dtype:
+    """ml_dtypes' bfloat16, imported on first use (and the compiled kernels told of it)."""
+    if not _BFLOAT16:
+        import ml_dtypes
+
+        made = np.dtype(ml_dtypes.bfloat16)
+        kernels.add_bfloat16(made)
+        _BFLOAT16.append(made)
+    return _BFLOAT16[0]
+
+
+def is_bfloat16(dtype: np.dtype) -> bool:
+    """Whether ``dtype`` is ml_dtypes' bfloat16 (only an array of it can hold one: importing
+    ml_dtypes here costs nothing, it is loaded already)."""
+    return (
+        dtype.name == "bfloat16"
+        and getattr(dtype.type, "__module__", "") == "ml_dtypes"
+        and dtype == bfloat16()
+    )
+
+
+def code(dtype: Any) -> int:
+    """``dtype``'s position in `NAMES`, or -1 where hpcring does not reduce it."""
+    found = _NUMPY.get(dtype)
+    if found is not None:
+        return found
+    return len(NAMES) - 1 if isinstance(dtype, np.dtype) and is_bfloat16(dtype) else -1
+
+
+def supported(dtype: Any) -> bool:
+    """Whether hpcring reduces ``dtype`` (a NumPy dtype)."""
+    return code(dtype) >= 0
+
+
+def dtypes() -> tuple[np.dtype, ...]:
+    """Every dtype hpcring reduces, in `NAMES`' order (imports ml_dtypes: for tests and tables)."""
+    return (*_NUMPY, bfloat16())
+
+
+def __getattr__(name: str) -> Any:
+    """``DTYPES`` and ``BFLOAT16`` import ml_dtypes: they are made when asked for (tests, the
+    bench), never by hpcring's own modules."""
+    if name == "BFLOAT16":
+        return bfloat16()
+    if name == "DTYPES":
+        return dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def kind(dtype: np.dtype) -> str:
     """NumPy's kind letter (f float, i int, c complex), with bfloat16 a float: NumPy calls
     every dtype it does not know "V", void."""
-    return "f" if dtype == BFLOAT16 else dtype.kind
+    return "f" if dtype.kind == "V" and is_bfloat16(dtype) else dtype.kind
 
 
 @dataclass(frozen=True)

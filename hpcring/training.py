@@ -36,7 +36,7 @@ from .agreement import by_value
 from .arrays import NUMPY, Adapter, adapter_for
 from .comm import state_of
 from .nonblocking import Progress, iallreduce, progress_for
-from .ops import DTYPES, op_name
+from .ops import op_name, supported
 from .persistent import plan
 from .polling import arrive
 
@@ -193,7 +193,7 @@ class GradientSync:
         self.residuals: list[Any] = []
         self._narrowed: list[Any] = []
         if self.error_feedback:
-            narrow = wire_dtypes.WIRES[wire]
+            narrow = wire_dtypes.wire_dtype(wire)
             for bucket in self.buckets:
                 self.residuals.append(self.backend.empty(bucket.count, bucket.dtype))
                 self.residuals[-1].fill(0)
@@ -214,7 +214,7 @@ class GradientSync:
                 return f"gradient {i} is a {type(g).__name__}, not a NumPy or CuPy array"
             kinds.add(adapter.kind)
             dtype = adapter.dtype(g)
-            if dtype not in DTYPES:
+            if not supported(dtype):
                 return f"gradient {i} has dtype {dtype}, which hpcring cannot reduce"
         if len(kinds) > 1:
             return "gradients mix NumPy and CuPy arrays; keep them on one device"
@@ -225,8 +225,8 @@ class GradientSync:
         """What is wrong with ``wire`` and ``error_feedback`` here, as a message (None: nothing)."""
         if wire is None:
             return "error_feedback=True needs a wire= (nothing is narrowed)" if error_feedback else None
-        if not isinstance(wire, str) or wire not in wire_dtypes.WIRES:
-            return f"unknown wire {wire!r}; choose one of {', '.join(wire_dtypes.WIRES)} or None"
+        if not isinstance(wire, str) or wire not in wire_dtypes.WIRE_NAMES:
+            return f"unknown wire {wire!r}; choose one of {', '.join(wire_dtypes.WIRE_NAMES)} or None"
         if reproducible:
             return "reproducible=True and wire= cannot be combined"
         for i, g in enumerate(grads):

@@ -22,15 +22,28 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
-from . import algorithms, kernels
+from . import algorithms, kernels, ops
 from .algorithms.base import Spec
 from .channel import Channel
 from .errors import StallError
 
-WIRES: dict[str, np.dtype] = {"bfloat16": np.dtype(ml_dtypes.bfloat16), "float16": np.dtype(np.float16)}
+WIRE_NAMES = ("bfloat16", "float16")  # the agreement's order: wire=None is 0, then these
+
+
+def wire_dtype(name: str) -> np.dtype:
+    """The dtype a wire named ``name`` carries (bfloat16: ml_dtypes', imported now)."""
+    return ops.bfloat16() if name == "bfloat16" else np.dtype(np.float16)
+
+
+def __getattr__(name: str) -> Any:
+    """``WIRES`` (name -> dtype) imports ml_dtypes: made when asked for (tests, the bench)."""
+    if name == "WIRES":
+        return {wire: wire_dtype(wire) for wire in WIRE_NAMES}
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 # Input dtypes a wire applies to: wider floats only. Integers would be rounded (refused), and a
 # float16/bfloat16 input has nothing to gain.
 WIDE = (np.dtype(np.float32), np.dtype(np.float64))
@@ -43,8 +56,8 @@ def check(wire: Any, dtype: np.dtype, spec: Spec, reproducible: bool, device: bo
     why not."""
     if wire is None:
         return None
-    if not isinstance(wire, str) or wire not in WIRES:
-        names = ", ".join(WIRES)
+    if not isinstance(wire, str) or wire not in WIRE_NAMES:
+        names = ", ".join(WIRE_NAMES)
         raise ValueError(f"unknown wire {wire!r}; choose one of {names} or None")
     if spec.narrowings is None:
         able = ", ".join(name for name, s in algorithms.table(spec.collective).items() if s.narrowings)
@@ -61,7 +74,7 @@ def check(wire: Any, dtype: np.dtype, spec: Spec, reproducible: bool, device: bo
         raise ValueError("reproducible=True and wire= cannot be combined")
     if device:
         raise TypeError(f"wire={wire!r} needs host arrays (NumPy, CPU torch, JAX)")
-    return WIRES[wire]
+    return wire_dtype(wire)
 
 
 # Conversions in NumPy integer arithmetic on views of the bits, BLOCK elements at a time through
@@ -71,7 +84,7 @@ def check(wire: Any, dtype: np.dtype, spec: Spec, reproducible: bool, device: bo
 # 1-8 MiB (memcpy: 32-45 GB/s). 64 Ki elements: 16 Ki ran 30% slower (call overhead), larger
 # blocks no faster.
 BLOCK = 1 << 16
-_BF16, _F32 = WIRES["bfloat16"], np.dtype(np.float32)
+_F32 = np.dtype(np.float32)
 _local = threading.local()
 
 
@@ -83,17 +96,23 @@ def _block_scratch() -> np.ndarray:
     return scratch
 
 
-def _fast(src: Any, out: Any, frm: np.dtype, to: np.dtype) -> bool:
-    """Whether the integer kernels apply: NumPy arrays of these dtypes, contiguous, same size."""
+def _fast(src: Any, out: Any, frm: np.dtype | None, to: np.dtype | None) -> bool:
+    """Whether the integer kernels apply: NumPy arrays of these dtypes (None: bfloat16),
+    contiguous, same size."""
     return (
         type(src) is np.ndarray
         and type(out) is np.ndarray
-        and src.dtype == frm
-        and out.dtype == to
+        and _is(src.dtype, frm)
+        and _is(out.dtype, to)
         and src.size == out.size
         and src.flags.c_contiguous
         and out.flags.c_contiguous
     )
+
+
+def _is(dtype: np.dtype, want: np.dtype | None) -> bool:
+    """dtype == want, where None stands for bfloat16 (not imported until an array has it)."""
+    return ops.is_bfloat16(dtype) if want is None else dtype == want
 
 
 def _round_bits(bits: np.ndarray, into: np.ndarray) -> np.ndarray:
@@ -166,7 +185,7 @@ def narrow(src: Any, out: Any, on_grid: bool = False) -> Any:
     """
     if type(src) is np.ndarray and kernels.narrow(src, out, on_grid):
         return out
-    if _fast(src, out, _F32, _BF16):
+    if _fast(src, out, _F32, None):
         _narrow_bf16(src, out, on_grid)
     else:
         out[...] = src
@@ -177,7 +196,7 @@ def widen(src: Any, out: Any) -> Any:
     """out (input dtype) <- src (wire dtype), exactly; returns out."""
     if type(src) is np.ndarray and kernels.widen(src, out):
         return out
-    if _fast(src, out, _BF16, _F32):
+    if _fast(src, out, None, _F32):
         _widen_bf16(src, out)
     else:
         out[...] = src
@@ -189,7 +208,7 @@ def round_trip(array: Any, scratch: Any) -> None:
     (``scratch``: a wire-dtype buffer of its size, unused where the kernels round in place)."""
     if type(array) is np.ndarray and kernels.round_trip(array, scratch):
         return
-    if _fast(array, array, _F32, _F32) and scratch.dtype == _BF16:
+    if _fast(array, array, _F32, _F32) and ops.is_bfloat16(scratch.dtype):
         _round_trip_bf16(array)
     else:
         narrow(array, scratch)

@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..ops import BFLOAT16, DTYPES
+from ..ops import NAMES as DTYPE_NAMES
+from ..ops import bfloat16
 from . import register
 from .base import Flags
 from .numpy import NumpyAdapter
@@ -49,7 +50,6 @@ except ImportError as error:
 # own message names them; a dtype with no NumPy twin is refused by `TorchAdapter.dtype`.
 TO_NUMPY: dict[torch.dtype, np.dtype] = {
     torch.float16: np.dtype(np.float16),
-    torch.bfloat16: BFLOAT16,
     torch.float32: np.dtype(np.float32),
     torch.float64: np.dtype(np.float64),
     torch.int32: np.dtype(np.int32),
@@ -108,7 +108,9 @@ class TorchAdapter(NumpyAdapter):
     def dtype(self, array: Any) -> np.dtype:
         dtype = TO_NUMPY.get(array.dtype)
         if dtype is None:
-            names = ", ".join(d.name for d in DTYPES)
+            if array.dtype is torch.bfloat16:  # ml_dtypes' twin, imported the first time
+                return bfloat16()
+            names = ", ".join(DTYPE_NAMES)
             raise TypeError(
                 f"dtype {str(array.dtype).removeprefix('torch.')} is not supported; use one of {names}"
             )
@@ -185,7 +187,7 @@ class TorchAdapter(NumpyAdapter):
     def flat(self, array: Any) -> np.ndarray:
         """A 1-D NumPy view of the tensor's memory (bfloat16: through int16, NumPy has no torch twin)."""
         if array.dtype is torch.bfloat16:
-            return array.view(torch.int16).numpy().ravel().view(BFLOAT16)
+            return array.view(torch.int16).numpy().ravel().view(bfloat16())
         return array.numpy().ravel()  # contiguous (validated): a view; ravel is 0.2 us under reshape
 
 
