@@ -80,14 +80,15 @@ def sizes(lines: list[str]) -> list[int]:
 
 
 def test_lose_one_grow_back_lose_two_grow_back(digests: dict[int, str]) -> None:
-    """At 4 ranks: rank 2 dies inside step 8, one replacement joins; rank 1 and the replacement
+    """At 4 ranks: rank 2 dies inside step 8 (or a few on), one replacement joins; rank 1 and the replacement
     (rank 3 by then) die inside step 20, two join; the weights are the uninterrupted run's."""
     run = job(4, "--grow", "--kill", "8:2:step", "--kill", "20:1:step", "--kill", "20:3:step")
     lines = run.finish()
     assert set(sizes(lines)) == {4}, run.output()  # grown back before any step on fewer
     assert steps_of(lines)[-1][:2] == (STEPS, STEPS), run.output()
     lost = [m.groups() for line in lines if (m := LOST.match(line))]
-    assert lost[0] == ("2", "4", "3", "8") or lost[0] == ("2", "4", "3", "7"), run.output()
+    # the kill's thread fires once the rank lets it have Python's lock: in step 8 or a few on
+    assert lost[0][:3] == ("2", "4", "3") and 7 <= int(lost[0][3]) < 20, run.output()
     assert sum(len(ranks.split(",")) for ranks, *_ in lost) == 3, run.output()
     grown = [m.groups() for line in lines if (m := GROWN.match(line))]
     assert grown[0] == ("3", "4") and grown[-1][1] == "4" and len(grown) == len(lost), run.output()
