@@ -344,7 +344,7 @@ def test_the_command_line_counts_the_software_it_is_told(
         return capsys.readouterr().out
 
     none, given = run("--software", "none"), run("--software", "2,5")
-    assert "software none" in none and "software 2 us a step, 5 us a call" in given
+    assert "software: none" in none and "software: 2 us a step, 5 us a call" in given
     preset = PRESETS["ndr400"]
     link = Link(preset.alpha, preset.beta)
     agreement = predict("mpi", AGREEMENT_BYTES, 1000, link, gamma=preset.gamma, software=NO_SOFTWARE)
@@ -354,12 +354,12 @@ def test_the_command_line_counts_the_software_it_is_told(
         assert on[size, "ring"] - off[size, "ring"] == pytest.approx(added * 1e6, abs=0.1)
         assert on[size, "mpi"] - off[size, "mpi"] == pytest.approx((5e-6 + agreement) * 1e6, abs=0.1)
     auto, default = run(), run("--software", "default")
-    assert _rows(auto) == _rows(default) and "(default, measured with the compiled core" in auto
+    assert _rows(auto) == _rows(default) and "(the default: the compiled core's" in auto
     calibrated = tmp_path / "model.json"
     busy = {2: Busy(2e-6, 2e-10, 2e-11, step=3e-6, overhead=4e-6)}
     save_params(Params(1e-6, 1e-10, 1e-11, 2, {"host": "h", "core": "c"}, busy), calibrated)
     mine = run("--params", str(calibrated))
-    assert "software 3 us a step, 4 us a call" in mine and "calibrated at 2 ranks, c core" in mine
+    assert "software: 3 us a step, 4 us a call" in mine and "calibrated at 2 ranks, c core" in mine
     assert _rows(mine) == _rows(run("--software", "3,4"))
     monkeypatch.setenv("HPCRING_MODEL", str(calibrated))  # auto reads the default file too
     config.reload()

@@ -206,8 +206,8 @@ def _software(args: argparse.Namespace) -> tuple[Software, str]:
     """hpcring's software the predictions count (--software), and a line that says which."""
     text = args.software.strip()
     if text == "none":
-        return NO_SOFTWARE, "software none (the network alone, unchecked)"
-    source = "default, measured with the compiled core (docs/scaling.md)"
+        return NO_SOFTWARE, "software: none (the network alone, as unchecked)"
+    source = "the default: the compiled core's, docs/scaling.md"
     software = DEFAULT_SOFTWARE
     if text == "auto":
         try:
@@ -232,8 +232,8 @@ def _software(args: argparse.Namespace) -> tuple[Software, str]:
             )
         software, source = Software(figures[0] * 1e-6, (figures[1:] or [0.0])[0] * 1e-6), "given"
     return software, (
-        f"software {software.step * 1e6:.3g} us a step, {software.call * 1e6:.3g} us a call "
-        f"+ the agreement ({AGREEMENT_BYTES} B all-reduce) ({source})"
+        f"software: {software.step * 1e6:.3g} us a step, {software.call * 1e6:.3g} us a call and the "
+        f"agreement's {AGREEMENT_BYTES} B all-reduce ({source})"
     )
 
 
