@@ -204,33 +204,34 @@ def _machine(args: argparse.Namespace) -> tuple[Link | Nodes, float, str]:
 
 def _software(args: argparse.Namespace) -> tuple[Software, str]:
     """hpcring's software the predictions count (--software), and a line that says which."""
-    text = args.software.strip()
-    if text == "none":
-        return NO_SOFTWARE, "software: none (the network alone, as unchecked)"
-    source = "the default: the compiled core's, docs/scaling.md"
-    software = DEFAULT_SOFTWARE
-    if text == "auto":
-        try:
-            found = load_params(args.params)
-        except ModelError:
-            if args.params is not None or default_path().exists():
-                raise  # a file that is there but cannot be read is an error, not a default
-            found = None
-        measured = None if found is None else found.software
-        if measured is not None:
-            ranks, software = measured
-            core = found.meta.get("core", "?") if found is not None else "?"
-            source = f"calibrated at {ranks} ranks, {core} core"
-    elif text != "default":
-        try:
-            figures = [float(v) for v in text.split(",")]
-        except ValueError:
-            figures = []
-        if not 1 <= len(figures) <= 2 or not all(0 <= v < math.inf for v in figures):
-            raise ModelError(
-                f"--software {args.software!r}: use auto, default, none, or STEP_US[,CALL_US] (numbers >= 0)"
-            )
-        software, source = Software(figures[0] * 1e-6, (figures[1:] or [0.0])[0] * 1e-6), "given"
+    default = DEFAULT_SOFTWARE, "the default: the compiled core's, docs/scaling.md"
+    match args.software.strip():
+        case "none":
+            return NO_SOFTWARE, "software: none (the network alone, as unchecked)"
+        case "default":
+            software, source = default
+        case "auto":  # the calibration file's, where it has them
+            software, source = default
+            try:
+                found = load_params(args.params)
+            except ModelError:
+                if args.params is not None or default_path().exists():
+                    raise  # a file that is there but cannot be read is an error, not a default
+                found = None
+            if found is not None and found.software is not None:
+                ranks, software = found.software
+                source = f"calibrated at {ranks} ranks, {found.meta.get('core', '?')} core"
+        case text:
+            try:
+                figures = [float(v) for v in text.split(",")]
+            except ValueError:
+                figures = []
+            if not 1 <= len(figures) <= 2 or not all(0 <= v < math.inf for v in figures):
+                raise ModelError(
+                    f"--software {args.software!r}: use auto, default, none, or STEP_US[,CALL_US] "
+                    "(numbers >= 0)"
+                )
+            software, source = Software(figures[0] * 1e-6, (figures[1:] or [0.0])[0] * 1e-6), "given"
     return software, (
         f"software: {software.step * 1e6:.3g} us a step, {software.call * 1e6:.3g} us a call and the "
         f"agreement's {AGREEMENT_BYTES} B all-reduce ({source})"
