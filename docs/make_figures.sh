@@ -31,13 +31,21 @@ uptime >&2  # the load the sample run was measured under: say it where the run i
 mpiexec --oversubscribe -n 2 python -m hpcring.bench -b 8 -e 1M -f 8 \
   --json docs/img/bench-cpu-2ranks.json --plot docs/img/bench-cpu-2ranks.png >docs/img/bench-cpu-2ranks.txt
 
-# The cost model's 1000-GPU figures quoted in docs/choosing.md, docs/scaling.md and docs/slurm.md.
+# The cost model's 1000-GPU figures quoted in docs/choosing.md, docs/scaling.md and docs/slurm.md,
+# with hpcring's software at the default figures (--software default: what a machine without a
+# calibration file gets, not this one's file), the first also without it (none) and with the
+# pure-Python core's figures measured here (3.3 us a step, 16 us a call).
 {
-  python -m hpcring.model --ranks 1000 --bytes 1K,1M,25M,64M,128M,256M,1G --gpus-per-node 8 --intra nvlink4 --link ndr400
-  python -m hpcring.model --ranks 1000 --bytes 1G --gpus-per-node 8 --intra nvlink4 --link ndr400 --nic shared
-  python -m hpcring.model --ranks 1000 --bytes 1G --link ndr400
-  python -m hpcring.model --ranks 8,64,512,1000 --bytes 1M,64M,1G --gpus-per-node 8 --intra nvlink4 --link ndr400
+  for software in default none 3.3,16; do
+    python -m hpcring.model --ranks 1000 --bytes 1K,1M,25M,64M,128M,256M,1G --gpus-per-node 8 --intra nvlink4 \
+      --link ndr400 --software $software
+  done
+  python -m hpcring.model --ranks 1000 --bytes 1G --gpus-per-node 8 --intra nvlink4 --link ndr400 --nic shared \
+    --software default
+  python -m hpcring.model --ranks 1000 --bytes 1G --link ndr400 --software default
+  python -m hpcring.model --ranks 8,64,512,1000 --bytes 1M,64M,1G --gpus-per-node 8 --intra nvlink4 --link ndr400 \
+    --software default
 } >docs/img/model-1000-gpus.txt
 # docs/scaling.md's picture: predicted time against ranks, 100 MiB and 1 GiB, nodes of 8 GPUs.
 python -m hpcring.model --ranks 8,1000 --bytes 100M,1G --gpus-per-node 8 --intra nvlink4 --link ndr400 \
-  --nic per-gpu --plot docs/img/scaling-1000-gpus.png >/dev/null
+  --nic per-gpu --software default --plot docs/img/scaling-1000-gpus.png >/dev/null

@@ -14,14 +14,40 @@ from hpcring import config
 FULL = os.environ.get("HPCRING_TEST_FULL") == "1"
 
 
+ONE_COUNT = 2  # where a test marked one_count runs (more than one rank: a real collective)
+
+
+def _world_size(config: pytest.Config) -> int | None:
+    """The rank count under ``--with-mpi`` (pytest-mpi's), else None: a serial run starts no MPI."""
+    if not config.getoption("with_mpi", False):
+        return None
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD.size
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under mpiexec every rank runs the same tests: rank 0 alone lists the slowest."""
+    if _world_size(config) is not None:
+        from mpi4py import MPI
+
+        if MPI.COMM_WORLD.rank:
+            config.option.durations = None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Cases marked ``full`` (soaks, many examples, large sizes) run only in the full run."""
+    """Cases marked ``full`` (soaks, many examples, large sizes) run only in the full run; MPI
+    tests marked ``one_count`` run at ONE_COUNT ranks only, except in the full run."""
     if FULL:
         return
     skip = pytest.mark.skip(reason="a long case: tests/run.sh --full runs it")
+    size = _world_size(config)
+    elsewhere = pytest.mark.skip(reason=f"the same at any rank count: runs at {ONE_COUNT} (--full: all)")
     for item in items:
         if "full" in item.keywords:
             item.add_marker(skip)
+        elif size is not None and size != ONE_COUNT and "one_count" in item.keywords:
+            item.add_marker(elsewhere)
 
 
 @pytest.fixture(autouse=True)

@@ -1,19 +1,42 @@
 #!/usr/bin/env bash
-# The whole test suite: serial tests, then the MPI tests under mpiexec at 1, 2, 3 and 4 ranks
-# (HPCRING_TEST_RANKS="2 3" runs those counts only). Works as root and on 2 cores (oversubscribed),
-# with Open MPI or MPICH (the mpiexec on PATH, the venv's). Extra arguments go to every pytest run.
+# The whole test suite: serial tests (two pytest-xdist workers where it is installed), then the
+# MPI tests under mpiexec at 1, 2, 3 and 4 ranks (HPCRING_TEST_RANKS="2 3" runs those counts
+# only). Works as root and on 2 cores (oversubscribed), with Open MPI or MPICH (the mpiexec on
+# PATH, the venv's). Extra arguments go to every pytest run. Each phase ends with its slowest
+# tests and its wall time (tests/durations.md keeps a whole run's).
+#
+#   bash tests/run.sh            # what CI and the README run
+#   bash tests/run.sh --full     # the long cases too (soaks, many examples, large sizes)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-if [ "${1:-}" = "--full" ]; then  # the long cases too (marked full: soaks, many examples, large sizes)
+if [ "${1:-}" = "--full" ]; then  # marked full: they run only here
   shift
   export HPCRING_TEST_FULL=1
 fi
 source tests/launcher.sh  # MPIEXEC: Open MPI's or MPICH's, more ranks than cores allowed
 export PYTHONUNBUFFERED=1
-python -m pytest -q "$@"
+# The serial tests wait more than they compute (jobs they launch, deadlines they wait out), so
+# two workers halve their time on 2 cores; HPCRING_TEST_WORKERS=0 runs them in one process.
+workers=${HPCRING_TEST_WORKERS:-2}
+parallel=()
+if [ "$workers" != 0 ] && python -c "import xdist" 2>/dev/null; then
+  parallel=(-n "$workers")
+fi
+started=$SECONDS
+phase() {  # phase NAME COMMAND...: runs it, then says how long it took (a failure still stops the run)
+  local name=$1 start=$SECONDS rc=0
+  shift
+  "$@" || rc=$?
+  echo "== $name: $((SECONDS - start)) s (exit $rc; $((SECONDS - started)) s so far)"
+  return $rc
+}
+# HPCRING_TEST_SERIAL: the serial tests to run (files or -k/-m arguments; default all of them)
+read -r -a serial <<< "${HPCRING_TEST_SERIAL:-}"
+phase "serial tests" python -m pytest -q --durations=10 "${parallel[@]}" "${serial[@]}" "$@"
 for ranks in ${HPCRING_TEST_RANKS:-1 2 3 4}; do
   echo "== MPI tests at $ranks rank(s)"
   # pytest-timeout ends a stuck test (and with it the job); `timeout` is the last resort.
-  timeout --signal=KILL 1500 "${MPIEXEC[@]}" -n "$ranks" \
-    python -m pytest -q --with-mpi -m mpi "$@"
+  # Only rank 0 reports the slowest tests (each rank times the same ones).
+  phase "MPI tests at $ranks rank(s)" timeout --signal=KILL 1500 "${MPIEXEC[@]}" -n "$ranks" \
+    python -m pytest -q --with-mpi -m mpi --durations=10 "$@"
 done

@@ -20,7 +20,8 @@ PY
 # hpcring.torch.destroy_process_group's pause prevents).
 # The docs' commands, and the stall and flight-recorder jobs (mpiexec runs of NumPy arrays, about
 # two minutes together), are not GPU-path tests either: the main suite runs them.
-python -m pytest -q --ignore=tests/test_framework_examples.py --ignore=tests/test_docs_commands.py \
+# Two pytest-xdist workers, as tests/run.sh runs the serial tests.
+python -m pytest -q -n 2 --ignore=tests/test_framework_examples.py --ignore=tests/test_docs_commands.py \
   --ignore=tests/test_stall.py --ignore=tests/test_flight.py "$@"
 timeout --signal=KILL 600 "${MPIEXEC[@]}" -n 2 python -m pytest -q --with-mpi -m mpi \
   tests/test_device.py tests/test_bench.py tests/test_staging.py "$@"

@@ -51,6 +51,10 @@ from hpcring.ops import DTYPES, OPS, check_op
 from hpcring.partition import segment_bounds
 from hpcring.units import busbw, busbw_factor, input_bytes, parse_size
 
+# The bench in-process is the same program at any rank count (the algorithms it times are tested
+# at every count elsewhere): its MPI tests run at one count (tests/conftest.py).
+pytestmark = pytest.mark.one_count
+
 CHOICES = [name for name in ALGORITHMS if name != "auto"]  # what auto may choose
 
 TINY = ["-b", "8", "-e", "64", "-n", "2", "-w", "1"]  # 4 sizes, a few ms a row

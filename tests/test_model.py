@@ -1,7 +1,8 @@
 """Serial tests of the cost model: the formulas against hand-computed values, scaling, the CLI's errors.
 
 Hand values use alpha = 1, beta = 0.01, gamma = 0.001 and n = 1000 bytes, so a message of
-the whole buffer costs 1 + 10 and reducing it costs 1.
+the whole buffer costs 1 + 10 and reducing it costs 1. They price the network alone
+(`NO_SOFTWARE`); hpcring's software on top has tests of its own.
 """
 
 from __future__ import annotations
@@ -19,14 +20,19 @@ import pytest
 from hpcring import algorithms, config
 from hpcring.model.cli import main, parse_size
 from hpcring.model.costs import (
+    AGREEMENT_BYTES,
     COLD_FROM,
+    DEFAULT_SOFTWARE,
     MODELLED,
+    NO_SOFTWARE,
     PRESETS,
+    RIDES_UP_TO,
     Busy,
     Link,
     ModelError,
     Nodes,
     Params,
+    Software,
     modelled,
     predict,
 )
@@ -39,7 +45,7 @@ N = 1000
 
 
 def t(algorithm: str, p: int, **kwargs) -> float:
-    return predict(algorithm, N, p, LINK, gamma=GAMMA, **kwargs)
+    return predict(algorithm, N, p, LINK, gamma=GAMMA, software=NO_SOFTWARE, **kwargs)
 
 
 # ring: 2(p-1) + 2(p-1)/p * 10 + (p-1)/p * 1; rabenseifner (p' = 2^floor(log2 p) < p: the
@@ -83,15 +89,15 @@ def test_busbw_identity(p: int) -> None:
     # With no latency and no arithmetic the ring moves 2(p-1)/p n bytes over each link,
     # so its busbw is exactly the link bandwidth, whatever p is.
     pure = Link(alpha=0.0, beta=1e-9)
-    assert busbw(N, p, predict("ring", N, p, pure, gamma=0.0)) == pytest.approx(1e9)
+    assert busbw(N, p, predict("ring", N, p, pure, gamma=0.0, software=NO_SOFTWARE)) == pytest.approx(1e9)
 
 
 def test_ring_stays_bounded_and_ps_grows_linearly() -> None:
     no_latency = Link(alpha=0.0, beta=0.01)
     bound = 2 * N * 0.01 + N * GAMMA
     ranks = [2, 16, 128, 1024, 8192]
-    ring = [predict("ring", N, p, no_latency, gamma=GAMMA) for p in ranks]
-    ps = [predict("ps", N, p, no_latency, gamma=GAMMA) for p in ranks]
+    ring = [predict("ring", N, p, no_latency, gamma=GAMMA, software=NO_SOFTWARE) for p in ranks]
+    ps = [predict("ps", N, p, no_latency, gamma=GAMMA, software=NO_SOFTWARE) for p in ranks]
     assert all(x < bound for x in ring)
     assert ring[-1] / ring[1] < 1.1
     # ps: each extra rank adds one buffer through the root's link and one reduction there.
@@ -106,10 +112,11 @@ def test_hierarchical_by_hand() -> None:
     # over 2 nodes: 2 * (10 + 125 * 0.01), or 125 * 0.04 with 4 flows through one NIC.
     per_gpu = Nodes(4, intra, inter, nic_shared=False)
     shared = Nodes(4, intra, inter, nic_shared=True)
-    assert predict("hierarchical", N, 8, per_gpu, gamma=0.0) == pytest.approx(30.0)
-    assert predict("hierarchical", N, 8, shared, gamma=0.0) == pytest.approx(37.5)
+    net = {"gamma": 0.0, "software": NO_SOFTWARE}
+    assert predict("hierarchical", N, 8, per_gpu, **net) == pytest.approx(30.0)
+    assert predict("hierarchical", N, 8, shared, **net) == pytest.approx(37.5)
     # A flat ring over 8 ranks crosses the node boundary at every step: 14 steps of 125 bytes.
-    assert predict("ring", N, 8, per_gpu, gamma=0.0) == pytest.approx(14 * (10 + 1.25))
+    assert predict("ring", N, 8, per_gpu, **net) == pytest.approx(14 * (10 + 1.25))
     with pytest.raises(ModelError, match="do not fill nodes"):
         predict("hierarchical", N, 6, per_gpu, gamma=0.0)
 
@@ -121,13 +128,13 @@ def test_hierarchical_beats_flat_ring_at_1000_gpus() -> None:
 
 
 def test_oversubscribed_ranks_share_cores() -> None:
-    params = Params(1.0, 0.01, GAMMA, cores=2)
-    assert predict("ring", N, 2, params) == pytest.approx(t("ring", 2))
-    assert predict("ring", N, 4, params) == pytest.approx(2 * t("ring", 4))
-    assert predict("ring", N, 4, Params(1.0, 0.01, GAMMA)) == pytest.approx(t("ring", 4))
+    params, net = Params(1.0, 0.01, GAMMA, cores=2), NO_SOFTWARE
+    assert predict("ring", N, 2, params, software=net) == pytest.approx(t("ring", 2))
+    assert predict("ring", N, 4, params, software=net) == pytest.approx(2 * t("ring", 4))
+    assert predict("ring", N, 4, Params(1.0, 0.01, GAMMA), software=net) == pytest.approx(t("ring", 4))
     # ps at 4 ranks on 2 cores: the root gathers (33), reduces (3) and copies (2) alone, at full
     # speed; the binomial Bcast (2 steps of 11) involves every rank, so it runs at half speed.
-    assert predict("ps", N, 4, params) == pytest.approx(33 + 3 + 2 + 2 * 22)
+    assert predict("ps", N, 4, params, software=net) == pytest.approx(33 + 3 + 2 + 2 * 22)
 
 
 @pytest.mark.parametrize(
@@ -161,7 +168,8 @@ def test_busy_figures_replace_the_pair_for_steps_every_rank_takes() -> None:
     params = Params(1.0, 0.01, GAMMA, cores=2, busy={4: busy})
     assert predict("ring", N, 4, params) == pytest.approx(6 * (2 + 250 * 0.02) + 750 * 0.004)
     assert predict("ps", N, 4, params) == pytest.approx(33 + 3 + 2 + 2 * (2 + 1000 * 0.02))
-    assert predict("ring", N, 3, params) == pytest.approx(1.5 * t("ring", 3))  # no busy figures for 3
+    no_busy = predict("ring", N, 3, params, software=NO_SOFTWARE)  # no busy figures for 3
+    assert no_busy == pytest.approx(1.5 * t("ring", 3))
 
 
 def test_partial_figures_price_the_phases_some_ranks_sit_out() -> None:
@@ -185,6 +193,189 @@ def test_a_large_call_starts_cold() -> None:
     assert predict("ring", full, 2, params) == pytest.approx(5 + 40 + 2 * 2)
     assert predict("ring", quarter, 2, params) == pytest.approx(5 + 10 + 2 * 2)
     assert predict("ring", 16 * full, 2, params) == pytest.approx(5 + 40 + 2 * 2)
+
+
+# ---- hpcring's software on top of the network (`Software`) ----------------------------------
+
+STEP, CALL = 0.5, 7.0  # a step's software and a call's, in LINK's units (a message costs 1 + n b)
+
+
+def sw(algorithm: str, p: int, software: Software, machine: Link | Nodes = LINK, n: float = N) -> float:
+    """What ``software`` adds to ``algorithm`` over the network alone."""
+    net = predict(algorithm, n, p, machine, gamma=GAMMA, software=NO_SOFTWARE)
+    return predict(algorithm, n, p, machine, gamma=GAMMA, software=software) - net
+
+
+@pytest.mark.parametrize("p", [2, 3, 4, 7, 8, 1000])
+def test_each_message_step_of_hpcrings_own_algorithms_pays_the_step(p: int) -> None:
+    """The ring's 2(p-1) steps, Rabenseifner's 2 log2 p (two more where p is not a power of two),
+    naive's p-1 exchanges: each pays ``step``; the library's own (mpi, and ps's Gather and Bcast)
+    none; every algorithm pays ``call`` once."""
+    software = Software(STEP, CALL, agreement=False)
+    raben = 2 * (p.bit_length() - 1) + (0 if p & (p - 1) == 0 else 2)  # p' = 2^floor(log2 p)
+    assert sw("ring", p, software) == pytest.approx(2 * (p - 1) * STEP + CALL)
+    assert sw("rabenseifner", p, software) == pytest.approx(raben * STEP + CALL)
+    assert sw("naive", p, software) == pytest.approx((p - 1) * STEP + CALL)
+    assert sw("mpi", p, software) == pytest.approx(CALL)
+    assert sw("ps", p, software) == pytest.approx(CALL)
+    assert sw("ring", p, Software(STEP, 0.0, agreement=False)) == pytest.approx(2 * (p - 1) * STEP)
+
+
+def test_the_step_pays_at_both_levels_of_a_two_level_algorithm() -> None:
+    """hierarchical on H nodes of L: the ring's 2(L-1) steps inside and 2(H-1) across."""
+    nodes = Nodes(8, Link(1.0, 0.001), Link(10.0, 0.01), nic_shared=False)
+    software = Software(STEP, CALL, agreement=False)
+    assert sw("hierarchical", 1000, software, nodes) == pytest.approx((14 + 248) * STEP + CALL)
+    assert sw("ring", 1000, software, nodes) == pytest.approx(1998 * STEP + CALL)
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 1000])
+def test_a_checked_call_pays_the_agreements_collective_once(p: int) -> None:
+    """The agreement is an MPI all-reduce of AGREEMENT_BYTES, priced as `mpi` is; an `mpi`
+    all-reduce of up to RIDES_UP_TO bytes rides in it and costs nothing more."""
+    agreement = predict("mpi", AGREEMENT_BYTES, p, LINK, gamma=GAMMA, software=NO_SOFTWARE)
+    checked = Software(0.0, CALL)
+    for algorithm in ("ring", "rabenseifner", "naive", "ps", "mpi"):
+        assert sw(algorithm, p, checked) == pytest.approx(CALL + agreement)
+    small = RIDES_UP_TO
+    assert predict("mpi", small, p, LINK, gamma=GAMMA, software=checked) == pytest.approx(CALL + agreement)
+    too_large = predict("mpi", small + 1, p, LINK, gamma=GAMMA, software=checked)  # it moves after
+    assert too_large == pytest.approx(
+        CALL + agreement + predict("mpi", small + 1, p, LINK, gamma=GAMMA, software=NO_SOFTWARE)
+    )
+    # other collectives agree too, and their data never rides
+    assert (
+        predict("mpi", small, p, LINK, gamma=GAMMA, software=checked, collective="allgather")
+        > CALL + agreement
+    )
+
+
+def test_one_rank_pays_nothing_and_other_collectives_pay_their_steps() -> None:
+    assert predict("ring", N, 1, LINK, gamma=GAMMA, software=Software(STEP, CALL)) == 0.0
+    software = Software(STEP, CALL, agreement=False)
+    net = predict("ring", N, 4, LINK, gamma=GAMMA, software=NO_SOFTWARE, collective="reduce_scatter")
+    rs = predict("ring", N, 4, LINK, gamma=GAMMA, software=software, collective="reduce_scatter")
+    assert rs - net == pytest.approx(3 * STEP + CALL)
+
+
+def test_the_agreements_size_is_hpcring_agreements() -> None:
+    """costs.py cannot import hpcring.agreement (NumPy, MPI): its figures are copied, and checked here."""
+    from hpcring import agreement
+
+    assert AGREEMENT_BYTES == 16 * agreement.WIDTH + agreement.SLOT
+    assert RIDES_UP_TO == agreement.SLOT
+
+
+def test_the_default_software_is_counted_unless_told_otherwise() -> None:
+    """A Link or Nodes, and Params without software figures, get DEFAULT_SOFTWARE."""
+    default = predict("ring", N, 8, LINK, gamma=GAMMA)
+    assert default == pytest.approx(predict("ring", N, 8, LINK, gamma=GAMMA, software=DEFAULT_SOFTWARE))
+    assert default > predict("ring", N, 8, LINK, gamma=GAMMA, software=NO_SOFTWARE)
+    params = Params(1.0, 0.01, GAMMA)
+    assert predict("ring", N, 8, params) == pytest.approx(default)
+
+
+def test_calibrated_software_prices_the_rank_counts_it_does_not_cover() -> None:
+    """Params.software: the figures of the largest rank count calibrated with a core per rank
+    (else the smallest); used where no busy figures cover the rank count, ignored where they do
+    (they hold the software already), and the library's steps lose it there."""
+    two = Busy(2.0, 0.02, 0.004, call=5.0, step=0.5, overhead=3.0)
+    four = Busy(9.0, 0.09, 0.004, call=20.0, step=4.0, overhead=1.0)
+    params = Params(1.0, 0.01, GAMMA, cores=2, busy={2: two, 4: four})
+    assert params.software == (2, Software(0.5, 3.0))
+    assert Params(1.0, 0.01, GAMMA, cores=1, busy={2: two, 4: four}).software == (2, Software(0.5, 3.0))
+    assert Params(1.0, 0.01, GAMMA, cores=8, busy={2: two, 4: four}).software == (4, Software(4.0, 1.0))
+    assert Params(1.0, 0.01, GAMMA, busy={2: Busy(2.0, 0.02, 0.004)}).software is None
+    software = Software(0.5, 3.0)
+    assert predict("ring", N, 8, params) == pytest.approx(
+        predict("ring", N, 8, Params(1.0, 0.01, GAMMA, cores=2), software=software)
+    )
+    # at 2 ranks the busy figures price the ring as before: 2 steps of (2 + 500 * 0.02) + the call
+    assert predict("ring", N, 2, params) == pytest.approx(5 + 2 * (2 + 500 * 0.02) + 500 * 0.004)
+    # mpi there: the same steps without hpcring's 0.5 of software each
+    assert predict("mpi", N, 2, params) == pytest.approx(5 + 2 * (1.5 + 500 * 0.02) + 500 * 0.004)
+    assert predict("mpi", RIDES_UP_TO, 2, params) == pytest.approx(5.0)  # it rides in the agreement
+
+
+def test_software_figures_round_trip_and_old_files_still_load(tmp_path: Path) -> None:
+    path = tmp_path / "model.json"
+    busy = {2: Busy(2e-6, 2e-10, 2e-11, 3e-6, 4e-6, step=1e-7, overhead=9e-7), 3: Busy(5e-6, 5e-10, 5e-11)}
+    save_params(Params(1e-6, 1e-10, 1e-11, 2, {"host": "h"}, busy), path)
+    record = json.loads(path.read_text())
+    assert record["busy"]["2"]["step"] == 1e-7 and "step" not in record["busy"]["3"]
+    loaded = load_params(path)
+    assert loaded.busy == busy and loaded.software == (2, Software(1e-7, 9e-7))
+    # a file written before the software was measured apart: version 1, no step nor overhead
+    old = {"version": 1, "alpha": 1e-6, "beta": 1e-10, "gamma": 1e-11, "cores": 2}
+    old["busy"] = {"2": {"alpha": 2e-6, "beta": 2e-10, "gamma": 2e-11, "call": 3e-6, "cold": 4e-6}}
+    path.write_text(json.dumps(old))
+    loaded = load_params(path)
+    assert loaded.busy[2] == Busy(2e-6, 2e-10, 2e-11, 3e-6, 4e-6) and loaded.software is None
+    assert predict("ring", 1 << 20, 8, loaded) == pytest.approx(
+        predict("ring", 1 << 20, 8, loaded, software=DEFAULT_SOFTWARE)
+    )
+
+
+@pytest.mark.parametrize("value", [-1e-6, "fast", True])
+def test_corrupt_software_figures_are_a_user_error(tmp_path: Path, value: object) -> None:
+    path = tmp_path / "model.json"
+    entry = {"alpha": 1, "beta": 1, "gamma": 1, "step": value}
+    path.write_text(json.dumps({"alpha": 1e-6, "beta": 1e-10, "gamma": 1e-11, "busy": {"2": entry}}))
+    with pytest.raises(ModelError, match=r"busy\['2'\] step must be a number >= 0"):
+        load_params(path)
+
+
+def _rows(out: str) -> dict[tuple[str, str], float]:
+    return {(r[1], r[2]): float(r[3]) for r in (line.split() for line in out.splitlines()) if r[0] != "#"}
+
+
+def test_the_command_line_counts_the_software_it_is_told(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--software none: the network alone; STEP_US,CALL_US: the ring at 1000 ranks gains
+    1998 steps and one call and agreement; default: DEFAULT_SOFTWARE; auto: the calibration
+    file's figures, else the default."""
+    monkeypatch.setenv("HPCRING_MODEL", str(tmp_path / "absent.json"))
+    config.reload()
+
+    def run(*args: str) -> str:
+        base = ["--ranks", "1000", "--bytes", "1K,1G", "--link", "ndr400", "--algorithms", "ring,mpi"]
+        assert main([*base, *args]) == 0
+        return capsys.readouterr().out
+
+    none, given = run("--software", "none"), run("--software", "2,5")
+    assert "software: none" in none and "software: 2 us a step, 5 us a call" in given
+    preset = PRESETS["ndr400"]
+    link = Link(preset.alpha, preset.beta)
+    agreement = predict("mpi", AGREEMENT_BYTES, 1000, link, gamma=preset.gamma, software=NO_SOFTWARE)
+    off, on = _rows(none), _rows(given)
+    for size in ("1K", "1G"):
+        added = 1998 * 2e-6 + 5e-6 + agreement
+        assert on[size, "ring"] - off[size, "ring"] == pytest.approx(added * 1e6, abs=0.1)
+        assert on[size, "mpi"] - off[size, "mpi"] == pytest.approx((5e-6 + agreement) * 1e6, abs=0.1)
+    auto, default = run(), run("--software", "default")
+    assert _rows(auto) == _rows(default) and "(the default: the compiled core's" in auto
+    calibrated = tmp_path / "model.json"
+    busy = {2: Busy(2e-6, 2e-10, 2e-11, step=3e-6, overhead=4e-6)}
+    save_params(Params(1e-6, 1e-10, 1e-11, 2, {"host": "h", "core": "c"}, busy), calibrated)
+    mine = run("--params", str(calibrated))
+    assert "software: 3 us a step, 4 us a call" in mine and "calibrated at 2 ranks, c core" in mine
+    assert _rows(mine) == _rows(run("--software", "3,4"))
+    monkeypatch.setenv("HPCRING_MODEL", str(calibrated))  # auto reads the default file too
+    config.reload()
+    assert _rows(run()) == _rows(mine)
+    calibrated.write_text("{")  # and says so where it is there but unreadable
+    assert main(["--ranks", "8", "--link", "ndr400"]) == 2
+    assert "corrupt calibration file" in capsys.readouterr().err
+    monkeypatch.delenv("HPCRING_MODEL")
+    config.reload()
+
+
+@pytest.mark.parametrize("value", ["fast", "-1", "1,2,3", "nan", "inf"])
+def test_the_command_line_refuses_bad_software(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--ranks", "8", "--bytes", "1K", "--link", "ndr400", "--software", value]) == 2
+    err = capsys.readouterr().err
+    assert "--software" in err and len(err.strip().splitlines()) == 1
 
 
 def test_busy_figures_round_trip_and_merge(tmp_path: Path) -> None:
@@ -420,7 +611,7 @@ B = 0.01  # LINK's beta
 
 
 def tc(collective: str, algorithm: str, p: int, n: float = N) -> float:
-    return predict(algorithm, n, p, LINK, gamma=GAMMA, collective=collective)
+    return predict(algorithm, n, p, LINK, gamma=GAMMA, collective=collective, software=NO_SOFTWARE)
 
 
 def _core(p: int) -> tuple[int, int]:
@@ -482,12 +673,12 @@ def test_busbw_of_the_bandwidth_optimal_schedules_is_the_link(p: int) -> None:
     """nccl-tests' factors make an ideal algorithm's busbw the link bandwidth whatever p is: the
     ring's reduce-scatter and all-gather with no latency and no arithmetic reach it exactly (size:
     the whole buffer, an all-gather's input a p-th of it), the pipelined broadcast within (p-2+k)/k."""
-    pure = Link(alpha=0.0, beta=1e-9)
+    pure, net = Link(alpha=0.0, beta=1e-9), {"gamma": 0.0, "software": NO_SOFTWARE}
     size = 1 << 30
     for collective in ("reduce_scatter", "allgather"):
-        seconds = predict("ring", input_bytes(size, p, collective), p, pure, gamma=0.0, collective=collective)
+        seconds = predict("ring", input_bytes(size, p, collective), p, pure, collective=collective, **net)
         assert busbw(size, p, seconds, collective) == pytest.approx(1e9)
-    seconds = predict("ring", size, p, pure, gamma=0.0, collective="broadcast")
+    seconds = predict("ring", size, p, pure, collective="broadcast", **net)
     k = size // (512 << 10)
     assert busbw(size, p, seconds, "broadcast") == pytest.approx(1e9 * k / (p - 2 + k))
 
@@ -499,6 +690,7 @@ def test_the_command_line_predicts_each_collective(
     """`--collective X`: one row per rank count, size and algorithm of X's table that declares its
     phases, size the whole buffer (an all-gather's input a G-th of it), busbw by X's factor."""
     argv = ["--collective", collective, "--ranks", "4,1000", "--bytes", "1M,1G", "--link", "ndr400"]
+    argv += ["--software", "default"]  # not a calibration file this machine may hold
     assert main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
     rows = [line.split() for line in lines if not line.startswith("#")]

@@ -16,7 +16,8 @@ from mpi4py import MPI
 import hpcring
 from hpcring.comm import state_of
 
-pytestmark = pytest.mark.mpi
+# What a thread may do does not change with the number of ranks: one count (tests/conftest.py).
+pytestmark = [pytest.mark.mpi, pytest.mark.one_count]
 WORLD = MPI.COMM_WORLD
 
 

@@ -16,7 +16,7 @@ from mpi4py import MPI
 import hpcring
 from hpcring import agreement, algorithms, flight, watchdog, wire
 from hpcring.algorithms import Phase, Spec
-from hpcring.model.costs import Link, ModelError, predict
+from hpcring.model.costs import NO_SOFTWARE, Link, ModelError, predict
 from hpcring.viz import Replay, describe
 
 WORLD = MPI.COMM_WORLD
@@ -146,7 +146,7 @@ def test_the_flight_record_reads_the_step_of_a_stepped_algorithm(toys: dict[str,
 
 def test_the_cost_model_prices_declared_phases_and_refuses_the_rest(toys: dict[str, Spec]) -> None:
     link = Link(1e-6, 1e-9)
-    assert predict("toywire", 1 << 20, 4, link, gamma=1e-10) == pytest.approx(
+    assert predict("toywire", 1 << 20, 4, link, gamma=1e-10, software=NO_SOFTWARE) == pytest.approx(
         3 * (1e-6 + (1 << 20) * 1e-9) + 3 * (1 << 20) * 1e-10
     )
     with pytest.raises(ModelError, match="unknown algorithm 'toy'"):

@@ -218,12 +218,13 @@ def test_gradient_sync_refuses_bad_wire_on_every_rank() -> None:
 
 
 def test_cost_model_halves_the_bytes() -> None:
-    from hpcring.model.costs import Link, predict
+    from hpcring.model.costs import NO_SOFTWARE, Link, predict
 
-    link = Link(0.0, 1e-9)  # bandwidth only, no reductions: the time is the bytes
+    link = Link(0.0, 1e-9)  # bandwidth only, no reductions, no software: the time is the bytes
     for algorithm in ("naive", "ps", "ring", "rabenseifner"):
-        plain = predict(algorithm, 1 << 20, 4, link, gamma=0.0)
-        assert predict(algorithm, 1 << 20, 4, link, gamma=0.0, wire="bfloat16") == pytest.approx(plain / 2)
+        plain = predict(algorithm, 1 << 20, 4, link, gamma=0.0, software=NO_SOFTWARE)
+        narrow = predict(algorithm, 1 << 20, 4, link, gamma=0.0, wire="bfloat16", software=NO_SOFTWARE)
+        assert narrow == pytest.approx(plain / 2)
 
 
 # ---- the wire pool: priced by the memory guard, settled after a failed call -----------------

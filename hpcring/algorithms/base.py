@@ -93,6 +93,9 @@ class Spec:
     levels: Callable[[float, int, int], tuple[list[Phase], list[Phase]]] | None = None
     # ... and what it runs where its structure does not apply (a two-level one on one node)
     fallback: str | None = None
+    # its messages are the library's collectives (ps: a Gather and a Bcast), so the cost model
+    # adds no per-step software of hpcring's to them (`hpcring.model.costs.Software`)
+    library_steps: bool = False
     # wire=: narrowings(size, per_node) -> how often one element's value is rounded to the wire
     # dtype on its longest path (the error bound's k); None: it cannot narrow (the library moves
     # the data) and wire= is refused

@@ -69,5 +69,6 @@ ALLREDUCE = Spec(
     bytes_sent=bytes_sent,
     scratch_bytes=scratch_bytes,
     phases=steps,
+    library_steps=True,  # MPI_Gather and MPI_Bcast: their messages are the library's
     narrowings=lambda size, per_node: 2,  # each input on its way to the root, the sum on the way back
 )

@@ -26,6 +26,13 @@ For n bytes on p ranks (p' = 2^floor(log2 p); every cost is 0 at p = 1):
 
 busbw = algbw * 2(p-1)/p (nccl-tests), algbw = n / time.
 
+hpcring's software on top of the network (`costs.Software`; a is an MPI latency): s per message
+step of hpcring's own algorithms (the ring 2(p-1) s, rabenseifner (2 log2 p' + 2) s, or
+2 log2 p s at a power of two, naive (p-1) s, hierarchical (2(L-1) + 2(H-1)) s; mpi and ps
+none, their messages move inside the library), and once per call c plus the agreement
+(check=True): an MPI all-reduce of AGREEMENT_BYTES priced as mpi, in which an mpi all-reduce
+of up to RIDES_UP_TO bytes rides (it then costs c and the agreement alone).
+
 The other collectives (``predict(..., collective=...)``, ``--collective``), n each rank's input
 (an all-gather's: one rank's row; p' and the fold as above):
 
@@ -44,7 +51,7 @@ output, p inputs).
 
 The package, one concern a module:
 
-- `hpcring.model.costs`: the formulas above, pure (no MPI, no NumPy): `predict`, `Params`,
+- `hpcring.model.costs`: the formulas above, pure (no MPI, no NumPy): `predict`, `Params`, `Software`,
   `Link`, `Nodes`, `ModelError`;
 - `hpcring.model.params`: the calibration file (`load_params`, `save_params`, `default_path`);
 - `hpcring.model.calibrate`: calibration and validation, under mpiexec;
@@ -63,14 +70,17 @@ raises it for an unknown algorithm or a non-positive size or rank count. With ca
 the calibrated cores (`oversubscription`), unless the calibration measured them with that many
 ranks busy at once (`Busy`, one entry per rank count calibrated; `Params.partial` for the
 phases some ranks sit out, waiting). A call adds `Busy.call` (the agreement) and, from
-COLD_FROM bytes, `Busy.cold` (its fixed costs paid again with cold caches). `Link` and
-`Nodes` assume a core or GPU per rank.
+COLD_FROM bytes, `Busy.cold` (its fixed costs paid again with cold caches). Elsewhere (other
+rank counts, a `Link` or `Nodes`) the software is `predict(..., software=)`: by default the
+calibration's (`Busy.step`, `Busy.overhead`: `Params.software`), else `DEFAULT_SOFTWARE`;
+`NO_SOFTWARE` gives the network alone. `Link` and `Nodes` assume a core or GPU per rank.
 
 Command line (only rank 0 prints; user errors exit 2 with one line, no traceback)::
 
     mpiexec -n 2 python -m hpcring.model --calibrate [--output FILE] [--quick]   # again at -n 3, 4...
     mpiexec -n 4 python -m hpcring.model --validate [--params FILE] [--sizes 1M,4M,16M]
-    python -m hpcring.model --ranks 8,64,512,1000 --bytes 100M,1G [--link ndr400] [--plot t.png]
+    python -m hpcring.model --ranks 8,64,512,1000 --bytes 100M,1G [--link ndr400] [--plot t.png] \
+        [--software auto|default|none|STEP_US[,CALL_US]]
     python -m hpcring.model --ranks 64,1000 --bytes 1G --gpus-per-node 8 --intra nvlink4 --link ndr400
     python -m hpcring.model --collective allgather --ranks 8,1000 --bytes 1G --link ndr400
 """

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..polling import idle_barrier
 from ..units import parse_size
-from .costs import MODELLED, Busy, ModelError, Params, log2_floor, predict
+from .costs import AGREEMENT_BYTES, MODELLED, Busy, ModelError, Params, log2_floor, predict
 
 
 def flush_bytes() -> int:
@@ -160,7 +160,14 @@ def _busy(comm: Any, array: str, sizes: Sequence[int], small: int, large: int) -
     its right neighbour while receiving from its left, then adds. Each sample is the slowest
     rank's time (a step waits for it); the figure is the median of the samples. ``cold`` is
     what the one-element call adds after each rank wrote `flush_bytes`, as a large call
-    leaves the caches."""
+    leaves the caches.
+
+    hpcring's software apart (`Busy.step`, `Busy.overhead`): an unchecked call's fixed cost is
+    the library's all-reduce through hpcring less the bare one; a ring step's software is its
+    share of the unchecked one-element ring, that fixed cost taken out, less MPI's exchange
+    latency (the `Sendrecv` less mpi4py's own work around it, timed on MPI_PROC_NULL: the
+    compiled core calls MPI from C); a checked call's overhead is that fixed cost and what the
+    agreement adds, less the agreement's collective timed bare. Each is at least 0."""
     import numpy as np
     from mpi4py import MPI
 
@@ -180,9 +187,10 @@ def _busy(comm: Any, array: str, sizes: Sequence[int], small: int, large: int) -
         comm.Allreduce(MPI.IN_PLACE, samples, op=MPI.MAX)
         return float(np.median(samples[2:]))
 
-    def exchange(nbytes: int) -> Any:
+    def exchange(nbytes: int, peer: Any = None) -> Any:
         send, recv = np.ones(max(nbytes, 1), np.uint8), np.empty(max(nbytes, 1), np.uint8)
-        return lambda: comm.Sendrecv(send, right, 9, recv, left, 9)
+        to, frm = (right, left) if peer is None else (peer, peer)
+        return lambda: comm.Sendrecv(send, to, 9, recv, frm, 9)
 
     latency = slowest(exchange(1), small)
     beta = statistics.median(max(slowest(exchange(n), large) - latency, 1e-15) / n for n in sizes)
@@ -190,15 +198,26 @@ def _busy(comm: Any, array: str, sizes: Sequence[int], small: int, large: int) -
 
     import hpcring  # hpcring's own ring on one element: 2(p-1) steps that carry (next to) nothing
 
-    one = np.ones(1, np.float32)
+    from ..agreement import collective
 
-    def ring(check: bool) -> Any:
-        return lambda: hpcring.allreduce(one, algorithm="ring", comm=comm, check=check)
+    one = np.zeros(1, np.float32)  # summed in place call after call: zeros never overflow
 
-    bare, checked = slowest(ring(False), small // 5), slowest(ring(True), small // 5)
-    cold = slowest(ring(True), small // 5, cold=True)
+    def call(algorithm: str, check: bool) -> Any:
+        return lambda: hpcring.allreduce(one, algorithm=algorithm, comm=comm, check=check)
+
+    bare, checked = slowest(call("ring", False), small // 5), slowest(call("ring", True), small // 5)
+    cold = slowest(call("ring", True), small // 5, cold=True)
     alpha = max(latency, bare / (2 * (size - 1)))
-    return Busy(alpha, beta, gamma, max(checked - bare, 0.0), max(cold - checked, 0.0))
+    # The software apart from MPI's own costs.
+    mpi_latency = max(latency - slowest(exchange(1, MPI.PROC_NULL), small), 0.0)
+    library = slowest(lambda: comm.Allreduce(MPI.IN_PLACE, one, op=MPI.SUM), small)
+    fixed = max(slowest(call("mpi", False), small // 5) - library, 0.0)
+    datatype, op = collective()
+    row = np.zeros(AGREEMENT_BYTES, np.uint8)  # nothing riding, every rank alike
+    agreement = slowest(lambda: comm.Allreduce(MPI.IN_PLACE, [row, 1, datatype], op), small)
+    step = max((bare - fixed) / (2 * (size - 1)) - mpi_latency, 0.0)
+    overhead = max(fixed + checked - bare - agreement, 0.0)
+    return Busy(alpha, beta, gamma, max(checked - bare, 0.0), max(cold - checked, 0.0), step, overhead)
 
 
 def _partial(comm: Any, array: str, sizes: Sequence[int], small: int, large: int) -> Busy | None:

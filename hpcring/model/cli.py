@@ -23,13 +23,17 @@ from ..algorithms import ALLREDUCE, COLLECTIVES
 from ..units import busbw, busbw_formula, collective_title, format_size, input_bytes
 from .calibrate import calibrate, check_array, runnable, validate
 from .costs import (
+    AGREEMENT_BYTES,
     BCAST_FORMS,
+    DEFAULT_SOFTWARE,
     GB,
+    NO_SOFTWARE,
     PRESETS,
     Link,
     ModelError,
     Nodes,
     Preset,
+    Software,
     log2_floor,
     modelled,
     predict,
@@ -121,6 +125,15 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--bcast", choices=BCAST_FORMS, default="binomial", help="ps: how MPI_Bcast is modelled"
     )
+    parser.add_argument(
+        "--software",
+        default="auto",
+        metavar="auto|default|none|STEP_US[,CALL_US]",
+        help="hpcring's own cost on top of the network's: us per message step of its algorithms "
+        "and us per checked call (plus the agreement's collective, priced on the link); auto: "
+        "the calibration file's figures, else default (measured with the compiled core, "
+        "docs/scaling.md); none: the network alone",
+    )
     parser.add_argument("--plot", metavar="FILE.png", help="draw time vs ranks")
     return parser
 
@@ -189,6 +202,42 @@ def _machine(args: argparse.Namespace) -> tuple[Link | Nodes, float, str]:
     return nodes, gamma, where
 
 
+def _software(args: argparse.Namespace) -> tuple[Software, str]:
+    """hpcring's software the predictions count (--software), and a line that says which."""
+    default = DEFAULT_SOFTWARE, "the default: the compiled core's, docs/scaling.md"
+    match args.software.strip():
+        case "none":
+            return NO_SOFTWARE, "software: none (the network alone, as unchecked)"
+        case "default":
+            software, source = default
+        case "auto":  # the calibration file's, where it has them
+            software, source = default
+            try:
+                found = load_params(args.params)
+            except ModelError:
+                if args.params is not None or default_path().exists():
+                    raise  # a file that is there but cannot be read is an error, not a default
+                found = None
+            if found is not None and found.software is not None:
+                ranks, software = found.software
+                source = f"calibrated at {ranks} ranks, {found.meta.get('core', '?')} core"
+        case text:
+            try:
+                figures = [float(v) for v in text.split(",")]
+            except ValueError:
+                figures = []
+            if not 1 <= len(figures) <= 2 or not all(0 <= v < math.inf for v in figures):
+                raise ModelError(
+                    f"--software {args.software!r}: use auto, default, none, or STEP_US[,CALL_US] "
+                    "(numbers >= 0)"
+                )
+            software, source = Software(figures[0] * 1e-6, (figures[1:] or [0.0])[0] * 1e-6), "given"
+    return software, (
+        f"software: {software.step * 1e6:.3g} us a step, {software.call * 1e6:.3g} us a call and the "
+        f"agreement's {AGREEMENT_BYTES} B all-reduce ({source})"
+    )
+
+
 def _names(args: argparse.Namespace, known: Sequence[str]) -> list[str]:
     if args.algorithms is None:
         return list(known)
@@ -217,7 +266,8 @@ def _predictions(args: argparse.Namespace, out: Any) -> None:
         for nbytes in sizes:
             if input_bytes(nbytes, p, collective) == 0:
                 raise ModelError(f"--bytes {nbytes} gathered from {p} ranks: less than a byte from each")
-    print(f"# hpcring.model: {where}; ps Bcast {args.bcast}", file=out)
+    software, counted = _software(args)
+    print(f"# hpcring.model: {where}; ps Bcast {args.bcast}; {counted}", file=out)
     if collective != ALLREDUCE:  # what a row's size and busbw are, as the bench's
         gathered = input_bytes(2, 2, collective) == 1
         what = "the gathered output, G inputs" if gathered else "each rank's input"
@@ -252,6 +302,7 @@ def _predictions(args: argparse.Namespace, out: Any) -> None:
                     bcast=args.bcast,
                     wire=wire,
                     collective=collective,
+                    software=software,
                 )
                 name = algorithm if wire is None else f"{algorithm}+{wire}"
                 algbw = f"{nbytes / t / GB:13.3f}" if t > 0 else f"{'-':>13}"
@@ -261,7 +312,7 @@ def _predictions(args: argparse.Namespace, out: Any) -> None:
                     file=out,
                 )
     if args.plot and out is sys.stdout:
-        _plot(args.plot, machine, gamma, ranks, sizes, algorithms, args.bcast, where, collective)
+        _plot(args.plot, machine, gamma, ranks, sizes, algorithms, args.bcast, where, collective, software)
         print(f"# plot: {args.plot}", file=out)
 
 
@@ -275,6 +326,7 @@ def _plot(
     bcast: str,
     where: str,
     collective: str = ALLREDUCE,
+    software: Software | None = None,
 ) -> None:
     """Time vs ranks, log-log: ring and rabenseifner flatten out, ps and naive climb linearly."""
     import matplotlib
@@ -299,6 +351,7 @@ def _plot(
                     gamma=gamma,
                     bcast=bcast,
                     collective=collective,
+                    software=software,
                 )
                 for p in grid
             ]
@@ -372,6 +425,12 @@ def _mpi_main(args: argparse.Namespace) -> int:
                         f"beta {b.beta * 1e9:.4g} ns/B ({1 / b.beta / GB:.3g} GB/s), "
                         f"gamma {b.gamma * 1e9:.4g} ns/B ({1 / b.gamma / GB:.3g} GB/s); a call "
                         f"{b.call * 1e6:.3g} us, {b.cold * 1e6:.3g} us more with cold caches"
+                        + (
+                            f"; hpcring's software {b.step * 1e6:.3g} us a step, {b.overhead * 1e6:.3g} us "
+                            "a checked call besides the agreement's collective"
+                            if b.step is not None and b.overhead is not None
+                            else ""
+                        )
                     )
                 for p, b in sorted(params.partial.items()):
                     print(

@@ -58,6 +58,12 @@ class Busy:
     ``alpha`` is a step of hpcring's own ring at the smallest size (the Python and mpi4py
     around each message included, which dwarf MPI's latency on shared memory), and ``call``
     what one call adds on top: the ranks' agreement before data moves (LogP's overhead o).
+
+    ``step`` and ``overhead`` split the same figures into hpcring's software and the MPI under
+    it, so that they carry to other rank counts and machines (`Software`): ``step``, what a
+    step of hpcring's ring takes beyond the exchange latency measured beside it; ``overhead``,
+    what a checked call takes beyond its messages and the agreement's collective. None in files
+    written before they were measured.
     """
 
     alpha: float
@@ -65,6 +71,51 @@ class Busy:
     gamma: float
     call: float = 0.0
     cold: float = 0.0  # what a call adds when it starts with cold caches (see COLD_FROM)
+    step: float | None = None
+    overhead: float | None = None
+
+    @property
+    def software(self) -> Software | None:
+        """hpcring's software as measured here, where the calibration measured it."""
+        if self.step is None or self.overhead is None:
+            return None
+        return Software(self.step, self.overhead)
+
+
+# The agreement's collective (`hpcring.agreement`): one all-reduce of a 16 * WIDTH-byte header
+# and a SLOT of 512 bytes on every checked call; an `mpi` all-reduce of up to SLOT bytes rides
+# in it (tests/test_model.py checks both against hpcring.agreement, which this module does not
+# import: it loads NumPy and MPI).
+AGREEMENT_BYTES = 768
+RIDES_UP_TO = 512
+
+
+@dataclass(frozen=True)
+class Software:
+    """hpcring's own cost around what MPI does: the network's figures (a `Link`'s alpha is an
+    MPI latency) leave it out.
+
+    ``step``: seconds each message step of hpcring's own algorithms adds to the MPI latency
+    (the compiled core's or Python's work around the message); not for the steps that run
+    inside the library (`mpi`; ps's Gather and Bcast, `Spec.library_steps`). ``call``: seconds
+    a checked call adds once, besides its messages and the agreement's collective (entering
+    hpcring, building and checking the row). ``agreement``: the call agrees first
+    (``check=True``, the default): its collective, an MPI all-reduce of AGREEMENT_BYTES, is
+    priced on the machine as `mpi` is, and a small `mpi` all-reduce rides in it.
+    """
+
+    step: float = 0.0
+    call: float = 0.0
+    agreement: bool = True
+
+
+# What the network alone costs: the figures before hpcring's software was counted (check=False,
+# and steps as cheap as MPI's own).
+NO_SOFTWARE = Software(0.0, 0.0, agreement=False)
+# Measured with the compiled core (`python -m hpcring.model --calibrate`, 2 ranks on a 2-core
+# AMD EPYC virtual machine, Open MPI 5.0.11 wheel, shared memory; docs/scaling.md): what
+# predictions assume where no calibration says otherwise.
+DEFAULT_SOFTWARE = Software(step=0.0, call=0.85e-6)
 
 
 # A call that moves this much data per rank leaves the per-core caches cold: the interpreter
@@ -106,6 +157,16 @@ class Params:
         if self.inter_alpha is None or self.inter_beta is None:
             return None
         return Link(self.inter_alpha, self.inter_beta)
+
+    @property
+    def software(self) -> tuple[int, Software] | None:
+        """hpcring's software measured here, and the rank count it was measured at: the largest
+        calibrated with a core per rank (as the presets assume), else the smallest."""
+        measured = sorted((p, b.software) for p, b in self.busy.items() if b.software is not None)
+        if not measured:
+            return None
+        fitting = [m for m in measured if self.cores is None or m[0] <= self.cores]
+        return fitting[-1] if fitting else measured[0]
 
     def nodes(self, per_node: int) -> Nodes | None:
         """This machine as nodes of ``per_node`` ranks sharing one NIC each, where calibrated so."""
@@ -217,12 +278,14 @@ def seconds(
     slowdown: float = 1.0,
     busy: Busy | None = None,
     partial: Busy | None = None,
+    software: float = 0.0,
 ) -> float:
     """The time of ``steps``: each phase on the link its messages cross, shared by the flows that
     cross at once; phases in which every rank works are ``slowdown`` times slower (`oversubscription`),
     or, where ``busy`` figures were measured for these ranks, cost what those say (``partial``
     ones for phases that some ranks sit out, where measured); steps that cross between nodes
-    are not slowed: they wait on the network, not on the cores."""
+    are not slowed: they wait on the network, not on the cores. ``software``: seconds each
+    message adds (`Software.step`; the busy figures hold it already)."""
     total = 0.0
     for step in steps:
         figures = partial if step.partial and partial is not None else busy
@@ -239,7 +302,7 @@ def seconds(
                 flows = _crossing(step.distance, step.pattern, machine.per_node, ranks)
                 link = machine.inter if flows else machine.intra
                 share = flows if (flows and machine.nic_shared) else 1
-            cost += step.messages * (link.alpha + step.nbytes * link.beta * share)
+            cost += step.messages * (link.alpha + software + step.nbytes * link.beta * share)
         total += cost * (slowdown if step.pattern in CONCURRENT and not flows else 1.0)
     return total
 
@@ -273,6 +336,7 @@ def predict(
     wire: str | None = None,
     itemsize: int = 4,
     collective: str = ALLREDUCE,
+    software: Software | None = None,
 ) -> float:
     """Predicted seconds of one ``collective`` (default the all-reduce) on ``ranks`` ranks, whose
     input is ``nbytes`` on each rank: the buffer, which for an all-gather is one rank's row
@@ -287,6 +351,11 @@ def predict(
     (`modelled`; the all-reduce's naive, ps, ring, rabenseifner, mpi, and on `Nodes` also
     hierarchical). ``per_node`` with `Params` calibrated across nodes (they
     hold the inter-node link too) predicts on nodes of that many ranks, ranks in blocks.
+
+    ``software`` is hpcring's own cost on top of the network's (`Software`; `NO_SOFTWARE`: the
+    network alone). Default: the calibration's figures (`Params.software`), else
+    `DEFAULT_SOFTWARE`. Where `Params` hold busy figures for ``ranks`` ranks on one machine,
+    those are used as measured instead: they hold the software already.
     """
     _check_size(nbytes, ranks)
     spec = spec_of(algorithm, collective)
@@ -307,32 +376,60 @@ def predict(
         slowdown = oversubscription(ranks, params.cores)
         if not two_level:  # measured on one machine, flat
             busy, partial = params.busy.get(ranks), params.partial.get(ranks)
+        if software is None:
+            calibrated = params.software
+            software = DEFAULT_SOFTWARE if calibrated is None else calibrated[1]
     else:
         machine = params
         if gamma is None:
             raise ModelError("predict: gamma is needed with a Link or Nodes")
-    call = 0.0  # the default call agrees first (check=True), and large ones start cold
-    if busy is not None:
-        call = busy.call + busy.cold * min(1.0, nbytes / COLD_FROM)
+        if software is None:
+            software = DEFAULT_SOFTWARE
+    # What the call pays once, and each of hpcring's message steps.
+    if busy is not None:  # measured at this rank count: the default call agrees first (check=True),
+        call = busy.call + busy.cold * min(1.0, nbytes / COLD_FROM)  # and large ones start cold
+        checked, step = True, 0.0  # busy.alpha holds the step's software
+    else:  # one rank alone has nothing to agree on with anyone: every cost is 0 there
+        checked, step = software.agreement, software.step
+        call = software.call if ranks > 1 else 0.0
+        if checked and ranks > 1:
+            call += _library(AGREEMENT_BYTES, ranks, machine, gamma, slowdown, busy, partial)
+    if spec.library_steps:
+        step = 0.0
     if spec.modelled_as:  # the library's choice: the cheaper of those it chooses between
-        return call + min(
-            seconds(
-                phases(a, nbytes, ranks, collective=collective),
-                machine,
-                gamma,
-                ranks,
-                slowdown,
-                busy,
-                partial,
-            )
-            for a in spec.modelled_as
-        )
+        if checked and spec.rides and collective == ALLREDUCE and nbytes <= RIDES_UP_TO:
+            return call  # the data is reduced inside the agreement's collective
+        if busy is not None and busy.step is not None:  # the library's steps lack hpcring's software
+            busy = replace(busy, alpha=max(busy.alpha - busy.step, 0.0))
+        return call + _library(nbytes, ranks, machine, gamma, slowdown, busy, partial, spec, collective)
     if spec.levels is not None:
         if not isinstance(machine, Nodes):
             raise ModelError(f"{algorithm} needs a machine of nodes (--gpus-per-node)")
-        return _two_level(spec, nbytes, ranks, machine, gamma, slowdown, ratio)
+        return call + _two_level(spec, nbytes, ranks, machine, gamma, slowdown, ratio, step)
     steps = on_wire(phases(algorithm, nbytes, ranks, bcast=bcast, collective=collective), ratio)
-    return call + seconds(steps, machine, gamma, ranks, slowdown, busy, partial)
+    return call + seconds(steps, machine, gamma, ranks, slowdown, busy, partial, step)
+
+
+def _library(
+    nbytes: float,
+    ranks: int,
+    machine: Link | Nodes,
+    gamma: float,
+    slowdown: float,
+    busy: Busy | None,
+    partial: Busy | None,
+    spec: Spec | None = None,
+    collective: str = ALLREDUCE,
+) -> float:
+    """The library's own ``collective`` (``spec``: its `modelled_as`; default the all-reduce's):
+    the cheapest of the algorithms it chooses between, with no software of hpcring's."""
+    names = (spec or spec_of("mpi")).modelled_as
+    return min(
+        seconds(
+            phases(a, nbytes, ranks, collective=collective), machine, gamma, ranks, slowdown, busy, partial
+        )
+        for a in names
+    )
 
 
 def oversubscription(ranks: int, cores: int | None) -> float:
@@ -353,11 +450,13 @@ def _two_level(
     gamma: float,
     slowdown: float = 1.0,
     ratio: float = 1.0,
+    software: float = 0.0,
 ) -> float:
     """A two-level algorithm (`Spec.levels`): its phases inside a node on the node's link, those
     across nodes on the network (L flows at once where the NIC is shared).
 
-    ``slowdown`` (ranks sharing cores) applies inside the node; across, the ranks wait on the NIC."""
+    ``slowdown`` (ranks sharing cores) applies inside the node; across, the ranks wait on the NIC.
+    ``software``: seconds each message step adds, at both levels."""
     per_node = machine.per_node
     if ranks % per_node:
         raise ModelError(f"{ranks} ranks do not fill nodes of {per_node}")
@@ -366,6 +465,6 @@ def _two_level(
     inter = Link(machine.inter.alpha, machine.inter.beta * share)
     assert spec.levels is not None
     inside, across = spec.levels(nbytes, ranks, per_node)
-    return seconds(on_wire(inside, ratio), machine.intra, gamma, per_node, slowdown) + seconds(
-        on_wire(across, ratio), inter, gamma, nodes
-    )
+    return seconds(
+        on_wire(inside, ratio), machine.intra, gamma, per_node, slowdown, software=software
+    ) + seconds(on_wire(across, ratio), inter, gamma, nodes, software=software)

@@ -16,7 +16,9 @@ from typing import Any
 from .. import config
 from .costs import Busy, ModelError, Params
 
-FORMAT_VERSION = 1
+# 2: busy entries may hold hpcring's software apart (``step``, ``overhead``); files of version 1,
+# without them, read as before.
+FORMAT_VERSION = 2
 
 
 def default_path() -> Path:
@@ -67,7 +69,8 @@ def load_params(path: str | os.PathLike[str] | None = None) -> Params:
 
 def _load_busy(table: Any, where: Path, name: str = "busy") -> dict[int, Busy]:
     """The ``busy`` (or ``partial``) table of a calibration file:
-    {"p": {"alpha": ..., "beta": ..., "gamma": ..., "call": ..., "cold": ...}}."""
+    {"p": {"alpha": ..., "beta": ..., "gamma": ..., "call": ..., "cold": ..., "step": ...,
+    "overhead": ...}}; call and cold are 0 where absent, step and overhead None."""
     if not isinstance(table, dict):
         raise ModelError(f"corrupt calibration file {where}: {name} must be an object")
     busy = {}
@@ -86,7 +89,19 @@ def _load_busy(table: Any, where: Path, name: str = "busy") -> dict[int, Busy]:
                 raise ModelError(
                     f"corrupt calibration file {where}: {name}[{key!r}] {k} must be a number >= 0"
                 )
-        busy[int(key)] = Busy(*map(float, values), **{k: float(v) for k, v in extra.items()})
+        software = {k: entry.get(k) for k in ("step", "overhead")}  # absent before version 2
+        for k, v in software.items():
+            if v is not None and (
+                isinstance(v, bool) or not isinstance(v, int | float) or not 0 <= v < math.inf
+            ):
+                raise ModelError(
+                    f"corrupt calibration file {where}: {name}[{key!r}] {k} must be a number >= 0"
+                )
+        busy[int(key)] = Busy(
+            *map(float, values),
+            **{k: float(v) for k, v in extra.items()},
+            **{k: None if v is None else float(v) for k, v in software.items()},
+        )
     return busy
 
 
@@ -98,8 +113,8 @@ def save_params(params: Params, path: Path) -> None:
         "beta": params.beta,
         "gamma": params.gamma,
         "cores": params.cores,
-        "busy": {str(p): vars(b) for p, b in sorted(params.busy.items())},
-        "partial": {str(p): vars(b) for p, b in sorted(params.partial.items())},
+        "busy": {str(p): _entry(b) for p, b in sorted(params.busy.items())},
+        "partial": {str(p): _entry(b) for p, b in sorted(params.partial.items())},
         "inter_alpha": params.inter_alpha,
         "inter_beta": params.inter_beta,
     }
@@ -111,6 +126,11 @@ def save_params(params: Params, path: Path) -> None:
         tmp.replace(path)
     except OSError as error:
         raise ModelError(f"cannot write the calibration file {path}: {error.strerror or error}") from None
+
+
+def _entry(busy: Busy) -> dict[str, float]:
+    """One busy (or partial) entry as the file holds it: the figures not measured left out."""
+    return {k: v for k, v in vars(busy).items() if v is not None}
 
 
 def keep_busy(params: Params, path: Path) -> Params:
