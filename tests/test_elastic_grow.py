@@ -8,8 +8,8 @@ while spawning, while the state travels) or from outside (the example's own comm
 
 A soak draws kill schedules from seeds (`schedule`): every job must end within its bound with
 the right digest, or, where fewer ranks than the minimum remain, with ``# stopped: ...`` from
-every survivor. CI runs the scenarios and 3 seeds (about 2 minutes on 2 busy cores); the other
-47 of the 50 seeds are marked ``full`` (tests/run.sh --full, about 20 minutes). Rerun one seed:
+every survivor. CI runs the scenarios and 3 seeds (about a minute on 2 busy cores); the other
+47 of the 50 seeds are marked ``full`` (tests/run.sh --full, about 7 minutes). Rerun one seed:
 ``python -m pytest -q tests/test_elastic_grow.py -k 'soak and 17'`` (HPCRING_TEST_FULL=1 for
 the full ones).
 """

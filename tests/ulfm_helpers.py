@@ -198,17 +198,30 @@ def _stop_live() -> None:
             job.stop()
 
 
+def without_late_lines(lines: Sequence[str]) -> list[str]:
+    """``lines`` less the progress lines that came after the digest and repeat an earlier step:
+    a killed rank's last line, printed (and flushed) before it died, which the launcher can pass
+    on after every other (seen once in 50 soak jobs: ``step 5/30`` after the digest)."""
+    done = next((i for i in range(len(lines) - 1, -1, -1) if DIGEST.match(lines[i])), None)
+    if done is None:
+        return list(lines)
+    last = max((int(m.group(1)) for line in lines[:done] if (m := STEP.match(line))), default=0)
+    late = [(m := STEP.match(line)) is not None and int(m.group(1)) < last for line in lines[done + 1 :]]
+    return list(lines[: done + 1]) if all(late) else list(lines)
+
+
 def digest_of(lines: Sequence[str]) -> str:
-    """The weights digest a run printed last (it must be the last line)."""
+    """The weights digest a run printed last (it must be the last line, but for late lines)."""
     assert lines, "no output"
-    match = DIGEST.match(lines[-1])
+    match = DIGEST.match(without_late_lines(lines)[-1])
     assert match, f"the last line is not the weights digest: {lines[-5:]}"
     return match.group(1)
 
 
 def steps_of(lines: Sequence[str]) -> list[tuple[int, int, int]]:
-    """(step, total, ranks) of every progress line."""
-    return [tuple(map(int, m.groups())) for line in lines if (m := STEP.match(line))]  # type: ignore[misc]
+    """(step, total, ranks) of every progress line (but for late lines after the digest)."""
+    kept = without_late_lines(lines)
+    return [tuple(map(int, m.groups())) for line in kept if (m := STEP.match(line))]  # type: ignore[misc]
 
 
 PYTHON = sys.executable
