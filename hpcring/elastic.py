@@ -26,19 +26,23 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import signal
+import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 from mpi4py import MPI
 
-from . import config, ulfm
+from . import config, growth, topology, ulfm
 from .arrays import adapter_for
 from .collectives import allreduce
-from .comm import discard, intracomm, known_state
+from .comm import discard, intracomm, known_state, state_of
 from .errors import RankFailedError, StallError
 
 RESIDUES = 30  # bits of MPI_Comm_agree's flag that carry "step mod RESIDUES" (an int: 31 bits and a sign)
@@ -187,6 +191,24 @@ def rebuild(comm: MPI.Intracomm) -> None:
     allreduce(np.zeros(1), algorithm="auto", comm=comm)
 
 
+def _give_up(within: float) -> None:
+    """A newcomer's join outlived its bound: end the process, saying so (no MPI call: it is stuck)."""
+    sys.stderr.write(
+        f"hpcring.elastic: this replacement could not join the job within {within:g} s "
+        "(HPCRING_TIMEOUT); exiting\n"
+    )
+    sys.stderr.flush()
+    os._exit(4)
+
+
+def layout(comm: MPI.Intracomm) -> str:
+    """The nodes of ``comm`` as hpcring's state for it found them ('2 nodes x 2 ranks'), or ''
+    where no call has made that state yet. Local."""
+    state = known_state(comm)
+    found = topology.known(state.comm) if state is not None else None
+    return found.describe() if found is not None else ""
+
+
 def _free(comm: MPI.Intracomm) -> None:
     """Free a communicator hpcring made and no one else holds (a shrink's that lost ranks again)."""
     discard(comm)
@@ -226,36 +248,73 @@ def lowest(agreed: int, completed: int) -> int:
 # ---- the loop ------------------------------------------------------------------------------------
 
 
+class TooFewRanksError(RuntimeError):
+    """Fewer ranks remain than the loop's minimum (``Elastic(min_size=...)``), and none joined:
+    raised on every survivor alike."""
+
+
+class JoinError(RuntimeError):
+    """This replacement could not join the running job (the ranks that spawned it failed first,
+    or no job answered at the rendezvous): raised by ``Elastic(...)`` on the newcomer only; the
+    job goes on without it. End the process quietly (`MPI_Abort` could end the job it meant to
+    join: the two are connected)."""
+
+
+class NotNeededError(JoinError):
+    """The job this process waited to join ended without needing it (a spare): nothing failed."""
+
+
 @dataclass
 class Recovery:
-    """One recovery, as a survivor saw it."""
+    """One recovery (or join), as a rank saw it."""
 
     lost: list[int]  # the ranks lost, numbered as in the communicator before
     before: int  # ranks before
-    after: int  # ranks after
-    step: int  # the step the survivors go on with (completed on every one of them before it)
+    after: int  # ranks after (the replacements included)
+    step: int  # the step the ranks go on with (completed on every one of them before it)
     rolled_back: bool  # this rank had applied that step already, and undid it
-    seconds: float  # from the error to the agreement on the step (shrinks included)
-    rank: int  # this rank's number among the survivors
+    seconds: float  # from the error caught to the agreement on the step (revoke, shrinks, agreements)
+    rank: int  # this rank's number now
     error: str = ""  # what was raised, first line
+    joined: int = 0  # ranks that joined (spawned, or connected), state received
+    shrunk: int = 0  # ranks right after the shrink, before any joined
+    at: float = 0.0  # time.time() when the failure was caught (or the join began)
+    phases: dict[str, float] = field(default_factory=dict)  # seconds: shrink, spawn, connect, transfer
+    state_bytes: int = 0  # bytes each newcomer received
+    grow_error: str = ""  # why no replacement started (the loop went on with fewer ranks)
+    lost_joining: int = 0  # ranks that held the state and died during the joins
+    layout: str = ""  # the nodes of the communicator after it, as hpcring found them ('1 node x 4 ranks')
 
 
 @dataclass
 class Elastic:
-    """A data-parallel loop that survives lost ranks: ``Elastic(state, comm=comm).run(compute,
-    apply, steps)``.
+    """A data-parallel loop that survives lost ranks, and grows back: ``Elastic(state, comm=comm,
+    policy="replace").run(compute, apply, steps)``.
 
     ``state``: every array a step changes (weights, optimizer moments): what a rank one step
-    ahead restores. Anything else a step reads must follow from the step number (an optimizer's
-    step count: set it from ``t``). ``compute(comm, t)`` runs step ``t``'s collective part on the
-    current communicator and returns what ``apply(t, result)`` needs to update ``state`` locally;
-    split the global batch by ``comm.Get_size()`` and ``comm.Get_rank()`` there, and rebuild
-    there what is bound to a communicator (a `GradientSync`) when ``comm`` changes.
+    ahead restores, and what a newcomer receives. Anything else a step reads must follow from the
+    step number (an optimizer's step count: set it from ``t``). ``compute(comm, t)`` runs step
+    ``t``'s collective part on the current communicator and returns what ``apply(t, result)``
+    needs to update ``state`` locally; split the global batch by ``comm.Get_size()`` and
+    ``comm.Get_rank()`` there, and rebuild there what is bound to a communicator (a
+    `GradientSync`) when ``comm`` changes.
+
+    ``policy``: after a loss, ``"shrink"`` goes on with the survivors; ``"replace"`` spawns
+    replacements at once (``MPI_Comm_spawn`` of ``spawn_command``, default this program's own
+    command line) up to ``max_size``; ``"replace-when-available"`` goes on shrunk and merges
+    processes started later (by the launcher, by ``srun``) with ``HPCRING_ELASTIC_JOIN`` naming
+    ``rendezvous``, the file where rank 0 publishes the job's port. ``min_size``: fewer ranks
+    than that and the loop stops with `TooFewRanksError` on every survivor; ``max_size``: the
+    size to grow back to (default: the size at the start). A replacement runs the same program:
+    its ``Elastic(...)`` joins the job (receiving the step and ``state``) instead of starting one.
 
     ``checkpoint(comm, step)`` runs every ``every`` completed steps (on every rank: save from
     rank 0, say); ``on_failure(error)`` as a failure is caught, before the recovery;
-    ``on_recovery(recovery)`` after it. Launch under MPI's fault tolerance (docs/elastic.md):
-    the constructor raises RuntimeError on every rank where the launch cannot survive a failure.
+    ``on_recovery(recovery)`` after it and after each join; ``on_phase(name, comm, step)`` as
+    each phase of a recovery or join begins (``shrink``, ``spawn``, ``accept``, ``transfer``),
+    for logs and for tests that make a rank die there. Launch under MPI's fault tolerance
+    (docs/elastic.md): the constructor raises RuntimeError on every rank where the launch
+    cannot survive a failure.
     """
 
     state: Sequence[Any]
@@ -266,8 +325,24 @@ class Elastic:
     on_recovery: Callable[[Recovery], None] | None = None
     step: int = 0  # steps completed (and applied) on this rank
     recoveries: list[Recovery] = field(default_factory=list)
+    policy: str = "shrink"
+    min_size: int = 1
+    max_size: int | None = None
+    spawn_command: Sequence[str] | None = None
+    spawn_hosts: Sequence[str] | Callable[[MPI.Intracomm], Sequence[str]] = ()
+    rendezvous: str | os.PathLike[str] | None = None
+    on_phase: Callable[[str, MPI.Intracomm, int], None] | None = None
+    transfer_algorithm: str = "auto"
+    joins: int = 3  # spawns beyond those needed, per recovery (a join that loses ranks is made again)
+    newcomer: str | None = field(default=None, init=False)  # how this process joined (`growth.joining`)
+    _holds: bool = field(default=True, init=False, repr=False)  # whether it holds the state
+    _left: int = field(default=0, init=False, repr=False)  # tries left to grow back, this recovery
 
     def __post_init__(self) -> None:
+        if self.policy not in growth.POLICIES:
+            raise ValueError(
+                f"hpcring.elastic.Elastic: policy must be one of {growth.POLICIES}, got {self.policy!r}"
+            )
         self.comm = intracomm(self.comm, "hpcring.elastic.Elastic")
         require(self.comm, "hpcring.elastic.Elastic")
         self.state = list(self.state)
@@ -276,6 +351,27 @@ class Elastic:
             adapter.xp.array(a, copy=True) for adapter, a in zip(self._adapters, self.state, strict=True)
         ]
         self._origin = self.comm  # the user's: never freed here
+        self._port: str | None = None
+        self._rendezvous: growth.Rendezvous | None = None
+        self._names: list[str] = []  # each rank's host (MPI_Get_processor_name)
+        self._gone: set[str] = set()  # hosts that lost every rank: no replacement goes there
+        self._group = self.comm.Get_group()
+        self.newcomer = growth.joining()
+        if self.newcomer is not None:
+            self._holds = False
+            self._join()
+            return
+        size = self.comm.Get_size()
+        if self.max_size is None:
+            self.max_size = size
+        if not 1 <= self.min_size <= size <= self.max_size:
+            raise ValueError(
+                f"hpcring.elastic.Elastic: need 1 <= min_size ({self.min_size}) <= ranks ({size}) <= "
+                f"max_size ({self.max_size})"
+            )
+        self._names = state_of(self.comm).comm.allgather(MPI.Get_processor_name())  # on hpcring's own
+        if self.policy == "replace-when-available":
+            self._open_port()
 
     @property
     def size(self) -> int:
@@ -288,28 +384,36 @@ class Elastic:
     def run(
         self, compute: Callable[[MPI.Intracomm, int], Any], apply: Callable[[int, Any], None], steps: int
     ) -> None:
-        """Run steps ``self.step`` .. ``steps - 1``; return once every survivor has completed them.
+        """Run steps ``self.step`` .. ``steps - 1``; return once every rank has completed them.
 
         The end is agreed too (one ``MPI_Comm_agree``): a rank that finished the last step while
         another failed in it would otherwise leave, and the other would wait for it in the shrink."""
-        while True:
-            while self.step < steps:
-                t = self.step
-                try:
-                    result = compute(self.comm, t)
-                    self._keep()
-                    apply(t, result)
-                    self.step = t + 1
-                    if self.checkpoint is not None and self.every and self.step % self.every == 0:
-                        self.checkpoint(self.comm, self.step)
-                except Exception as error:
-                    if not is_failure(error, self.comm):
-                        raise
-                    self.settle(False)
-                    self.recover(error)
-            if self.settle(True):
-                return
-            self.recover(None)
+        try:
+            while True:
+                while self.step < steps:
+                    t = self.step
+                    try:
+                        if self._rendezvous is not None:
+                            self._poll(self._rendezvous)
+                        result = compute(self.comm, t)
+                        self._keep()
+                        apply(t, result)
+                        self.step = t + 1
+                        if self.checkpoint is not None and self.every and self.step % self.every == 0:
+                            self.checkpoint(self.comm, self.step)
+                    except Exception as error:
+                        caught = time.time(), time.perf_counter()
+                        if not is_failure(error, self.comm):
+                            raise
+                        self.settle(False)
+                        self.recover(error, steps, caught)
+                caught = time.time(), time.perf_counter()
+                if self.settle(True):
+                    return
+                self.recover(None, steps, caught)
+        finally:
+            if self._rendezvous is not None and self.rank == 0:
+                self._rendezvous.close()
 
     def settle(self, healthy: bool) -> bool:
         """Whether every rank of the communicator is ``healthy`` and none failed: one
@@ -329,16 +433,24 @@ class Elastic:
         for image, array in zip(self._image, self.state, strict=True):
             image[...] = array
 
-    def recover(self, error: BaseException | None) -> Recovery:
+    def _phase(self, name: str, comm: MPI.Intracomm) -> None:
+        if self.on_phase is not None:
+            self.on_phase(name, comm, self.step)
+
+    def recover(
+        self, error: BaseException | None, steps: int | None = None, caught: tuple[float, float] | None = None
+    ) -> Recovery:
         """Shrink to the survivors, agree on the last step completed on all, roll back a step
-        applied here alone. Collective over the survivors, after `settle` (`run` calls both)."""
-        began = time.perf_counter()
+        applied here alone; then, by the policy (and where steps remain), spawn replacements and
+        send them the state. Collective over the survivors, after `settle` (`run` calls both);
+        ``caught``: (time.time(), time.perf_counter()) when the failure was caught."""
+        at, began = caught or (time.time(), time.perf_counter())
         if self.on_failure is not None:
             self.on_failure(error)
         old, before = self.comm, self.comm.Get_size()
-        group = old.Get_group()
         comm = old
         while True:
+            self._phase("shrink", comm)
             comm = self._shrink(comm)
             try:
                 agreed = agree_step(comm, self.step)
@@ -351,17 +463,25 @@ class Elastic:
             for image, array in zip(self._image, self.state, strict=True):
                 array[...] = image
         self.step = agreed
-        self.comm = comm
-        mine = comm.Get_group()
-        try:
-            kept = MPI.Group.Translate_ranks(mine, list(range(comm.Get_size())), group)
-        finally:
-            mine.Free()
-            group.Free()
-        lost = sorted(set(range(before)) - set(kept))
+        lost = self._follow(old, comm)
         first = "a rank failed after the last step" if error is None else str(error).splitlines()[0]
         seconds = time.perf_counter() - began
-        made = Recovery(lost, before, comm.Get_size(), agreed, rolled_back, seconds, comm.Get_rank(), first)
+        shrunk = comm.Get_size()
+        made = Recovery(
+            lost, before, shrunk, agreed, rolled_back, seconds, comm.Get_rank(), first,
+            shrunk=shrunk, at=at, phases={"shrink": seconds},
+        )  # fmt: skip
+        if self.policy == "replace" and (steps is None or self.step < steps):
+            self._left = self.joins + (self.max_size or 0) - self.size  # spawn calls allowed
+            self._grow(made)
+        if self.size < self.min_size:
+            remain = f"{self.size} rank{' remains' if self.size == 1 else 's remain'}"
+            raise TooFewRanksError(
+                f"hpcring.elastic: {remain} after losing "
+                f"rank{'s' if len(lost) != 1 else ''} {', '.join(map(str, lost)) or '?'}, fewer than the "
+                f"minimum of {self.min_size} (Elastic(min_size=...)); stopped after step {self.step}"
+            )
+        made.layout = layout(self.comm)
         self.recoveries.append(made)
         if self.on_recovery is not None:
             self.on_recovery(made)
@@ -374,14 +494,223 @@ class Elastic:
             _free(comm)
         return survivors
 
+    # ---- growing back ----------------------------------------------------------------------------
+
+    def _header(self) -> np.ndarray:
+        """What a newcomer learns first (`hpcring.growth.HEADER`); from a rank that holds the state."""
+        values = {
+            "step": self.step,
+            "policy": growth.POLICIES.index(self.policy),
+            "min_size": self.min_size,
+            "max_size": self.max_size or 0,
+            "holds": int(self._holds),
+            "bytes": growth.state_bytes(self.state),
+            "joins": self._left,
+        }
+        return np.array([values[k] for k in growth.HEADER], dtype=np.int64)
+
+    def _grow(self, made: Recovery) -> None:
+        """Spawn replacements up to ``max_size``, one per ``MPI_Comm_spawn`` (each its own MPI job:
+        where processes of one spawn die, Open MPI 5.0 refuses later spawns from a communicator
+        that holds their survivors), each sent the state by `_admit` before the next; spawns
+        that lose ranks are made again while calls are left (``joins`` more than needed).
+        Collective over the ranks, newcomers included: they learned the calls left from the
+        header, so every rank takes the same turns."""
+        target = self.max_size or self.size
+        while self._left > 0 and self.size < target:
+            self._left -= 1
+            self._phase("spawn", self.comm)
+            began = time.perf_counter()
+            try:
+                inter = growth.spawn(self.comm, 1, self.spawn_command, self.hosts())
+                merged = growth.merge(inter, high=False)
+            except (MPI.Exception, RuntimeError) as error:
+                if is_failure(error, self.comm):  # a rank died while spawning: shrink, try again
+                    self._regroup(made)
+                    continue
+                made.grow_error = str(error).splitlines()[0]  # no replacement could start: go on
+                return
+            made.phases["spawn"] = made.phases.get("spawn", 0.0) + time.perf_counter() - began
+            self._admit(merged, made)
+
+    def _follow(self, old: MPI.Intracomm, comm: MPI.Intracomm) -> list[int]:
+        """Go on with ``comm``, the survivors of ``old`` (in its order): the ranks of ``old`` lost
+        (returned), the hosts of the survivors, and the hosts that lost every rank (gone: no
+        replacement is placed there). Local; ``old`` may be freed already."""
+        mine = comm.Get_group()
+        kept = MPI.Group.Translate_ranks(mine, list(range(comm.Get_size())), self._group)
+        lost = sorted(set(range(len(self._names))) - set(kept))
+        names = [self._names[k] for k in kept]
+        self._gone |= {self._names[k] for k in lost} - set(names)
+        self._names = names
+        self.comm = comm
+        self._group.Free()
+        self._group = mine
+        return lost
+
+    def hosts(self) -> list[str]:
+        """Where replacements go: ``spawn_hosts`` where given; else, where a whole host lost its
+        ranks, the hosts of the ranks alive (in their order, once each), and otherwise the
+        launcher's own placement (``[]``)."""
+        if callable(self.spawn_hosts):
+            return list(self.spawn_hosts(self.comm))
+        if self.spawn_hosts:
+            return list(self.spawn_hosts)
+        return list(dict.fromkeys(self._names)) if self._gone else []
+
+    def _regroup(self, made: Recovery) -> None:
+        """A rank died during a join, among the ranks that hold the state: shrink to the others."""
+        revoke_all(self.comm)
+        with contextlib.suppress(MPI.Exception):
+            meet(self.comm, 1)
+        old = self.comm
+        made.lost_joining += len(self._follow(old, self._shrink(old)))
+        made.after = self.comm.Get_size()
+        made.rank = self.comm.Get_rank()
+
+    def _admit(self, merged: MPI.Intracomm, made: Recovery | None) -> np.ndarray:
+        """Send the state to the newcomers of ``merged`` (the ranks that hold it first), agree that
+        every rank got it; where a rank dies meanwhile, shrink ``merged`` and send again (a newcomer
+        that got nothing yet still needs it). Collective over ``merged``, newcomers included, whose
+        step and settings come with the header. Returns the header."""
+        began = time.perf_counter()
+        comm = merged
+
+        def arrived(header: np.ndarray) -> None:
+            self.step = int(header[growth.HEADER.index("step")])
+            self._phase("transfer", comm)
+
+        while True:
+            try:
+                header = growth.transfer(comm, self.state, self._header(), self.transfer_algorithm, arrived)
+                names = comm.allgather(MPI.Get_processor_name())
+                if agree(comm, 1):
+                    break
+            except LookupError:  # every rank that held the state died: no one can send it
+                raise TooFewRanksError(
+                    f"hpcring.elastic: 0 ranks remain that hold the state (each died while it was sent "
+                    f"to {comm.Get_size()} newcomer{'s' if comm.Get_size() != 1 else ''}), fewer than the "
+                    f"minimum of {self.min_size}; stopped after step {self.step}"
+                ) from None
+            except Exception as error:
+                if not is_failure(error, comm):
+                    raise
+            with contextlib.suppress(MPI.Exception):
+                revoke_all(comm)
+                meet(comm, 1)
+            survivors = shrink(comm)
+            _free(comm)
+            comm = survivors
+        before = self.comm.Get_size() if self._holds else 0
+        if self.comm is not self._origin and self.comm is not comm:
+            _free(self.comm)
+        self.comm = comm
+        self._names = names
+        self._group.Free()
+        self._group = comm.Get_group()
+        self._holds = True
+        self._keep()
+        if made is not None:
+            made.phases["transfer"] = made.phases.get("transfer", 0.0) + time.perf_counter() - began
+            made.joined += comm.Get_size() - before
+            made.after = comm.Get_size()
+            made.rank = comm.Get_rank()
+            made.state_bytes = int(header[growth.HEADER.index("bytes")])
+        return header
+
+    def _join(self) -> None:
+        """This process is a newcomer: merge with the running job (spawned by it, or connecting to
+        its rendezvous), receive the step, the loop's settings and ``state``. JoinError where it
+        cannot; a join that does not end within HPCRING_TIMEOUT (the ranks that spawned it died
+        before they merged, and MPI's merge waits on) ends this process (status 4), saying so."""
+        bound_the_exit()
+        within = config.current().timeout or 300.0
+        guard = threading.Timer(within, _give_up, (within,))
+        guard.daemon = True
+        try:
+            if self.newcomer == "spawned":
+                guard.start()
+                inter = growth.parent()
+                assert inter is not None
+            else:  # a group started apart waits (unbounded while the job lives) for its invitation
+                rendezvous = growth.Rendezvous(Path(os.environ[growth.JOIN_ENV]))
+                inter = growth.connect(self.comm, rendezvous, within, guard.start)
+                if inter is None:
+                    raise NotNeededError(
+                        f"hpcring.elastic: the job at {rendezvous.path} ended without needing this rank"
+                    )
+            merged = growth.merge(inter, high=True)
+            header = self._admit(merged, None)
+        except (MPI.Exception, RankFailedError, StallError, TimeoutError) as error:
+            raise JoinError(f"hpcring.elastic: this replacement could not join the job: {error}") from None
+        finally:
+            guard.cancel()
+        self.policy = growth.POLICIES[int(header[growth.HEADER.index("policy")])]
+        self.min_size = int(header[growth.HEADER.index("min_size")])
+        self.max_size = int(header[growth.HEADER.index("max_size")]) or None
+        self._left = int(header[growth.HEADER.index("joins")])
+        if self.policy == "replace-when-available":
+            self._open_port()
+        elif self.policy == "replace":  # a join that fell short: the ranks spawn again, this one too
+            self._grow(Recovery([], 0, self.size, self.step, False, 0.0, self.rank, "joined"))
+
+    # ---- ranks started later ----------------------------------------------------------------------
+
+    def _open_port(self) -> None:
+        """replace-when-available: rank 0 opens a port and publishes it at the rendezvous file."""
+        path = self.rendezvous or os.environ.get(growth.RENDEZVOUS_ENV) or os.environ.get(growth.JOIN_ENV)
+        if not path:
+            raise ValueError(
+                "hpcring.elastic.Elastic: policy 'replace-when-available' needs rendezvous= (or "
+                f"{growth.RENDEZVOUS_ENV}): a file, on a file system the ranks started later can read, "
+                "where rank 0 publishes the job's port"
+            )
+        self._rendezvous = growth.Rendezvous(Path(path))
+        if self.rank == 0:
+            self._port = MPI.Open_port()
+            self._rendezvous.publish(self._port)
+
+    def _poll(self, rendezvous: growth.Rendezvous) -> None:
+        """Between steps (replace-when-available): rank 0 says the job is alive; where the job is
+        short of ranks and a group waits at the rendezvous, rank 0 invites it, every rank learns
+        it by one ``MPI_Comm_agree`` and they accept it together, then send it the state."""
+        if self.rank == 0:
+            if self._port is None:  # a new rank 0 (the old one died): the port is its own now
+                self._port = MPI.Open_port()
+                rendezvous.publish(self._port)
+            rendezvous.alive()
+        if self.size >= (self.max_size or 0):
+            return
+        invited = self.rank == 0 and any(rendezvous.invite(t) for t in rendezvous.waiting()[:1])
+        if agree(self.comm, int(not invited)):
+            return
+        at, began = time.time(), time.perf_counter()
+        before = self.comm.Get_size()
+        self._phase("accept", self.comm)
+        merged = growth.merge(growth.accept(self.comm, self._port or ""), high=False)
+        made = Recovery(
+            [], before, before, self.step, False, 0.0, self.rank, "ranks joined",
+            shrunk=before, at=at, phases={"connect": time.perf_counter() - began},
+        )  # fmt: skip
+        self._admit(merged, made)
+        made.seconds = time.perf_counter() - began
+        made.layout = layout(self.comm)
+        self.recoveries.append(made)
+        if self.on_recovery is not None:
+            self.on_recovery(made)
+
 
 __all__ = [
     "Elastic",
+    "JoinError",
+    "NotNeededError",
     "Recovery",
+    "TooFewRanksError",
     "agree",
     "agree_step",
     "bound_the_exit",
     "is_failure",
+    "layout",
     "lowest",
     "meet",
     "rebuild",

@@ -116,7 +116,8 @@ def test_ranks_lost_while_recovering_and_after_the_last_step(one_rank: str) -> N
     """Rank 3 is killed from outside; rank 1 dies as it catches that failure (the others lose it
     while they recover), rank 2 right after the last step (the others may have finished): rank 0
     ends alone, with the same weights."""
-    job = [PYTHON, str(HERE / "elastic_job.py"), "--die-in-recovery", "1", "--die-after", f"{STEPS}:2"]
+    # rank 1 as it catches the failure; world rank 2, rank 1 of the survivors then, after the last step
+    job = [PYTHON, str(HERE / "elastic_job.py"), "--kill", "0:1:failure", "--kill", f"{STEPS}:1:boundary"]
     lines = run(4, [(3, 10)], [*job, "--reproducible", "--max-steps", str(STEPS)])
     assert last_step(lines)[2] <= 2
     lost = [line for line in lines if line.startswith("# lost ranks")]

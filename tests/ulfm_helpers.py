@@ -7,6 +7,7 @@ way, so the tests skip there, saying so (`NO_ULFM`).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import os
 import queue
@@ -69,6 +70,9 @@ def rank_pid(root: int, rank: int) -> int:
     raise LookupError(f"no process of rank {rank} below {root}")
 
 
+LIVE: set[Job] = set()  # jobs not yet ended: ended at exit (a test run cut short leaves none behind)
+
+
 class Job:
     """A launched job whose stdout is read by a thread: `wait_for` a line, `kill` a rank, `finish`."""
 
@@ -78,6 +82,7 @@ class Job:
         self.lines: list[tuple[float, str]] = []  # (time.time() when read, line)
         self.killed: dict[int, float] = {}  # rank -> time.time() of its SIGKILL
         self.pids: dict[int, int] = {}  # rank -> its process, once found
+        self.lingered = False  # the launcher outlived the survivors' last word (`finish_after`)
         self._queue: queue.Queue[tuple[float, str] | None] = queue.Queue()
         self.process = subprocess.Popen(
             self.command,
@@ -88,6 +93,7 @@ class Job:
             start_new_session=True,  # its own process group: ended as one where it hangs
         )
         self._errors: list[str] = []
+        LIVE.add(self)
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._read_errors, daemon=True).start()
 
@@ -149,7 +155,25 @@ class Job:
         except subprocess.TimeoutExpired:
             self.stop()
             pytest.fail(f"job did not end: {' '.join(self.command)}\n{self.output()}")
+        LIVE.discard(self)
         return [line for _, line in self.lines]
+
+    def finish_after(self, pattern: str, grace: float) -> list[str]:
+        """Every line, once the job has ended; where a line matching ``pattern`` (the survivors'
+        last word) came and the launcher then lingers past ``grace`` seconds, the job is ended and
+        ``lingered`` set: judged by what the survivors reported (the launcher's own exit after
+        failures is Open MPI's: shared/ulfm.md)."""
+        regex = re.compile(pattern)
+        seen = False
+        while not seen and (item := self._next()) is not None:
+            seen = bool(regex.search(item[1]))
+        if seen:
+            try:
+                self.process.wait(timeout=grace)
+            except subprocess.TimeoutExpired:
+                self.lingered = True
+                self.stop()
+        return self.finish()
 
     def stop(self) -> None:
         """End the job (a hang): its ranks first, each by its process id (the launcher puts them in
@@ -161,22 +185,43 @@ class Job:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait(timeout=30)
+        LIVE.discard(self)
 
     def output(self) -> str:
         return "\n".join(line for _, line in self.lines) + "\n--- stderr ---\n" + self.stderr
 
 
+@atexit.register
+def _stop_live() -> None:
+    for job in list(LIVE):
+        with contextlib.suppress(Exception):
+            job.stop()
+
+
+def without_late_lines(lines: Sequence[str]) -> list[str]:
+    """``lines`` less the progress lines that came after the digest and repeat an earlier step:
+    a killed rank's last line, printed (and flushed) before it died, which the launcher can pass
+    on after every other (seen once in 50 soak jobs: ``step 5/30`` after the digest)."""
+    done = next((i for i in range(len(lines) - 1, -1, -1) if DIGEST.match(lines[i])), None)
+    if done is None:
+        return list(lines)
+    last = max((int(m.group(1)) for line in lines[:done] if (m := STEP.match(line))), default=0)
+    late = [(m := STEP.match(line)) is not None and int(m.group(1)) < last for line in lines[done + 1 :]]
+    return list(lines[: done + 1]) if all(late) else list(lines)
+
+
 def digest_of(lines: Sequence[str]) -> str:
-    """The weights digest a run printed last (it must be the last line)."""
+    """The weights digest a run printed last (it must be the last line, but for late lines)."""
     assert lines, "no output"
-    match = DIGEST.match(lines[-1])
+    match = DIGEST.match(without_late_lines(lines)[-1])
     assert match, f"the last line is not the weights digest: {lines[-5:]}"
     return match.group(1)
 
 
 def steps_of(lines: Sequence[str]) -> list[tuple[int, int, int]]:
-    """(step, total, ranks) of every progress line."""
-    return [tuple(map(int, m.groups())) for line in lines if (m := STEP.match(line))]  # type: ignore[misc]
+    """(step, total, ranks) of every progress line (but for late lines after the digest)."""
+    kept = without_late_lines(lines)
+    return [tuple(map(int, m.groups())) for line in kept if (m := STEP.match(line))]  # type: ignore[misc]
 
 
 PYTHON = sys.executable

@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import itertools
+import os
 import statistics
 import sys
 import time
@@ -47,7 +48,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcring
-from hpcring import ulfm
+from hpcring import growth, ulfm
 from hpcring.gpu import gpu_problem_anywhere
 from hpcring.training import GradientSync
 
@@ -319,11 +320,18 @@ def train_elastic(
     progress: Callable[[int, int, MPI.Intracomm], None] | None = None,
     on_failure: Callable[[BaseException | None], None] | None = None,
     on_recovery: Callable[[Any], None] | None = None,
+    on_phase: Callable[[str, MPI.Intracomm, int], None] | None = None,
+    policy: str = "shrink",
+    min_size: int = 1,
+    max_size: int | None = None,
+    rendezvous: str | None = None,
 ) -> Result:
     """`train` on `hpcring.elastic.Elastic`: the same steps, batches and optimizer, each step's
     global batch split over the ranks alive at that step. ``progress(step, total, comm)`` after
-    each step (``comm``: the survivors' communicator); ``on_failure``, ``on_recovery``: the
-    loop's hooks. Returns the survivors' weights, a `Result` with the step times and recoveries."""
+    each step (``comm``: the ranks' communicator now); ``on_failure``, ``on_recovery``,
+    ``on_phase``: the loop's hooks; ``policy``, ``min_size``, ``max_size``, ``rendezvous``: its
+    settings (a replacement rank runs this same function: it joins the job there). Returns the
+    weights, a `Result` with the step times and recoveries."""
     from hpcring.elastic import Elastic
 
     xp = array_module(device, comm)
@@ -388,7 +396,17 @@ def train_elastic(
         if progress is not None:
             progress(t + 1, total, loop.comm)
 
-    loop = Elastic([*params, *opt.m, *opt.v], comm=comm, on_failure=on_failure, on_recovery=on_recovery)
+    loop = Elastic(
+        [*params, *opt.m, *opt.v],
+        comm=comm,
+        on_failure=on_failure,
+        on_recovery=on_recovery,
+        on_phase=on_phase,
+        policy=policy,
+        min_size=min_size,
+        max_size=max_size,
+        rendezvous=rendezvous,
+    )
     loop.run(compute, apply, total)
     predicted = forward(params, xp.asarray(x_test.astype(np_dtype)), xp)[-1].argmax(axis=1)
     result.epochs.append({"accuracy": float((predicted == xp.asarray(y_test)).mean())})
@@ -470,6 +488,30 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
         help="survive lost ranks (launch: mpiexec --with-ft ulfm --mca pml ob1 --mca btl tcp,self; "
         "docs/elastic.md)",
     )
+    parser.add_argument(
+        "--grow",
+        action="store_true",
+        help="with --elastic: spawn replacements for lost ranks at once (policy 'replace')",
+    )
+    parser.add_argument(
+        "--policy",
+        choices=("shrink", "replace", "replace-when-available"),
+        help="with --elastic: what follows a lost rank (default shrink; --grow: replace)",
+    )
+    parser.add_argument("--min-ranks", type=int, default=1, help="with --elastic: stop below this many")
+    parser.add_argument("--max-ranks", type=int, help="with --elastic: grow back to this many (default: G)")
+    parser.add_argument(
+        "--rendezvous",
+        help="with --policy replace-when-available: the file where rank 0 publishes the job's port "
+        "(ranks started later join with HPCRING_ELASTIC_JOIN=<this file>)",
+    )
+    parser.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="with --policy replace-when-available: the last N ranks of the launch wait at the "
+        "rendezvous, apart from the job, and join it when it has lost ranks",
+    )
     parser.add_argument("--digest", action="store_true", help="print the final weights' SHA-256")
     parser.add_argument(
         "--wire", choices=("bfloat16", "float16"), help="send gradients narrowed (docs/compression.md)"
@@ -499,13 +541,16 @@ def main(argv: list[str] | None = None) -> int:
         if problem is not None:
             raise SystemExit(f"hpcring.examples.train --elastic: {problem}")
     limit_threads(args.threads)
-    say = print if rank == 0 else (lambda *a, **k: None)
+    joining = args.elastic and growth.joining() is not None  # a replacement rank: the job printed it
+    say = print if rank == 0 and not joining else (lambda *a, **k: None)
     lr = args.lr if args.lr is not None else (1e-3 if args.optimizer == "adam" else 0.05)
     width, depth = args.width, args.depth
     count = 64 * width + width + (depth - 1) * (width * width + width) + width * 10 + 10
     info = hpcring.info()
+    apart = f" (+{args.spares} waiting apart)" if args.spares else ""
     say(
-        f"# hpcring {info['hpcring']} | {size} ranks | MLP 64-{'-'.join([str(width)] * depth)}-10, "
+        f"# hpcring {info['hpcring']} | {size - args.spares} ranks{apart} | "
+        f"MLP 64-{'-'.join([str(width)] * depth)}-10, "
         f"{count:,} parameters, {args.dtype} on {args.device} | global batch {args.batch} | "
         f"{args.optimizer} lr {lr:g} | algorithm {args.algorithm} | "
         f"wire {args.wire or 'off'}{' + error feedback' if args.error_feedback else ''} | "
@@ -564,49 +609,91 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_elastic(args: argparse.Namespace, comm: MPI.Intracomm, lr: float, report: Any) -> int:
-    """``--elastic``: the loop of `train_elastic`, its progress printed by the lowest surviving rank."""
+    """``--elastic``: the loop of `train_elastic`, its progress printed by the lowest rank. Where
+    fewer ranks remain than ``--min-ranks``, every survivor says so and exits with status 3."""
+    from hpcring.elastic import JoinError, NotNeededError, TooFewRanksError
 
     def progress(step: int, total: int, now: MPI.Intracomm) -> None:
         if now.Get_rank() == 0:
             print(f"step {step}/{total} ranks {now.Get_size()}", flush=True)
 
     def on_recovery(made: Any) -> None:
-        lost = ", ".join(map(str, made.lost)) or "?"
-        if made.rank == 0:  # the lowest surviving rank
+        if made.rank != 0:  # the lowest rank says it
+            return
+        if made.lost:
+            lost = ", ".join(map(str, made.lost))
             print(
                 f"# lost rank{'s' if len(made.lost) != 1 else ''} {lost} (of {made.before}): "
-                f"{made.before} -> {made.after} ranks, shrunk and agreed in {1e3 * made.seconds:.1f} ms; "
+                f"{made.before} -> {made.shrunk} ranks, shrunk and agreed in {1e3 * made.seconds:.1f} ms; "
                 f"going on after step {made.step}",
                 flush=True,
             )
+        if made.joined:
+            way = "spawn" if "spawn" in made.phases else "connect"
+            print(
+                f"# grown: {made.shrunk} -> {made.after} ranks ({made.joined} joined), {way} "
+                f"{1e3 * made.phases[way]:.1f} ms, state {1e3 * made.phases['transfer']:.1f} ms "
+                f"({made.state_bytes} bytes); topology {made.layout}; failure caught at {made.at:.6f}",
+                flush=True,
+            )
+        elif made.grow_error:
+            print(f"# no replacement started: {made.grow_error}", flush=True)
 
-    result = train_elastic(
-        comm,
-        epochs=args.epochs,
-        batch=args.batch,
-        width=args.width,
-        depth=args.depth,
-        optimizer=args.optimizer,
-        lr=lr,
-        algorithm=args.algorithm,
-        bucket_mb=args.bucket_mb,
-        overlap=not args.no_overlap,
-        device=args.device,
-        dtype=args.dtype,
-        seed=args.seed,
-        max_steps=args.max_steps,
-        reproducible=args.reproducible,
-        microbatches=args.microbatches,
-        wire=args.wire,
-        error_feedback=args.error_feedback,
-        progress=progress,
-        on_recovery=on_recovery,
-    )
+    policy = args.policy or ("replace" if args.grow else "shrink")
+    if args.spares:  # the last ranks wait apart, at the rendezvous, as ranks started later would
+        if policy != "replace-when-available" or not args.rendezvous or args.spares >= comm.Get_size():
+            raise SystemExit(
+                "--spares needs --policy replace-when-available, --rendezvous FILE, and fewer spares "
+                "than ranks"
+            )
+        spare = comm.Get_rank() >= comm.Get_size() - args.spares
+        active = comm.Split(MPI.UNDEFINED if spare else 0, comm.Get_rank())
+        if spare:
+            os.environ[growth.JOIN_ENV] = args.rendezvous
+            comm = MPI.COMM_SELF
+        else:
+            comm = active
+    try:
+        result = train_elastic(
+            comm,
+            epochs=args.epochs,
+            batch=args.batch,
+            width=args.width,
+            depth=args.depth,
+            optimizer=args.optimizer,
+            lr=lr,
+            algorithm=args.algorithm,
+            bucket_mb=args.bucket_mb,
+            overlap=not args.no_overlap,
+            device=args.device,
+            dtype=args.dtype,
+            seed=args.seed,
+            max_steps=args.max_steps,
+            reproducible=args.reproducible,
+            microbatches=args.microbatches,
+            wire=args.wire,
+            error_feedback=args.error_feedback,
+            progress=progress,
+            on_recovery=on_recovery,
+            policy=policy,
+            min_size=args.min_ranks,
+            max_size=args.max_ranks,
+            rendezvous=args.rendezvous,
+        )
+    except TooFewRanksError as error:
+        sys.stderr.write(f"hpcring.examples.train --elastic: {error}\n")
+        print(f"# stopped: {error}", flush=True)
+        return 3
+    except NotNeededError:  # a spare the job never needed
+        return 0
+    except JoinError as error:  # a replacement that came too late: the job goes on without it
+        sys.stderr.write(f"hpcring.examples.train --elastic: {error}\n")
+        return 4
     if result.comm.Get_rank() == 0:
         warm = result.steps[min(5, len(result.steps) - 1) :]
         if warm:
             median = 1e3 * statistics.median(s["step"] for s in warm)
-            print(f"# median per step (lowest surviving rank, after 5 warm-up steps): {median:.2f} ms")
+            print(f"# median per step (lowest rank, after 5 warm-up steps): {median:.2f} ms")
         print(f"# final test accuracy {100 * result.epochs[-1]['accuracy']:.1f}%")
         print(
             f"# weights digest {_digest(result.params, np if args.device != 'gpu' else _cupy())}", flush=True

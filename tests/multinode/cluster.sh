@@ -8,6 +8,7 @@
 #   tests/multinode/cluster.sh counters            bytes each host's eth0 sent (tc -s), one line per host
 #   tests/multinode/cluster.sh kill HOST           SIGKILL every process of host HOST (h1: its daemon, its ranks)
 #   tests/multinode/cluster.sh kill-ranks HOST     SIGKILL the MPI ranks of host HOST (its daemon lives on)
+#   tests/multinode/cluster.sh link HOST down|up   take host HOST's network link down (or up again)
 #   tests/multinode/cluster.sh down                remove every namespace, end leftover daemons by PID
 #   tests/multinode/cluster.sh check               exit 0 if this machine can host the cluster, else say why (exit 3)
 #
@@ -142,6 +143,13 @@ kill_host() { # a host that dies: every process in its namespace (the job's daem
   done
 }
 
+link() { # a host whose network goes: its eth0 down (nothing leaves or reaches it), or back up
+  local host=${1:?usage: link HOST down|up} state=${2:?usage: link HOST down|up}
+  [[ $state == up || $state == down ]] || cannot "link: the state must be up or down, got '$state'"
+  ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "${prefix}-$host" || cannot "no host $host is up"
+  ip -n "${prefix}-$host" link set eth0 "$state"
+}
+
 down() {
   # Daemons of an aborted job: any prted or prterun still inside our namespaces, by PID.
   local ns pid
@@ -165,6 +173,7 @@ case ${1:-} in
   counters) counters ;;
   kill) shift; check; kill_host "${1:-}" all ;;
   kill-ranks) shift; check; kill_host "${1:-}" ranks ;;
+  link) shift; check; link "$@" ;;
   check) check; echo "ok: root, ip netns, tc and unshare are available" ;;
-  *) echo "usage: $0 up HOSTS [RATE] | run RANKS_PER_HOST [MPIRUN_ARGS...] -- COMMAND... | counters | kill HOST | kill-ranks HOST | down | check" >&2; exit 2 ;;
+  *) echo "usage: $0 up HOSTS [RATE] | run RANKS_PER_HOST [MPIRUN_ARGS...] -- COMMAND... | counters | kill HOST | kill-ranks HOST | link HOST down|up | down | check" >&2; exit 2 ;;
 esac

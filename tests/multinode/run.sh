@@ -59,5 +59,5 @@ grep -q "hosts 2  ranks/host 2" <<<"$header" || { echo "FAIL: bench header lacks
 grep -q "topology: 2 nodes x 2 ranks, two-level yes" <<<"$header" ||
   { echo "FAIL: bench header lacks the topology" >&2; exit 1; }
 echo "== a whole host's ranks die in the middle of an elastic training run (ULFM)"
-timeout --signal=KILL 400 python -m pytest -q -s -o timeout=300 tests/multinode/test_kill_host.py
+timeout --signal=KILL 600 python -m pytest -q -s -o timeout=280 tests/multinode/test_kill_host.py
 echo "tests/multinode/run.sh: passed in $((SECONDS - started)) s"

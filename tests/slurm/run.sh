@@ -10,7 +10,9 @@
 #   - jobs/scaling.sh at 2 and 4 ranks: its dependent report job writes scaling.txt and .png;
 #   - train.slurm with HPCRING_ELASTIC=1 (mpirun under MPI's fault tolerance): rank 1 SIGKILLed
 #     after step 20, the run ends on 3 ranks with the one-rank weights digest; with srun, FAILED
-#     at once saying why.
+#     at once saying why;
+#   - elastic.slurm (mpirun, --no-kill, the survivors spawn a replacement): rank 1 SIGKILLed after
+#     step 20, the run ends on 4 ranks again with the one-rank weights digest.
 # The daemons are stopped by PID on every exit (trap). Needs root and apt-get; where the
 # packages cannot be installed it says so and exits 0 (SKIP), never silently.
 # Knobs: HPCRING_VENV (default: the active venv, else .venv), HPCRING_SLURM_KEEP=1 keeps the scratch
@@ -222,36 +224,51 @@ done
 [[ -s $work/scaling/scaling.png ]] || fail "scaling report wrote no scaling.png"
 echo "   scaling: 2 and 4 ranks in $work/scaling/scaling.txt and scaling.png"
 
-# -- the elastic training run: a rank killed from outside (by its job id and rank), the survivors go on
-elastic=$(HPCRING_ELASTIC=1 HPCRING_TRAIN_ARGS="--reproducible --max-steps 60 --digest" submit elastic jobs/train.slurm)
-elastic_srun=$(HPCRING_ELASTIC=1 HPCRING_LAUNCHER=srun submit elastic-srun jobs/train.slurm)
-jobs_submitted+=("$elastic" "$elastic_srun")
-out=$work/elastic-$elastic.out
-for _ in $(seq $((2 * ${HPCRING_SLURM_WAIT:-180}))); do
-  grep -q '^step 20/' "$out" 2>/dev/null && break
-  sleep 0.5
-done
-grep -q '^step 20/' "$out" || fail "elastic job $elastic never reached step 20: $(cat "$out")"
-victim=""
-for pid in $(ls /proc | grep -E '^[0-9]+$'); do  # rank 1 of that job: its environment says so
-  environ=$(tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ") || continue
-  if grep -qx "SLURM_JOB_ID=$elastic" <<<"$environ" && grep -qx 'OMPI_COMM_WORLD_RANK=1' <<<"$environ" &&
-    grep -q 'hpcring.examples.train' "/proc/$pid/cmdline" 2>/dev/null; then
-    victim=$pid
-  fi
-done
-[[ -n $victim ]] || fail "elastic job $elastic: no process of rank 1 found"
-kill -KILL "$victim"
-got=$(wait_job "$elastic")
-echo "   elastic (job $elastic): rank 1 (pid $victim) killed after step 20; $got after $((SECONDS - started)) s"
+# -- the elastic training runs: a rank killed from outside (by its job id and rank), the survivors go on
+# (train.slurm: shrunk to 3) or grow back (elastic.slurm: a replacement spawned, back at 4)
+kill_rank_after_step_20() { # JOBID OUTFILE: SIGKILL rank 1 of that job once it printed step 20
+  local id=$1 out=$2 pid environ victim=""
+  for _ in $(seq $((2 * ${HPCRING_SLURM_WAIT:-180}))); do
+    grep -q '^step 20/' "$out" 2>/dev/null && break
+    sleep 0.5
+  done
+  grep -q '^step 20/' "$out" || fail "elastic job $id never reached step 20: $(cat "$out")"
+  for pid in $(ls /proc | grep -E '^[0-9]+$'); do  # rank 1 of that job: its environment says so
+    environ=$(tr '\0' '\n' 2>/dev/null <"/proc/$pid/environ") || continue
+    if grep -qx "SLURM_JOB_ID=$id" <<<"$environ" && grep -qx 'OMPI_COMM_WORLD_RANK=1' <<<"$environ" &&
+      grep -q 'hpcring.examples.train' "/proc/$pid/cmdline" 2>/dev/null; then
+      victim=$pid
+    fi
+  done
+  [[ -n $victim ]] || fail "elastic job $id: no process of rank 1 found"
+  kill -KILL "$victim"
+  echo "   elastic job $id: rank 1 (pid $victim) killed after step 20"
+}
 expected=$("$venv/bin/python" -c 'import numpy as np
 from mpi4py import MPI
 from hpcring.examples import train
 print(train._digest(train.train(MPI.COMM_SELF, max_steps=60, reproducible=True).params, np))')
-grep -q '^step 60/60 ranks 3$' "$out" || fail "elastic job $elastic did not end on 3 ranks: $(tail -5 "$out")"
-[[ $(tail -1 "$out") == "# weights digest $expected" ]] ||
-  fail "elastic job $elastic: last line $(tail -1 "$out"), expected the one-rank digest $expected"
-echo "   elastic: ended on 3 ranks with the one-rank digest ${expected:0:16}..."
+elastic=$(HPCRING_ELASTIC=1 HPCRING_TRAIN_ARGS="--reproducible --max-steps 60 --digest" submit elastic jobs/train.slurm)
+elastic_srun=$(HPCRING_ELASTIC=1 HPCRING_LAUNCHER=srun submit elastic-srun jobs/train.slurm)
+# (5 slots for 4 ranks: Open MPI does not give a dead rank's slot back, and a spawn needs a free one)
+grow=$(HPCRING_RANKS=4 HPCRING_TRAIN_ARGS="--reproducible --max-steps 60 --digest" \
+  submit grow --ntasks-per-node=5 jobs/elastic.slurm)
+jobs_submitted+=("$elastic" "$elastic_srun" "$grow")
+kill_rank_after_step_20 "$elastic" "$work/elastic-$elastic.out"
+kill_rank_after_step_20 "$grow" "$work/grow-$grow.out"
+for id in "$elastic" "$grow"; do
+  name=$([[ $id == "$elastic" ]] && echo elastic || echo grow)
+  out=$work/$name-$id.out
+  got=$(wait_job "$id")
+  echo "   $name (job $id): $got after $((SECONDS - started)) s"
+  size=$([[ $name == elastic ]] && echo 3 || echo 4)
+  grep -q "^step 60/60 ranks $size\$" "$out" || fail "$name job $id did not end on $size ranks: $(tail -5 "$out")"
+  [[ $(tail -1 "$out") == "# weights digest $expected" ]] ||
+    fail "$name job $id: last line $(tail -1 "$out"), expected the one-rank digest $expected"
+  echo "   $name: ended on $size ranks with the one-rank digest ${expected:0:16}..."
+done
+grep -q '^# grown: 3 -> 4 ranks (1 joined), spawn ' "$work/grow-$grow.out" ||
+  fail "grow job $grow: no replacement joined: $(grep '^#' "$work/grow-$grow.out")"
 expect_state "$elastic_srun" elastic-srun FAILED
 grep -q 'needs HPCRING_LAUNCHER=mpirun' "$work/elastic-srun-$elastic_srun.out" ||
   fail "elastic-srun job $elastic_srun failed, but not saying why: $(cat "$work/elastic-srun-$elastic_srun.out")"

@@ -1,0 +1,310 @@
+"""Ranks joining a running job: how a shrunk world grows back (docs/elastic.md, "Growing back").
+
+On MPI's own means, under its fault tolerance (ULFM):
+
+- `spawn`: the survivors start replacement processes (``MPI_Comm_spawn``, collective over them)
+  and `merge` the intercommunicator into one communicator (``MPI_Intercomm_merge``), the
+  survivors first, so their ranks keep their order;
+- `accept` and `connect`: processes that a launcher or SLURM starts later (``srun`` into the
+  same allocation) meet the survivors at a port (``MPI_Open_port``; its name in a file both sides
+  can read, the `Rendezvous`) by ``MPI_Comm_connect``/``MPI_Comm_accept``, then merge.
+
+The newcomers then receive what every rank of a data-parallel job holds alike, the step and the
+model and optimizer state, from the survivors' rank 0 by `transfer`: ``hpcring.broadcast`` on
+hpcring's engine, so the arrays' shapes and dtypes are checked against the survivors' before a
+byte moves, and a rank that dies meanwhile is a `hpcring.RankFailedError` on every other rank,
+as in any call. Nothing comes from disk.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from mpi4py import MPI
+
+from .collectives import allreduce, broadcast
+from .comm import known_state
+from .ops import DTYPES
+
+POLICIES = ("shrink", "replace", "replace-when-available")
+PACK_BELOW = 1 << 20  # bytes: NumPy arrays smaller than this travel packed in one buffer, one call
+# The header every newcomer receives first: the loop's step and settings, and whether the rank
+# that sends it holds the state (a newcomer does not: every rank that held it died in the join).
+HEADER = ("step", "policy", "min_size", "max_size", "holds", "bytes", "joins")  # joins: tries left
+JOIN_ENV = "HPCRING_ELASTIC_JOIN"  # set on processes started later: the rendezvous file to join at
+RENDEZVOUS_ENV = "HPCRING_ELASTIC_RENDEZVOUS"  # the survivors' rendezvous file (replace-when-available)
+
+
+def errors_return(comm: Any) -> Any:
+    """``comm`` with MPI errors returned as exceptions (a failed rank is an error, not the end)."""
+    comm.Set_errhandler(MPI.ERRORS_RETURN)
+    return comm
+
+
+# ---- who joins ----------------------------------------------------------------------------------
+
+
+def parent() -> MPI.Intercomm | None:
+    """The intercommunicator to the survivors that spawned this process, or None (one of the job's
+    first ranks, or a process that connects: `joining`)."""
+    made = MPI.Comm.Get_parent()
+    return None if made == MPI.COMM_NULL else errors_return(made)
+
+
+def joining() -> str | None:
+    """How this process joins a running job: ``"spawned"`` (the survivors spawned it),
+    ``"connect"`` (started later with HPCRING_ELASTIC_JOIN naming the job's rendezvous file), or
+    None (one of the job's first ranks). Local."""
+    if MPI.Comm.Get_parent() != MPI.COMM_NULL:
+        return "spawned"
+    if os.environ.get(JOIN_ENV):
+        return "connect"
+    return None
+
+
+def command() -> list[str]:
+    """This process's own command line (the interpreter, its flags, ``-m module`` or the script,
+    the arguments): what a replacement runs, so that it builds the same state and joins."""
+    argv = list(getattr(sys, "orig_argv", []) or [sys.executable, *sys.argv])
+    return [sys.executable, *argv[1:]]
+
+
+# ---- spawn, connect, merge ------------------------------------------------------------------------
+
+
+def spawn(
+    comm: MPI.Intracomm, count: int, argv: Sequence[str] | None = None, hosts: Sequence[str] = ()
+) -> MPI.Intercomm:
+    """``count`` new processes running ``argv`` (default: this program, `command`), started by the
+    survivors in ``comm`` (collective over them; rank 0's arguments count): ``MPI_Comm_spawn``,
+    in this process's working directory, on ``hosts`` where given (host names, the launcher's
+    placement otherwise). RuntimeError on every survivor where a process did not start."""
+    argv = list(argv or command())
+    info = MPI.Info.Create()
+    try:
+        info.Set("wdir", os.getcwd())
+        if hosts:
+            info.Set("host", ",".join(hosts))
+            info.Set("map_by", "slot:OVERSUBSCRIBE")  # their slots may all be taken: share them
+        errors: list[int] = []
+        inter = comm.Spawn(argv[0], argv[1:], maxprocs=count, info=info, root=0, errcodes=errors)
+    finally:
+        info.Free()
+    errors_return(inter)
+    failed = [code for code in errors if code != MPI.SUCCESS]
+    if failed or inter.Get_remote_size() != count:
+        raise RuntimeError(
+            f"hpcring.elastic: MPI_Comm_spawn started {inter.Get_remote_size()} of {count} replacement "
+            f"processes ({' '.join(argv)}): error codes {failed}"
+        )
+    return inter
+
+
+def merge(inter: MPI.Intercomm, high: bool) -> MPI.Intracomm:
+    """One communicator of both sides of ``inter`` (``MPI_Intercomm_merge``; collective over both):
+    the side with ``high`` False first. ``inter`` is freed."""
+    merged = errors_return(inter.Merge(high))
+    with contextlib.suppress(MPI.Exception):
+        inter.Free()
+    return merged
+
+
+@dataclass
+class Rendezvous:
+    """Where ranks started apart from the job find it: a file holding the port name that the
+    job's rank 0 opened (``MPI_Open_port``), on a file system both sides read (a shared one
+    across nodes). Beside it, each group of processes that wants to join leaves a ticket
+    (``NAME.ID.want``); rank 0, when the job needs ranks, invites the oldest (renames it
+    ``NAME.ID.go``) and accepts; the group connects only once invited, so that no process
+    waits inside MPI for a job that never accepts. Rank 0 touches the port file at every step
+    (its age says the job is alive); ``NAME.closed`` says the job ended."""
+
+    path: Path
+
+    @property
+    def closed(self) -> Path:
+        return self.path.with_name(f"{self.path.name}.closed")
+
+    def publish(self, port: str) -> None:
+        """Write the port name (atomically: a reader sees the whole name or no file)."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        partial = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        partial.write_text(port)
+        partial.replace(self.path)
+        with contextlib.suppress(FileNotFoundError):
+            self.closed.unlink()
+
+    def alive(self) -> None:
+        """Rank 0, at each step: the job is alive."""
+        with contextlib.suppress(FileNotFoundError):
+            os.utime(self.path)
+
+    def port(self) -> str:
+        """The published port name ('' where there is none)."""
+        try:
+            return self.path.read_text().strip()
+        except FileNotFoundError:
+            return ""
+
+    def ticket(self) -> Path:
+        """Announce a group of processes that wants to join (its ticket)."""
+        made = self.path.with_name(f"{self.path.name}.{uuid.uuid4().hex}.want")
+        made.parent.mkdir(parents=True, exist_ok=True)
+        made.write_text(str(os.getpid()))
+        return made
+
+    def waiting(self) -> list[Path]:
+        """The tickets of groups that want to join, oldest first."""
+        found = list(self.path.parent.glob(f"{self.path.name}.*.want"))
+        return sorted(found, key=lambda p: p.stat().st_mtime if p.exists() else 0.0)
+
+    def invite(self, ticket: Path) -> bool:
+        """Invite the group of ``ticket`` to connect now (False where it withdrew meanwhile)."""
+        try:
+            ticket.replace(ticket.with_suffix(".go"))
+        except FileNotFoundError:
+            return False
+        return True
+
+    def invited(self, ticket: Path, within: float) -> bool:
+        """Wait until the job invites ``ticket`` (True) or ends (False: closed, or no sign of life
+        from its rank 0 for ``within`` seconds once it published)."""
+        go = ticket.with_suffix(".go")
+        while True:
+            if go.exists():
+                go.unlink()
+                return True
+            if self.closed.exists():
+                ticket.unlink(missing_ok=True)
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                if within and time.time() - self.path.stat().st_mtime > within:
+                    ticket.unlink(missing_ok=True)
+                    return False
+            time.sleep(0.02)
+
+    def close(self) -> None:
+        """The job ends: groups still waiting go home."""
+        self.closed.parent.mkdir(parents=True, exist_ok=True)
+        self.closed.write_text("")
+        with contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
+
+def accept(comm: MPI.Intracomm, port: str) -> MPI.Intercomm:
+    """``MPI_Comm_accept`` at ``port`` (collective over ``comm``; rank 0 holds the port)."""
+    return errors_return(comm.Accept(port, root=0))
+
+
+def connect(
+    comm: MPI.Intracomm, rendezvous: Rendezvous, within: float, invited: Callable[[], None] | None = None
+) -> MPI.Intercomm | None:
+    """Connect ``comm``'s processes (collective over them: a group started together) to the job
+    published at ``rendezvous`` once it invites them: rank 0 leaves the ticket and waits; None
+    where the job ended first, or showed no sign of life for ``within`` seconds. ``invited()``
+    runs as the invitation comes. The waiting and the connect travel on a duplicate of ``comm``."""
+    own = errors_return(comm.Dup())
+    try:
+        ticket = rendezvous.ticket() if own.Get_rank() == 0 else None
+        go = rendezvous.invited(ticket, within) if ticket is not None else False
+        if not own.bcast(go, root=0):
+            return None
+        if invited is not None:
+            invited()
+        port = rendezvous.port() if own.Get_rank() == 0 else ""
+        return errors_return(own.Connect(port, root=0))
+    finally:
+        own.Free()
+
+
+# ---- the state ---------------------------------------------------------------------------------
+
+
+def transfer(
+    comm: MPI.Intracomm,
+    state: Sequence[Any],
+    header: np.ndarray,
+    algorithm: str = "auto",
+    arrived: Callable[[np.ndarray], None] | None = None,
+) -> np.ndarray:
+    """Rank 0's ``header`` (int64, `HEADER`) and ``state`` on every rank of ``comm``: collective;
+    each rank passes arrays of the shapes and dtypes it expects (a newcomer: the ones it built),
+    which hpcring checks against rank 0's before a byte moves. The header and the arrays under
+    PACK_BELOW bytes travel in one buffer, one call; larger arrays in place, one call each. On a
+    communicator hpcring has not used yet, its state there is made first (the duplicate, the
+    topology, auto's table: a checked all-reduce of one element). ``arrived(header)`` runs
+    once the header is in, before the large arrays. Returns the header."""
+    if known_state(comm) is None:
+        allreduce(np.zeros(1), algorithm="auto", comm=comm)
+    small = [a for a in state if _packable(a)]
+    words = np.empty(len(HEADER) + -(-sum(a.nbytes for a in small) // 8), dtype=np.int64)
+    if comm.Get_rank() == 0:  # int64 words (a dtype every path takes): the header, then the bytes
+        words[: len(HEADER)] = header
+        _pack(small, words[len(HEADER) :].view(np.uint8))
+    broadcast(words, root=0, algorithm=algorithm, comm=comm)
+    header[...] = words[: len(HEADER)]
+    if arrived is not None:
+        arrived(header)
+    if not header[HEADER.index("holds")]:
+        raise LookupError("every rank that held the state died before it was sent")
+    if comm.Get_rank() != 0:
+        _unpack(words[len(HEADER) :].view(np.uint8), small)
+    for array in state:
+        if not _packable(array):
+            broadcast(array, root=0, algorithm=algorithm, comm=comm)
+    return header
+
+
+def state_bytes(state: Sequence[Any]) -> int:
+    """The bytes ``state`` holds (what a newcomer receives)."""
+    return sum(int(a.nbytes) for a in state)
+
+
+def _packable(array: Any) -> bool:
+    """A NumPy array that travels in the packed buffer: a small one, or one of a dtype that
+    hpcring's collectives do not take (its bytes travel as they are)."""
+    if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
+        return False
+    return array.nbytes < PACK_BELOW or array.dtype not in DTYPES
+
+
+def _pack(arrays: Sequence[np.ndarray], into: np.ndarray) -> None:
+    at = 0
+    for a in arrays:
+        into[at : at + a.nbytes] = a.reshape(-1).view(np.uint8)
+        at += a.nbytes
+
+
+def _unpack(packed: np.ndarray, arrays: Sequence[np.ndarray]) -> None:
+    at = 0
+    for a in arrays:
+        a.reshape(-1).view(np.uint8)[...] = packed[at : at + a.nbytes]
+        at += a.nbytes
+
+
+__all__ = [
+    "HEADER",
+    "JOIN_ENV",
+    "POLICIES",
+    "RENDEZVOUS_ENV",
+    "Rendezvous",
+    "accept",
+    "command",
+    "connect",
+    "errors_return",
+    "joining",
+    "merge",
+    "parent",
+    "spawn",
+    "state_bytes",
+    "transfer",
+]
