@@ -93,8 +93,8 @@ HR_CLONES static void hr_codes(int dtype, const hr_format *f, const void *x, con
  * one word, t = trunc(x 2^(P - top)); two (float64), T = trunc(x 2^(85 - top)) as hi 2^43 + lo from
  * w = x 2^(42 - top): hi = trunc(w), lo = trunc((w - hi) 2^43), every step exact. */
 HR_INLINE void hr_fixed(double v, int64_t scale, int two, double *hi, double *lo) {
-    if (!two) {
-        *hi = hr_trunc(hr_ldexp(v, scale));
+    if (!two) { /* |scale| < 256: 2^scale is a normal float64 and the product exact */
+        *hi = hr_trunc(v * hr_pow2(scale));
         *lo = 0.0;
         return;
     }
@@ -119,7 +119,7 @@ HR_INLINE void hr_fixed(double v, int64_t scale, int two, double *hi, double *lo
                                                      int64_t *out, size_t n, const int accumulate, \
                                                      const int floats) {                          \
         const uint64_t special = (uint64_t)f->exponent_mask;                                      \
-        const int two = f->words == 2;                                                            \
+        const int two = sizeof(T) == 8; /* float64: two words (a constant: one loop per format) */ \
         const int64_t base = (two ? HR_TWO_WORDS - HR_TWO_WORDS_LOW : HR_ONE_WORD) + f->bias - 1; \
         uint64_t any_special = 0;                                                                 \
         for (size_t i = 0; i < n; i++) {                                                          \
@@ -239,9 +239,9 @@ HR_INLINE double hr_sum_of(int mode, int two, int64_t a, int64_t b) {
 HR_CLONES static void hr_decode(int dtype, const hr_format *f, const int64_t *words, const void *x, const void *code,
                                 void *out, size_t n, int64_t divisor, int mode) {
     const uint64_t special = (uint64_t)f->exponent_mask;
-    const int two = f->words == 2, floats = mode == HR_DECODE_FLOATS;
-    const int64_t base = (two ? HR_TWO_WORDS : HR_ONE_WORD) + f->bias - 1;
-    const int64_t scale = (two ? HR_TWO_WORDS - HR_TWO_WORDS_LOW : HR_ONE_WORD) + f->bias - 1;
+    const int floats = mode == HR_DECODE_FLOATS;
+    const int64_t base1 = HR_ONE_WORD + f->bias - 1, base2 = HR_TWO_WORDS + f->bias - 1;
+    const int64_t scale1 = base1, scale2 = HR_TWO_WORDS - HR_TWO_WORDS_LOW + f->bias - 1;
     const double div = (double)divisor;
     uint64_t any_special = 0;
 #define HR_STORE(D, v) (D == HR_F16 ? hr_double_to_half(v) : D == HR_BF16 ? hr_double_to_bf16(v) : 0)
@@ -263,16 +263,20 @@ HR_CLONES static void hr_decode(int dtype, const hr_format *f, const int64_t *wo
     for (size_t i = 0; i < n; i++) {                                                              \
         uint64_t sp = c[i] == special;                                                            \
         any_special |= sp;                                                                        \
+        const int two = D == HR_F64; /* a constant: one loop per format */                       \
         int64_t a = w[two ? 2 * i : i], b = two ? w[2 * i + 1] : 0;                               \
         double value = 0.0;                                                                       \
         if (MINE) {                                                                               \
             double hi, lo;                                                                        \
             value = VALUE(s[i]);                                                                  \
-            hr_fixed(value, scale - (int64_t)c[i], two, &hi, &lo);                                \
-            a = HR_ADD(floats, a, (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(floats, hi)));       \
-            if (two) b = HR_ADD(floats, b, (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(floats, lo))); \
+            hr_fixed(value, (two ? scale2 : scale1) - (int64_t)c[i], two, &hi, &lo);              \
+            const int fl = MODE == HR_DECODE_FLOATS;                                              \
+            a = HR_ADD(fl, a, (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(fl, hi)));               \
+            if (two) b = HR_ADD(fl, b, (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(fl, lo)));       \
         }                                                                                         \
-        double v = hr_ldexp(hr_sum_of(MODE, two, a, b), (int64_t)c[i] - base);                    \
+        double sum = hr_sum_of(MODE, two, a, b);                                                  \
+        /* one word: |code - base| < 256, so one exact multiplication scales back */              \
+        double v = two ? hr_ldexp(sum, (int64_t)c[i] - base2) : sum * hr_pow2((int64_t)c[i] - base1); \
         if (DIVIDE) v /= div;                                                                     \
         v = hr_seld(c[i] == 0, -0.0, v); /* every contribution was -0 */                          \
         /* Inf/NaN's: x's own value kept for the second pass (out may be x itself) */            \
@@ -294,7 +298,7 @@ HR_CLONES static void hr_decode(int dtype, const hr_format *f, const int64_t *wo
         if (any_special) {                                                                        \
             for (size_t i = 0; i < n; i++) {                                                      \
                 if (c[i] != special) continue;                                                    \
-                int64_t word = w[two ? 2 * i : i];                                                \
+                int64_t word = w[D == HR_F64 ? 2 * i : i];                                        \
                 int64_t count = floats ? (int64_t)hr_float64((uint64_t)word) : word;              \
                 if (s != NULL) count += hr_special_count(VALUE(s[i]));                            \
                 int64_t pos = count & (HR_NEG_INF_COUNT - 1), neg = (count >> 21) & (HR_NEG_INF_COUNT - 1); \
