@@ -51,6 +51,9 @@ static inline int64_t hr_special_count(double v) {
 
 static inline double hr_f32_value(uint32_t u) { return (double)hr_float32(u); }
 
+/* c ? x : y in the element's own width (narrow lanes vectorize wider). */
+#define HR_SEL_OF(T, c, x, y) (sizeof(T) == 8 ? (T)hr_sel64((c), (x), (y)) : (T)hr_sel32((c), (uint32_t)(x), (uint32_t)(y)))
+
 /* codes: the biased exponent; zeros and subnormals 1, and -0 0. ``out``: uint8 (uint16 for float64).
  * With ``in`` (codes of the same type), out <- max(in, codes(x)): the MAX all-reduce's step with the
  * codes of this rank's contribution computed as they are reduced. */
@@ -67,13 +70,13 @@ HR_CLONES static void hr_codes(int dtype, const hr_format *f, const void *x, con
             for (size_t i = 0; i < n; i++) {                                                      \
                 T u = s[i];                                                                       \
                 T e = (T)((u >> shift) & mask);                                                   \
-                o[i] = (C)hr_sel64(e == 0, u != negative_zero, e);                                \
+                o[i] = (C)HR_SEL_OF(T, e == 0, u != negative_zero, e);                            \
             }                                                                                     \
         } else {                                                                                  \
             for (size_t i = 0; i < n; i++) {                                                      \
                 T u = s[i];                                                                       \
                 T e = (T)((u >> shift) & mask);                                                   \
-                C mine = (C)hr_sel64(e == 0, u != negative_zero, e);                              \
+                C mine = (C)HR_SEL_OF(T, e == 0, u != negative_zero, e);                          \
                 C theirs = c[i];                                                                  \
                 o[i] = mine > theirs ? mine : theirs;                                             \
             }                                                                                     \
