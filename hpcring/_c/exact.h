@@ -131,12 +131,17 @@ HR_INLINE void hr_fixed(double v, int64_t scale, int two, double *hi, double *lo
             double hi, lo;                                                                        \
             hr_fixed(VALUE(s[i]), base - (int64_t)c[i], two, &hi, &lo);                           \
             int64_t a = (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(floats, hi));                  \
+            /* accumulate 2: into ``out`` itself (one pointer: a second one equal to it would */ \
+            /* fail the compiler's overlap check, and the two-word loop run unvectorized) */      \
             if (two) {                                                                            \
                 int64_t b = (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(floats, lo));              \
-                out[2 * i] = accumulate ? HR_ADD(floats, in[2 * i], a) : a;                       \
-                out[2 * i + 1] = accumulate ? HR_ADD(floats, in[2 * i + 1], b) : b;               \
+                out[2 * i] = accumulate == 2 ? HR_ADD(floats, out[2 * i], a)                      \
+                             : accumulate ? HR_ADD(floats, in[2 * i], a) : a;                     \
+                out[2 * i + 1] = accumulate == 2 ? HR_ADD(floats, out[2 * i + 1], b)              \
+                                 : accumulate ? HR_ADD(floats, in[2 * i + 1], b) : b;             \
             } else {                                                                              \
-                out[i] = accumulate ? HR_ADD(floats, in[i], a) : a;                               \
+                out[i] = accumulate == 2 ? HR_ADD(floats, out[i], a)                              \
+                         : accumulate ? HR_ADD(floats, in[i], a) : a;                             \
             }                                                                                     \
         }                                                                                         \
         return any_special;                                                                       \
@@ -169,6 +174,8 @@ HR_CLONES static void hr_encode(int dtype, const hr_format *f, const void *x, co
         uint64_t any;                                                                             \
         if (in == NULL && floats) any = hr_encode_##T##_##C##_##VALUE(f, s, c, NULL, out, n, 0, 1); \
         else if (in == NULL) any = hr_encode_##T##_##C##_##VALUE(f, s, c, NULL, out, n, 0, 0);     \
+        else if (in == out && floats) any = hr_encode_##T##_##C##_##VALUE(f, s, c, NULL, out, n, 2, 1); \
+        else if (in == out) any = hr_encode_##T##_##C##_##VALUE(f, s, c, NULL, out, n, 2, 0);      \
         else if (floats) any = hr_encode_##T##_##C##_##VALUE(f, s, c, in, out, n, 1, 1);            \
         else any = hr_encode_##T##_##C##_##VALUE(f, s, c, in, out, n, 1, 0);                       \
         if (any) {                                                                                \
