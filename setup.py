@@ -1,4 +1,4 @@
-"""Build hpcring's compiled core: two optional C extensions. A failed build leaves the package as
+"""Build hpcring's compiled core: optional C and C++ extensions. A failed build leaves the package as
 pure Python, which is complete on its own (hpcring.info()["core"] then says "python" and why).
 
 - ``hpcring._kernels``: the element kernels (reductions, wire conversions, the reproducible sum's
@@ -14,6 +14,14 @@ pure Python, which is complete on its own (hpcring.info()["core"] then says "pyt
   environment leaves no run path into it: that one becomes ``$ORIGIN/../../..`` (the environment's
   lib folder, where the wheel's libmpi lies, seen from site-packages/hpcring/). hpcring imports
   mpi4py.MPI first in any case, so libmpi is loaded before the extension is.
+- ``hpcring._jax_ffi`` (C++17): hpcring's collectives as an XLA FFI target, for ``hpcring.jax``
+  inside ``jax.jit``. Built only where JAX imports at build time, since its headers come from
+  ``jax.ffi.include_dir()`` (jaxlib): ``pip install -e . --no-build-isolation`` after JAX is
+  installed. No MPI in it: it calls hpcring's engine. Without it ``hpcring.jax`` runs its
+  collectives through ``jax.experimental.io_callback`` (hpcring.info()["jax"] says which).
+- ``hpcring._jax_ffi_cuda``: the same target for CUDA buffers (staged through host memory), built
+  only where JAX imports and the CUDA runtime's headers and library are found (``$CUDA_HOME``,
+  ``$CUDA_PATH``, ``/usr/local/cuda``, or next to ``nvcc`` on PATH).
 
 Everything else about the package is in pyproject.toml.
 """
@@ -37,6 +45,8 @@ HEADERS = [str(p.relative_to(HERE)) for p in sorted((HERE / SOURCES).glob("*.h")
 # No FMA contraction and no fast math: every kernel must round exactly as NumPy's loops do.
 # 512-bit vectors where a kernel's AVX-512 clone runs (GCC's generic tuning would use 256).
 CFLAGS = ["-O3", "-ffp-contract=off", "-fno-fast-math", "-fno-strict-aliasing", "-mprefer-vector-width=512"]
+# The JAX FFI target: C++17 (XLA's headers), and quiet about those headers' own warnings.
+CXXFLAGS = ["-O2", "-std=c++17", "-fvisibility=hidden", "-Wno-attributes", "-Wno-return-type"]
 
 
 def say(message: str) -> None:
@@ -124,14 +134,44 @@ class BuildExt(build_ext):
 
     def build_extension(self, ext: Extension) -> None:
         unix = self.compiler.compiler_type == "unix"
-        ext.extra_compile_args = [*CFLAGS] if unix else []
-        ext.define_macros = [*ext.define_macros, ("HR_CFLAGS", '"' + " ".join(ext.extra_compile_args) + '"')]
+        jax_target = ext.name.startswith("hpcring._jax_ffi")
+        ext.extra_compile_args = [*(CXXFLAGS if jax_target else CFLAGS)] if unix else []
+        if not jax_target:
+            ext.define_macros = [
+                *ext.define_macros,
+                ("HR_CFLAGS", '"' + " ".join(ext.extra_compile_args) + '"'),
+            ]
         try:
             if ext.name == "hpcring._core":
                 self.configure_mpi(ext)  # names it after the MPI family it is built against
+            elif jax_target:
+                self.configure_jax(ext)
             super().build_extension(ext)
         except Exception as error:  # optional: any failure at all leaves the Python path
             say(f"{ext.name} not built ({type(error).__name__}: {error}); hpcring runs without it")
+
+    def configure_jax(self, ext: Extension) -> None:
+        """XLA's FFI headers from the JAX this build sees, NumPy's, and for the CUDA target the CUDA
+        runtime's; RuntimeError (the target is skipped, saying why) where one is missing."""
+        try:
+            import jax.ffi
+            import numpy
+        except ImportError as error:
+            raise RuntimeError(
+                f"JAX does not import here ({error}); install it, then build hpcring again with "
+                "pip install --no-build-isolation (-e . in a clone)"
+            ) from None
+        ext.include_dirs = [*ext.include_dirs, jax.ffi.include_dir(), numpy.get_include()]
+        if ext.name.endswith("_cuda"):
+            cuda = find_cuda()
+            if cuda is None:
+                raise RuntimeError("no CUDA runtime (cuda_runtime_api.h and libcudart) found")
+            ext.include_dirs.append(str(cuda / "include"))
+            libs = [d for d in (cuda / "lib64", cuda / "lib") if d.is_dir()]
+            ext.library_dirs = [*ext.library_dirs, *map(str, libs)]
+            ext.runtime_library_dirs = [*ext.runtime_library_dirs, *map(str, libs)]
+            ext.libraries = [*ext.libraries, "cudart"]
+        say(f"{ext.name}: XLA FFI headers of JAX {jax.__version__}")
 
     def configure_mpi(self, ext: Extension) -> None:
         found = find_wrapper()
@@ -160,11 +200,33 @@ class BuildExt(build_ext):
         say(f"{ext.name}: MPI from {source} ({shlex.join(wrapper)})")
 
 
+def find_cuda() -> Path | None:
+    """The CUDA toolkit whose runtime headers and library the CUDA FFI target builds against."""
+    places = [os.environ.get("CUDA_HOME", ""), os.environ.get("CUDA_PATH", ""), "/usr/local/cuda"]
+    nvcc = shutil.which("nvcc")
+    if nvcc:
+        places.append(str(Path(nvcc).resolve().parent.parent))
+    for place in places:
+        root = Path(place) if place else None
+        headers = root is not None and (root / "include" / "cuda_runtime_api.h").is_file()
+        if headers and any((root / lib).glob("libcudart.so*") for lib in ("lib64", "lib")):
+            return root
+    return None
+
+
 def extensions() -> list[Extension]:
     common = {"include_dirs": [str(SOURCES)], "depends": HEADERS, "optional": True}
+    jax_ffi = {"include_dirs": [str(SOURCES)], "language": "c++", "optional": True}
     return [
         Extension("hpcring._kernels", [str(SOURCES / "kernels.c")], **common),
         Extension("hpcring._core", [str(SOURCES / "core.c")], **common),
+        Extension("hpcring._jax_ffi", [str(SOURCES / "jax_ffi.cc")], **jax_ffi),
+        Extension(
+            "hpcring._jax_ffi_cuda",
+            [str(SOURCES / "jax_ffi_cuda.cc")],
+            depends=[str(SOURCES / "jax_ffi.cc")],
+            **jax_ffi,
+        ),
     ]
 
 

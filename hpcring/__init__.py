@@ -1,7 +1,8 @@
 """hpcring: gradient all-reduce and the collectives around it over MPI, the textbook algorithms
 side by side with the library's own.
 
-This module is the public face only (`allreduce`, `reduce_scatter`, `allgather`, `broadcast`, their
+This module is the public face only (`allreduce`, `reduce_scatter`, `allgather`, `broadcast`,
+`alltoall`, their
 non-blocking forms, `plan`, `ExactSum`, `GradientSync`, `Intracomm`, `trace`, `info`...); the work
 is in the submodules, and the names that need MPI load on first use.
 """
@@ -19,10 +20,10 @@ from .tracing import trace
 if TYPE_CHECKING:
     from . import elastic
     from .accumulator import ExactSum
-    from .collectives import allgather, allreduce, broadcast, reduce_scatter
+    from .collectives import allgather, allreduce, alltoall, alltoall_splits, broadcast, reduce_scatter
     from .elastic import shrink
     from .gpu import select_device
-    from .nonblocking import Request, iallgather, iallreduce, ibroadcast, ireduce_scatter
+    from .nonblocking import Request, iallgather, iallreduce, ialltoall, ibroadcast, ireduce_scatter
     from .persistent import Plan, plan
     from .training import GradientSync
     from .wrap import Intracomm
@@ -36,10 +37,13 @@ _LAZY = {
     "reduce_scatter": "collectives",
     "allgather": "collectives",
     "broadcast": "collectives",
+    "alltoall": "collectives",
+    "alltoall_splits": "collectives",
     "iallreduce": "nonblocking",
     "ireduce_scatter": "nonblocking",
     "iallgather": "nonblocking",
     "ibroadcast": "nonblocking",
+    "ialltoall": "nonblocking",
     "Request": "nonblocking",
     "plan": "persistent",
     "Plan": "persistent",
@@ -70,13 +74,15 @@ def __getattr__(name: str) -> Any:
 
 
 def info() -> dict[str, Any]:
-    """What this process runs on: versions, MPI thread level, array backends, CUDA-aware mode, core."""
+    """What this process runs on: versions, MPI thread level, array backends, CUDA-aware mode, core,
+    and what `hpcring.jax` runs inside ``jit`` (the FFI target or io_callbacks)."""
     import mpi4py
     from mpi4py import MPI
 
     from .arrays import available
     from .core import describe as describe_core
     from .gpu import cuda_aware
+    from .jax_ffi import describe as describe_jax
     from .library import mpi_library
 
     levels = {
@@ -87,6 +93,7 @@ def info() -> dict[str, Any]:
     }
     aware, reason = cuda_aware()
     core, core_reason = describe_core()
+    jax_path, jax_reason = describe_jax()
     return {
         "hpcring": __version__,
         "mpi4py": mpi4py.__version__,
@@ -100,6 +107,8 @@ def info() -> dict[str, Any]:
         "iallreduce_progress": __getattr__("_progress_mode")(),
         "core": core,  # "c": the compiled core; "python": the pure-Python one
         "core_reason": core_reason,
+        "jax": jax_path,  # hpcring.jax inside jit: "ffi", the XLA FFI target; "callback", io_callbacks
+        "jax_reason": jax_reason,
     }
 
 
@@ -117,10 +126,13 @@ __all__ = [
     "aborting",
     "allgather",
     "allreduce",
+    "alltoall",
+    "alltoall_splits",
     "broadcast",
     "elastic",
     "iallgather",
     "iallreduce",
+    "ialltoall",
     "ibroadcast",
     "info",
     "ireduce_scatter",

@@ -1,12 +1,25 @@
 """Agreement before data moves: every rank arrives, with the same call, or all raise.
 
-The fast path is one tiny collective: every rank contributes its row (the call's number, then
-the `Row`: collective, count, dtype, op, algorithm, array kind, placement, root, the digest of
-the settings that must agree, wire; 11 integers), a verdict, the row negated and the verdict
-again, and a non-blocking all-reduce under MAX gives every rank max(row) and -min(row) at
-once; the ranks agree exactly where they are equal, and any local verdict (a bad argument)
-shows as a 1 in its column. Only when something is off are the rows gathered, on a slow path
-every rank takes together, to name the ranks and the values that differ.
+The fast path is one collective of a fixed shape on every rank: each rank contributes its row
+(the call's number, then the `Row`: collective, count, dtype, op, algorithm, array kind,
+placement, root, the digest of the settings that must agree, wire; then what it carries, below),
+a verdict, the row negated and the verdict again, and a non-blocking all-reduce
+whose op takes the maximum gives every rank max(row) and -min(row) at once; the ranks agree
+exactly where they are equal, and any local verdict (a bad argument) shows as a 1 in its column.
+Only when something is off are the rows gathered, on a slow path every rank takes together, to
+name the ranks and the values that differ.
+
+A small `mpi` all-reduce rides along (`Payload`): the collective has a slot of `SLOT` bytes
+after the header, four columns of the header say what a rank put there, and the op
+(hpcring/_c/agree.h, and `combine_payload` here) reduces the payloads wherever the rows and the
+payloads it combines are one and the same, so the data has moved by the time the ranks know
+they agree: a checked call is one collective, not two, which matters most where every
+collective costs a scheduling round (more ranks than cores, a shared node). Where a rank
+carries nothing (a buffer hpcring cannot read), every rank sees it and the data moves after,
+as it would have. The shape never depends on the call (a mismatch cannot derail it: every rank
+always sends the header and the slot), and the user's output is written only once the
+agreement has passed. The payload's reductions are bitwise commutative, so every rank gets the
+same bits whatever tree MPI takes.
 
 A rank that does not arrive leaves the collective pending: each waiting rank waits for
 it until its deadline (`hpcring.polling.Waiter`: a test loop, as MPI's own wait is),
@@ -28,7 +41,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import algorithms
+from . import algorithms, core, kernels
 from .arrays import NAMES
 from .flight import Recorder
 from .ops import NAMES as DTYPE_NAMES
@@ -77,7 +90,7 @@ class Row:
 
     def words(self) -> list[int]:
         """The row as integers, in field order (-1 where a value is unknown), for the collective."""
-        names = list(algorithms.table(self.collective))
+        names = algorithms.names(self.collective)
         return [
             algorithms.COLLECTIVES.index(self.collective),
             -1 if self.count is None else self.count,
@@ -97,7 +110,7 @@ class Row:
             "collective": list(algorithms.COLLECTIVES),
             "dtype": list(DTYPE_NAMES),
             "op": _OPS,
-            "algorithm": list(algorithms.table(self.collective)),
+            "algorithm": list(algorithms.names(self.collective)),
             "array": NAMES,
             "placement": ["out of place (out=)", "in place"],
             "wire": [f"wire={w!r}" for w in _WIRES],
@@ -111,11 +124,128 @@ class Row:
 
 FIELDS = ("call", *(f.name for f in fields(Row)))  # the call's number comes first
 
+SLOT = 512  # bytes of payload the agreement's collective carries: an `mpi` all-reduce up to this rides along
+NO_PAYLOAD = (-1, -1, 0)  # the descriptor of a call whose data does not ride along
+# The header, per half: the call (FIELDS), the payload's columns (present, dtype, op, count), the verdict.
+WIDTH = len(FIELDS) + 4 + 1
+# (kernels' dtype code, op code) pairs a payload may carry: those whose reduction commutes bitwise
+# (agree.h's hr_payload_ok): float32, float64, int32, int64 under every op, complex under sum.
+_REAL = ("float32", "float64", "int32", "int64")
+_OP_CODES = {"add": 0, "maximum": 1, "minimum": 2, "multiply": 3}
+
+
+def payload_descriptor(dtype: np.dtype, ufunc: str, count: int) -> tuple[int, int, int]:
+    """The descriptor of an `mpi` all-reduce of ``count`` elements whose data may ride along, or
+    NO_PAYLOAD: what every rank computes alike from what they agree on."""
+    name = dtype.name
+    if count <= 0 or count * dtype.itemsize > SLOT or ufunc not in _OP_CODES:
+        return NO_PAYLOAD
+    if name in _REAL or (name in ("complex64", "complex128") and ufunc == "add"):
+        return kernels.DTYPE_CODES[dtype], _OP_CODES[ufunc], count
+    return NO_PAYLOAD
+
+
+def combine_payload(code: int, op: int, a: np.ndarray, b: np.ndarray) -> None:
+    """b <- a (op) b, as the agreement's op reduces payloads (hpcring/_c/agree.h: this is the
+    reference it is tested against). Bitwise commutative: where both are NaN, the larger bits
+    (quieted by sums and products); maximum and minimum let NaN win and order -0 below +0."""
+    dtype = kernels.DTYPES[code]
+    ufunc = list(_OP_CODES)[op]
+    if dtype is None or dtype.kind in "iu":
+        with np.errstate(over="ignore"):
+            getattr(np, ufunc)(a, b, out=b)  # integers wrap, and commute
+        return
+    if dtype.kind == "c":  # componentwise: complex payloads are sums
+        part = np.float32 if dtype.itemsize == 8 else np.float64
+        a, b = a.view(part), b.view(part)
+    bits = np.dtype(f"u{a.dtype.itemsize}")
+    quiet = 1 << (22 if a.dtype.itemsize == 4 else 51)
+    nan_a, nan_b = np.isnan(a), np.isnan(b)
+    with np.errstate(all="ignore"):
+        if ufunc in ("add", "multiply"):
+            made = getattr(np, ufunc)(a, b)
+        else:
+            wins = np.signbit(a) if ufunc == "maximum" else ~np.signbit(a)  # ties: +0 for max, -0 for min
+            made = np.where(a == b, np.where(wins, b, a), getattr(np, ufunc)(a, b))
+            made = np.where(nan_b, b, made)
+            made = np.where(nan_a, a, made)
+    both = nan_a & nan_b
+    if both.any():
+        larger = np.maximum(a.view(bits), b.view(bits))
+        if ufunc in ("add", "multiply"):
+            larger |= bits.type(quiet)
+        made[both] = larger[both].view(a.dtype)
+    b[...] = made
+
+
+def _one_value(header: np.ndarray, first: int, last: int) -> bool:
+    """Every column of [first, last) holds one value in ``header`` (max equals min)."""
+    return bool((header[first:last] == -header[WIDTH + first : WIDTH + last]).all())
+
+
+def _agreed(header: np.ndarray) -> bool:
+    """The ranks in ``header`` agree: one call, one row, no verdict (agree.h's hr_agreed)."""
+    return _one_value(header, 0, WIDTH - 5) and not header[WIDTH - 1] and not header[-1]
+
+
+def _carried(header: np.ndarray) -> bool:
+    """Every rank in ``header`` put the same payload in the slot (agree.h's hr_carried)."""
+    return _one_value(header, WIDTH - 5, WIDTH - 1) and header[WIDTH - 5] == 1
+
+
+def _reduce(inbuf: Any, inoutbuf: Any, datatype: Any) -> None:
+    """The agreement's op on the pure-Python core (agree.h's agree_reduce, in NumPy)."""
+    size = 16 * WIDTH + SLOT
+    ins, outs = np.frombuffer(inbuf, np.uint8), np.frombuffer(inoutbuf, np.uint8)
+    for start in range(0, ins.size, size):
+        a, b = ins[start : start + 16 * WIDTH].view(np.int64), outs[start : start + 16 * WIDTH].view(np.int64)
+        carry = (
+            _agreed(a) and _agreed(b) and _carried(a) and _carried(b) and bool((a[:WIDTH] == b[:WIDTH]).all())
+        )
+        np.maximum(a, b, out=b)
+        code, op, count = (int(v) for v in b[WIDTH - 4 : WIDTH - 1])
+        dtype = kernels.DTYPES[code] if carry and 0 <= code < len(kernels.DTYPES) else None
+        if dtype is not None and 0 < count * dtype.itemsize <= SLOT:
+            slot = start + 16 * WIDTH
+            got, into = ins[slot : slot + count * dtype.itemsize], outs[slot : slot + count * dtype.itemsize]
+            combine_payload(code, op, got.view(dtype), into.view(dtype))
+
+
+_MADE: dict[bool, tuple[MPI.Datatype, MPI.Op]] = {}
+
+
+def collective(compiled: bool | None = None) -> tuple[MPI.Datatype, MPI.Op]:
+    """The agreement's datatype (one element: the header and the slot) and op: the compiled
+    core's (agree.h) where it runs (or ``compiled`` asks), else this module's (`_reduce`). Made
+    once per process each; ranks that use different ones still agree (the same reductions)."""
+    if compiled is None:
+        compiled = core.active()
+    made = _MADE.get(compiled)
+    if made is None:
+        if compiled:
+            made = core.mpi_core()[0].agreement(WIDTH, SLOT)
+        else:
+            datatype = MPI.BYTE.Create_contiguous(16 * WIDTH + SLOT)
+            datatype.Commit()
+            made = datatype, MPI.Op.Create(_reduce, commute=True)
+        _MADE[compiled] = made
+    return made
+
+
+@dataclass(frozen=True)
+class Payload:
+    """A call's data riding with its agreement: ``src`` goes in, ``dst`` gets the result (host
+    arrays, flat; ``dst`` may be ``src``)."""
+
+    descriptor: tuple[int, int, int]
+    src: Any
+    dst: Any
+
 
 class Agreement:
-    """One communicator's agreement: the row and its negation in one tiny collective."""
+    """One communicator's agreement: the row and its negation, and a payload, in one collective."""
 
-    __slots__ = ("comm", "rank", "settings", "size", "waiter")
+    __slots__ = ("buffer", "comm", "op", "rank", "settings", "size", "type", "waiter")
 
     def __init__(self, comm: MPI.Intracomm, flight: Recorder | None = None) -> None:
         self.comm = comm
@@ -123,6 +253,8 @@ class Agreement:
         self.waiter = Waiter(comm)
         self.waiter.flight = flight  # the communicator's record: a StallError names where ranks were
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.type, self.op = collective()
+        self.buffer: np.ndarray | None = None  # the header and the slot, reused call after call
 
     def __call__(
         self,
@@ -133,25 +265,40 @@ class Agreement:
         timeout: float,
         what: str,
         caller: str,
-    ) -> None:
+        payload: Payload | None = None,
+    ) -> bool:
         """Raise on every rank if any rank failed, disagrees on the row, or does not arrive in time.
+        True where a ``payload`` rode along on every rank: its ``dst`` then holds the result.
 
         ``words`` is the call's number, then ``row.words()``; ``what`` names the call for a
         StallError (which adds the call number), ``caller`` the collective for the other
         messages ("hpcring.allgather").
         """
         verdict = int(problem is not None)
-        # [row, verdict, -row, verdict] under MAX: [max(row), any verdict, -min(row), any verdict].
-        # (Python lists and one small array: NumPy's slicing and negation cost more here.)
-        buf = np.array([*words, verdict, *[-v for v in words], verdict], dtype=np.int64)
-        request = self.comm.Iallreduce(MPI.IN_PLACE, buf, MPI.MAX)
+        carrying = payload is not None and problem is None
+        full = [*words, *((1, *payload.descriptor) if carrying else (0, *NO_PAYLOAD)), verdict]
+        buf = self.buffer
+        if buf is None:
+            buf = self.buffer = np.zeros(16 * WIDTH + SLOT, np.uint8)
+        header = buf[: 16 * WIDTH].view(np.int64)
+        # [row, verdict, -row, verdict] under max: [max(row), any verdict, -min(row), any verdict].
+        header[:] = [*full, *[-v for v in full[:-1]], verdict]
+        slot = buf[16 * WIDTH :]
+        if carrying:
+            slot[: payload.src.nbytes] = payload.src.view(np.uint8)
+        request = self.comm.Iallreduce(MPI.IN_PLACE, [buf, 1, self.type], self.op)
         if not request.Test():
-            self.wait(request, words[0], timeout, what)
-        got, width = buf.tolist(), len(words) + 1
-        if got[width - 1] or any(
-            high + low for high, low in zip(got[: width - 1], got[width:], strict=False)
-        ):
+            try:
+                self.wait(request, words[0], timeout, what)
+            except BaseException:
+                self.buffer = None  # MPI may still write it: left to the pending request
+                raise
+        if not _agreed(header):
             self.disagree(words, row, problem, caller)
+        if not (carrying and _carried(header)):
+            return False
+        payload.dst.view(np.uint8)[...] = slot[: payload.src.nbytes]
+        return True
 
     def wait(self, request: MPI.Request, number: int, timeout: float, what: str) -> None:
         """Wait for the agreement's collective of call ``number`` within ``timeout`` (0: no limit),

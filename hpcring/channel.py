@@ -388,6 +388,68 @@ class Channel:
         with self.adapter.mpi_view(buf, copy_in=self.rank == root, copy_out=self.rank != root) as b:
             self.comm.Bcast(_raw(b), root)
 
+    @channel_call
+    def alltoall(self, src: Any, dst: Any) -> None:
+        """MPI_Alltoall of raw bytes: block i of ``src`` to rank i, rank i's block into row i of ``dst``."""
+        self.traffic.unknown = True
+        if self._host:  # NumPy: MPI reads and writes the arrays themselves, no view to set up
+            self.comm.Alltoall(_raw(src), _raw(dst))
+            return
+        view = self.adapter.mpi_view
+        with (
+            view(src, copy_in=True, copy_out=False, slot=0) as s,
+            view(dst, copy_in=False, copy_out=True, slot=1) as d,
+        ):
+            self.comm.Alltoall(_raw(s), _raw(d))
+
+    @channel_call
+    def alltoallv(
+        self,
+        src: Any,
+        send_counts: tuple[int, ...],
+        send_displs: tuple[int, ...],
+        dst: Any,
+        recv_counts: tuple[int, ...],
+        recv_displs: tuple[int, ...],
+    ) -> None:
+        """MPI_Alltoallv of raw bytes; counts and displacements in elements of ``src``'s dtype."""
+        self.traffic.unknown = True
+        item = src.dtype.itemsize
+        view = self.adapter.mpi_view
+        with (
+            view(src, copy_in=True, copy_out=False, slot=0) as s,
+            view(dst, copy_in=False, copy_out=True, slot=1) as d,
+        ):
+            self.comm.Alltoallv(
+                [_raw(s), [c * item for c in send_counts], [o * item for o in send_displs], MPI.BYTE],
+                [_raw(d), [c * item for c in recv_counts], [o * item for o in recv_displs], MPI.BYTE],
+            )
+
+    # -- small setup exchanges a collective makes before its data moves, bounded by the timeout --
+
+    def counts(self, sends: list[int]) -> list[int]:
+        """``sends[i]`` to rank i, and what each rank sent this one (an all-to-all of G integers,
+        MPI_Ialltoall, waited for within the timeout): how an uneven all-to-all learns its
+        receive counts."""
+        out = np.empty(self.size, dtype=np.int64)
+        self.finish(self.comm.Ialltoall(np.asarray(sends, dtype=np.int64), out))
+        return out.tolist()
+
+    def table(self, row: list[int]) -> np.ndarray:
+        """Every rank's ``row`` of integers (all of one length), by rank (MPI_Iallgather, waited for
+        within the timeout)."""
+        mine = np.asarray(row, dtype=np.int64)
+        out = np.empty((self.size, mine.size), dtype=np.int64)
+        self.finish(self.comm.Iallgather(mine, out))
+        return out
+
+    def verdict(self, bad: bool) -> bool:
+        """Whether any rank's ``bad`` is true (MPI_Iallreduce under MAX of one integer, waited for
+        within the timeout): every rank learns the same answer, so all raise or none."""
+        word = np.array([int(bad)], dtype=np.int64)
+        self.finish(self.comm.Iallreduce(MPI.IN_PLACE, word, MPI.MAX))
+        return bool(word[0])
+
 
 def _raw(array: Any) -> Any:
     """The same memory as bytes, so MPI needs no datatype for it."""

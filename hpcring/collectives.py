@@ -1,4 +1,4 @@
-"""The collectives: `allreduce`, `reduce_scatter`, `allgather` and `broadcast`.
+"""The collectives: `allreduce`, `reduce_scatter`, `allgather`, `broadcast` and `alltoall`.
 
 Each is a thin front end: it names its collective and hands its arguments to the engine
 (`hpcring.engine`), which validates them, agrees across ranks, runs the algorithm and
@@ -21,8 +21,10 @@ they share is here:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from .algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER
@@ -126,4 +128,51 @@ def broadcast(
     return call(BROADCAST, x, None, None, algorithm, comm, check, timeout, root)
 
 
-__all__ = ["allgather", "allreduce", "broadcast", "reduce_scatter"]
+def alltoall(
+    x: Any,
+    *,
+    send_splits: Sequence[int] | None = None,
+    recv_splits: Sequence[int] | None = None,
+    algorithm: str = "auto",
+    comm: MPI.Intracomm | None = None,
+    out: Any = None,
+    check: bool = True,
+    timeout: float | None = None,
+) -> Any:
+    """Each rank's blocks of ``x``, one to every rank: block i goes to rank i, and the result
+    holds the blocks every rank sent this one, in rank order.
+
+    Without splits ``x``'s first axis is cut into G equal blocks (MPI_Alltoall) and the result
+    has ``x``'s shape: the transpose of a distributed array (FFT codes), the token exchange of
+    equal experts. With ``send_splits`` (G counts of ``x``'s rows, its first axis: elements of a
+    1-D array) the blocks are uneven (MPI_Alltoallv): particles leaving for their new owners,
+    tokens routed to their experts. ``recv_splits`` (the rows from each rank) is learnt by one
+    small exchange where it is not given, and checked against what the senders send where it
+    is; `alltoall_splits` gives it beforehand. The result is a new array of ``sum(recv_splits)``
+    rows unless ``out`` (that shape, ``x``'s dtype, apart from ``x``) is given.
+
+    With ``check`` the ranks agree on the call before any data moves, the splits included, so
+    a mismatch raises the same ValueError on every rank, with the arrays untouched. Algorithms:
+    pairwise (G-1 steps, one partner each way: large blocks), bruck (ceil(log2 G) steps of packed
+    blocks: small ones; equal blocks only), mpi (MPI_Alltoall / MPI_Alltoallv), auto.
+    """
+    from . import exchange  # here: a code that never calls alltoall never loads it
+
+    return exchange.run(x, out, algorithm, comm, check, timeout, send_splits, recv_splits)
+
+
+def alltoall_splits(
+    send_splits: Sequence[int],
+    *,
+    comm: MPI.Intracomm | None = None,
+    check: bool = True,
+    timeout: float | None = None,
+) -> list[int]:
+    """The ``recv_splits`` that ``send_splits`` on every rank make: what each rank will send this
+    one (an all-to-all of G integers), to size an ``out=`` before `alltoall`, or to know which
+    rows of its result came from which rank."""
+    counts = np.asarray(send_splits, dtype=np.int64)
+    return [int(v) for v in alltoall(counts, algorithm="auto", comm=comm, check=check, timeout=timeout)]
+
+
+__all__ = ["allgather", "allreduce", "alltoall", "alltoall_splits", "broadcast", "reduce_scatter"]

@@ -25,7 +25,7 @@ from typing import Any
 
 from mpi4py import MPI
 
-from . import config, watchdog
+from . import config, polling, watchdog
 from .agreement import Agreement
 from .arrays import device_key
 from .channel import Channel
@@ -36,6 +36,7 @@ from .polling import Waiter
 _lock = threading.Lock()  # guards the keyval, the table of communicators being set up, channel creation
 _keyval: int | None = None  # created on first use: importing hpcring must not need MPI initialized
 _creating: dict[int, threading.Lock] = {}  # communicator handle -> lock held while it is duplicated
+_creating_any: list[bool] = []  # the first state made here read the wait policy (`hpcring.polling.share`)
 FIRST_CALL = "the first hpcring call on this communicator"
 
 
@@ -137,6 +138,8 @@ def state_of(comm: MPI.Intracomm, timeout: float | None = None) -> CommState:
         if state is not None:
             return state
         creating = _creating.setdefault(MPI._handleof(comm), threading.Lock())
+        if not _creating_any:  # how this process's waits spend their core (HPCRING_WAIT), read once
+            _creating_any.append(polling.share())
     # The Dup is collective: hold only this communicator's lock across it. A process-wide lock
     # here deadlocks two threads that set up two communicators, when ranks take them in
     # opposite orders (each rank's Dup waits for a rank whose other thread holds the lock).

@@ -217,6 +217,14 @@ class Config:
         meaning="microseconds a pipelined ring naps between polls (0 spins), for ranks outnumbering cores",
         must_agree=False,
     )
+    wait = Variable(
+        "HPCRING_WAIT",
+        choice({"auto": "auto", "spin": "spin", "share": "share"}, "auto"),
+        kind="auto, spin or share",
+        default="auto",
+        meaning="how a waiting rank spends its core: spin; share (yield, then nap); auto: share if crowded",
+        must_agree=False,
+    )
     ranks_per_node = Variable(
         "HPCRING_RANKS_PER_NODE",
         positive_integer,
@@ -305,6 +313,14 @@ class Config:
         default="unset",
         meaning="python: the pure-Python core; c: the compiled one or an error; unset: compiled where built",
         must_agree=False,  # the cores give the same bits: ranks may differ
+    )
+    jax = Variable(
+        "HPCRING_JAX",
+        choice({"ffi": "ffi", "callback": "callback"}, None),
+        kind="ffi or callback",
+        default="unset",
+        meaning="hpcring.jax in jit: callback, io_callbacks; unset or ffi, the XLA FFI target where built",
+        must_agree=False,  # both paths run the same calls in the same order
     )
     algo = Variable(
         "HPCRING_ALGO",

@@ -96,6 +96,10 @@ def _setup(module: Any, MPI: Any) -> None:
     module.enable(kernels.ACTIVE == "c")
     kernels.LISTENERS.append(lambda active: module.enable(active == "c"))
     kernels.QUIRK_LISTENERS.append(lambda: module.quirks(*kernels.QUIRKS, tuple(kernels.OFF)))
+    from . import polling  # waits share their core where ranks outnumber cores
+
+    module.waiting(polling.shared())
+    polling.SHARING_LISTENERS.append(module.waiting)
 
 
 def _samples() -> list[np.ndarray]:

@@ -24,6 +24,9 @@ methods below only on slow paths. This file stays the reference both cores are t
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import functools
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,10 +35,11 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import algorithms, config, core, exact, kernels, tracing
+from . import algorithms, config, core, kernels, tracing
 from . import wire as wires
-from .agreement import REPRODUCIBLE, Row
-from .algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER, Spec
+from .agreement import NO_PAYLOAD, REPRODUCIBLE, Payload, Row, payload_descriptor
+from .agreement import collective as agreement_collective
+from .algorithms import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCE_SCATTER, Spec
 from .arrays import NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
 from .comm import CommState, intracomm, known_state, state_of
@@ -45,7 +49,6 @@ from .ops import NAMES as DTYPE_NAMES
 from .ops import OPS, Op, check_op, op_name, supported
 from .partition import segment
 from .polling import abandon
-from .program import Unrecordable, record, record_exact
 from .tracing import local_copy
 from .ulfm import first_call_failed, rank_failed
 from .units import format_bytes
@@ -54,9 +57,15 @@ WARM_CALLS = 256  # kinds of call remembered per communicator
 PROGRAMS = 256  # compiled programs kept per channel (`Call.compile`)
 _SEEN = "seen"  # a program's kind was seen once: recorded the next time
 # How a collective's run function is called (`hpcring.algorithms.base`): (ch, src, dst, op),
-# (ch, src, dst) or (ch, buf, root).
-REDUCING, GATHERING, ROOTED = "reducing", "gathering", "rooted"
-FORMS = {ALLREDUCE: REDUCING, REDUCE_SCATTER: REDUCING, ALLGATHER: GATHERING, BROADCAST: ROOTED}
+# (ch, src, dst), (ch, buf, root) or, the all-to-all's (`hpcring.exchange`), (ch, src, dst, layout).
+REDUCING, GATHERING, ROOTED, EXCHANGING = "reducing", "gathering", "rooted", "exchanging"
+FORMS = {
+    ALLREDUCE: REDUCING,
+    REDUCE_SCATTER: REDUCING,
+    ALLGATHER: GATHERING,
+    BROADCAST: ROOTED,
+    ALLTOALL: EXCHANGING,
+}
 _WORLD = MPI.COMM_WORLD
 _serialized = threading.Lock()  # under MPI_THREAD_SERIALIZED, one MPI call at a time in all
 
@@ -92,11 +101,13 @@ class Call:
         "fast",
         "flight",
         "form",
+        "fuse",
         "in_place",
         "mean",
         "options",
         "out_shape",
         "parts",
+        "planning",
         "ran",
         "ready",
         "reduction",
@@ -137,6 +148,8 @@ class Call:
         self.settled = spec.choose is None  # auto: its choice for this size is made
         self.exact = False  # reproducible=True: the sum runs on integer words (`hpcring.exact`)
         self.parts: list[Any] | None = None  # an ExactSum's local contributions, where it calls
+        self.fuse = NO_PAYLOAD  # what rides with the agreement (`fusion`), once known
+        self.planning = False  # a plan's run (`planned`): its failures name the plan's agreed call
         level = _thread_level()
         self.single = level < MPI.THREAD_SERIALIZED  # MPI allows the main thread alone
         self.serial = _serialized if level == MPI.THREAD_SERIALIZED else None
@@ -173,19 +186,42 @@ class Call:
             self.serial.release()
         self.state.busy.release()
 
-    def _agree(self, timeout: float, problem: Exception | None) -> None:
-        """The ranks' agreement on this call (nothing to agree on for one rank)."""
+    def _agree(self, timeout: float, problem: Exception | None, payload: Payload | None = None) -> bool:
+        """The ranks' agreement on this call (nothing to agree on for one rank), with the call's
+        data riding along where ``payload`` is given: True where it did, on every rank."""
         if self.channel.size > 1:
             state = self.state
             state.calls = number = state.calls + 1
-            state.agreement(
+            return state.agreement(
                 [number, *self.words],
                 self.row,
                 problem,
                 timeout=timeout,
                 what=self.what,
                 caller=self.options.caller,
+                payload=payload,
             )
+        return False
+
+    def fusion(self) -> tuple[int, int, int]:
+        """The descriptor of this call's data where it rides with the agreement: an all-reduce that
+        runs the library's own (`Spec.rides`) on host memory, small enough for the agreement's
+        slot, of a dtype and op whose reductions commute bitwise
+        (`hpcring.agreement.payload_descriptor`); else NO_PAYLOAD. It rides only where it does on
+        every rank (the agreement's header says), else it moves after."""
+        adapter, reduction = self.adapter, self.reduction
+        if (
+            self.options.collective != ALLREDUCE
+            or not (self.settled and self.spec.rides)
+            or self.exact
+            or adapter.device
+            or not adapter.direct
+            or reduction is None
+            or self.row.count is None
+            or self.row.dtype is None
+        ):
+            return NO_PAYLOAD
+        return payload_descriptor(self.row.dtype, reduction.ufunc, self.row.count)
 
     def agree(
         self, timeout: float | None, problem: Exception | None = None, nbytes: int | None = None
@@ -237,13 +273,24 @@ class Call:
             slot.phase = AGREEMENT
             slot.start = clock()
             try:
-                if check:
+                carried = False
+                if check and self.fuse is not NO_PAYLOAD and problem is None and not tracing.TRACER.on:
+                    src, dst, out = self.buffers(x, out)  # the data rides with the agreement (a
+                    # traced call's moves apart: the trace shows its steps)
+                    carried = self._agree(timeout, problem, Payload(self.fuse, src, dst))
+                elif check:
                     self._agree(timeout, problem)
                 slot.number = self.state.calls if check else 0  # 0: not agreed on
                 if problem is not None:  # a single rank: nothing to agree on
                     raise problem
                 slot.phase = MOVING
-                dst, out = self.move(x, out)
+                if carried:  # one collective moved the data too
+                    if self.mean:
+                        self.channel.xp.true_divide(dst, self.channel.size, out=dst)
+                    if self.compiled is None and kernels.ACTIVE == "c":  # for the warm call in C
+                        self.compiled = self.compile(self.spec, src, dst)
+                else:
+                    dst, out = self.move(x, out)
             except BaseException as error:
                 slot.number = self.state.calls if check else 0
                 # MPI's fault tolerance (ULFM): a rank died, or a survivor revoked the communicator
@@ -267,10 +314,10 @@ class Call:
             return self.adapter.result(dst, like, self.out_shape)
         return made
 
-    def move(self, x: Any, out: Any) -> tuple[Any, Any]:
-        """The collective itself, on flat native views; returns (the result's flat view, ``out``:
-        the user's output, made here where the collective makes one; for JAX, None)."""
-        adapter, channel = self.adapter, self.channel
+    def buffers(self, x: Any, out: Any) -> tuple[Any, Any, Any]:
+        """(the input's flat native view, the result's, ``out``: the user's output, made here
+        where the collective makes one)."""
+        adapter = self.adapter
         src = adapter.flat(x)
         if self.out_shape is not None:  # reduce_scatter, allgather without out=: a new array
             out, dst = adapter.allocate(x, self.out_shape)
@@ -278,6 +325,13 @@ class Call:
             dst = src
         else:
             dst = adapter.flat(out)
+        return src, dst, out
+
+    def move(self, x: Any, out: Any) -> tuple[Any, Any]:
+        """The collective itself, on flat native views; returns (the result's flat view, ``out``:
+        the user's output, made here where the collective makes one; for JAX, None)."""
+        channel = self.channel
+        src, dst, out = self.buffers(x, out)
         tracer = tracing.TRACER
         if tracer.on:
             tracer.begin(self.options.collective, self.ran or self.options.algorithm, channel, src, dst)
@@ -321,12 +375,15 @@ class Call:
         if isinstance(self.channel, wires.WireChannel) and not chooser.keep_wire(self.channel, chosen):
             self.channel = self.state.channel(self.adapter)  # wire= where it does not pay: sent as it is
         self.spec, self.ran, self.settled = chosen, name, True
+        self.fuse = self.fusion()
         return chosen
 
     def exact_sum(self, src: Any, dst: Any) -> None:
         """reproducible=True: inside the steps of an algorithm that comes in two phases (the ring,
         Rabenseifner; auto's choice for the size of the words), in the compiled core from the
         second call of a kind on; else the whole all-reduce twice, on codes then on words."""
+        from . import exact  # here: only reproducible=True needs it
+
         channel, accumulated = self.channel, self.parts is not None
         parts = [src] if self.parts is None else self.parts
         spec = self.spec
@@ -394,6 +451,9 @@ class Call:
             programs[key] = _SEEN
             return None
         if made is _SEEN:
+            # the compiled core's, from a kind's second run on
+            from .program import Unrecordable, record, record_exact
+
             try:
                 if exact_op is not None:
                     recording = record_exact(spec, channel, src, dst, exact_op)
@@ -410,29 +470,55 @@ class Call:
         the compiled core cannot take it whole: not a NumPy all-reduce or broadcast, no program,
         another thread level than MPI_THREAD_MULTIPLE's or the main thread's, a mean it does not
         divide. Listed in the communicator's table, found by the user's communicator's handle."""
-        collective = self.options.collective
         if not core.active():
             return None  # asked again on a later call
-        if (
-            not self.compiled
-            or self.serial is not None
-            or self.adapter is not NUMPY
-            or type(x) is not np.ndarray
-            or collective not in (ALLREDUCE, BROADCAST)
-            or self.exact
-            or (self.mean and x.dtype not in (np.float32, np.float64))
-        ):
+        if not self.compiled or not self._warmable(x):
             return False
         from .comm import attached  # the table lives and dies with the communicator's state
 
         table = attached(comm, "compiled-warm-calls", lambda: core.table(comm))
+        made = self._warm(key, self.compiled)
+        table.add(made)
+        return made
+
+    def planned(self, x: Any, out: Any, request: MPI.Prequest, op: Any, timeout: float | None) -> Any:
+        """A plan's run in C (`hpcring.plan`): its persistent request started and waited for
+        within the timeout, with this call's exclusion and flight record, and no agreement; a
+        callable of no arguments, or None where the compiled core cannot take it."""
+        if not core.active() or not self._warmable(x):
+            return None
+        # Its own Call, whose Spec says it does not block: the run's wait is bounded by its own
+        # timeout (`plan_waited`), so the watchdog, which ends a job stuck in a blocking library
+        # call, must not take it for one.
+        run = copy.copy(self)
+        run.spec = dataclasses.replace(self.spec, blocking=False)
+        run.planning = True
+        key = (ALLREDUCE, self.adapter, self.adapter.shape(x), x.dtype, op, self.ran, out is None)
+        made = run._warm((*key, None, 0, None, False), request)
+        return functools.partial(made.run, x, out, timeout)
+
+    def _warmable(self, x: Any) -> bool:
+        """Whether a warm call in C can run this call on ``x`` whole (`compiled_warm`)."""
+        return not (
+            self.serial is not None
+            or self.adapter is not NUMPY
+            or type(x) is not np.ndarray
+            or self.options.collective not in (ALLREDUCE, BROADCAST)
+            or self.exact
+            or (self.mean and x.dtype not in (np.float32, np.float64))
+        )
+
+    def _warm(self, key: tuple[Any, ...], program: Any) -> Any:
+        """The C warm call of engine.call's ``key`` moving its data by ``program`` (a compiled
+        program, or a plan's persistent request)."""
         _, _, shape, dtype, op, algorithm, out_none, _, root, wire, reproducible = key
         mean = -1
         if self.mean:
             mean = 2 if dtype == np.float32 else 3  # the kernels' codes (hpcring.kernels.DTYPE_CODES)
-        made = core.warm(
+        agreement_collective(compiled=True)  # the compiled agreement's datatype and op, made once
+        return core.warm(
             self,
-            (collective, op, algorithm, root, reproducible, wire, out_none, dtype),
+            (self.options.collective, op, algorithm, root, reproducible, wire, out_none, dtype),
             tuple(shape),
             dtype.itemsize,
             self.state,
@@ -446,10 +532,17 @@ class Call:
             self.returns_x,
             self.spec.blocking,
             mean,
-            self.compiled,
+            self.fuse,
+            program,
         )
-        table.add(made)
-        return made
+
+    def plan_waited(self, request: MPI.Prequest, timeout: float | None) -> None:
+        """A plan's run in C went on past its spinning: wait within ``timeout`` (None: no limit),
+        or raise StallError naming the ranks that never started theirs."""
+        waiter = self.state.agreement.waiter
+        woke = waiter.bounded(request, timeout)
+        if woke is not None:
+            raise waiter.stall(woke, f"{self.what} plan", timeout or 0.0, self.state.calls)
 
     def resolve_timeout(self, timeout: float | None) -> float:
         """The compiled warm call's timeout where the communicator has none read (a bad value raises)."""
@@ -468,7 +561,7 @@ class Call:
         """A compiled warm call raised after taking its flight slot: recorded as the Python path
         records a failure (the requests a StallError leaves pending are kept), and an MPI error
         that is a failed rank (ULFM) raised as the RankFailedError the Python path raises."""
-        slot.number = self.state.calls if check else 0
+        slot.number = self.state.calls if check or self.planning else 0
         failure = rank_failed(self, error, slot.number, moving=slot.phase == MOVING)
         self.flight.failed(slot, failure or error)
         if isinstance(error, StallError) or failure is not None:
@@ -624,6 +717,8 @@ def prepare(
         try:
             count = adapter.size(x)
             if options.reproducible:  # ---- reproducible sums: hpcring/exact.py ----
+                from . import exact
+
                 exact_path = exact.check(op, dtype, accumulated=parts is not None)
             narrowed = wires.check(options.wire, dtype, spec, options.reproducible, bool(adapter.device))
             if narrowed is not None:  # ---- wire compression: hpcring/wire.py ----
@@ -657,6 +752,8 @@ def prepare(
     if spec.choose is None or spec.name != options.algorithm:  # a Spec chosen already: what runs
         made.settled, made.ran = True, spec.name
     made.exact, made.parts = exact_path, parts
+    if made.settled:
+        made.fuse = made.fusion()
     return made, problem
 
 
@@ -687,7 +784,7 @@ def _ready_gathered(adapter: Adapter) -> Callable[[Any, Any], bool]:
     return ready
 
 
-_READY[REDUCE_SCATTER] = _READY[ALLGATHER] = _ready_gathered
+_READY[REDUCE_SCATTER] = _READY[ALLGATHER] = _READY[ALLTOALL] = _ready_gathered
 
 
 # ---- validation: one place, through the adapter ----------------------------------------------
@@ -845,6 +942,8 @@ def check_memory(
 
     scratch = scratch_of(count, itemsize)
     if exact_path:
+        from . import exact
+
         scratch = exact.scratch_bytes(channel, dtype, count, scratch_of, accumulated)
     need = scratch - channel.scratch_held()
     pool = 0
@@ -918,6 +1017,9 @@ def _offset_inside(part: np.ndarray, whole: np.ndarray) -> int | None:
 call = core.caller(call)
 
 __all__ = [
+    "EXCHANGING",
+    "FORMS",
+    "WARM_CALLS",
     "Call",
     "Options",
     "call",

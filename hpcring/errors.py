@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import sys
 import time
-import traceback
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from functools import wraps
@@ -78,6 +77,8 @@ def abort_on_error(exit_code: int = 1) -> Iterator[None]:
     except (SystemExit, KeyboardInterrupt):
         raise
     except BaseException:
+        import traceback
+
         from mpi4py import MPI
 
         rank = MPI.COMM_WORLD.Get_rank() if MPI.Is_initialized() else "?"

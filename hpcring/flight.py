@@ -22,10 +22,7 @@ and Horovod's stall inspector; here the diagnosis is in the exception itself, on
 
 from __future__ import annotations
 
-import json
 import os
-import signal
-import socket
 import sys
 import threading
 import time
@@ -271,6 +268,9 @@ def records() -> list[dict[str, Any]]:
 
 def dump(directory: str | os.PathLike[str], reason: str) -> Path:
     """Write this rank's records to ``directory/rank-<r>.json`` (r: the rank in COMM_WORLD); the path."""
+    import json  # here, as socket: a process that never dumps never loads them
+    import socket
+
     from mpi4py import MPI
 
     world = MPI.COMM_WORLD
@@ -317,11 +317,13 @@ def _install_handler() -> None:
     """With HPCRING_FLIGHT_RECORDER set, dump on SIGUSR1 (once, from the main thread; a previous
     handler still runs after the dump)."""
     global _installed, _previous
-    if _installed or not hasattr(signal, "SIGUSR1"):
-        return
-    if threading.current_thread() is not threading.main_thread():  # only the main thread may
+    if _installed or threading.current_thread() is not threading.main_thread():  # only the main thread may
         return
     if not config.current().flight_recorder:
+        return
+    import signal  # here: most processes never set HPCRING_FLIGHT_RECORDER
+
+    if not hasattr(signal, "SIGUSR1"):
         return
     _installed = True
     _previous = signal.signal(signal.SIGUSR1, _on_signal)
@@ -338,6 +340,8 @@ def _on_signal(signum: int, frame: Any) -> None:
 
 def load(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
     """Every rank's dump in ``directory``, by rank."""
+    import json
+
     found = sorted(Path(directory).glob("rank-*.json"))
     dumps = [json.loads(path.read_text()) for path in found]
     return sorted(dumps, key=lambda d: d["rank"])

@@ -1,5 +1,5 @@
-"""The non-blocking collectives: `iallreduce`, `ireduce_scatter`, `iallgather`, `ibroadcast`
-run while the caller goes on computing.
+"""The non-blocking collectives: `iallreduce`, `ireduce_scatter`, `iallgather`, `ibroadcast`,
+`ialltoall` run while the caller goes on computing.
 
 Each user communicator gets one progress engine (`Progress`): hpcring's second duplicate of it
 (made with its state by the first hpcring call on it, which is collective and blocking:
@@ -316,3 +316,29 @@ def ibroadcast(
 ) -> Request:
     """Start `hpcring.broadcast(x, ...)`; `Request.wait()` returns ``x`` (a jax.Array: a new one)."""
     return _start(BROADCAST, x, None, None, algorithm, comm, check, timeout, root)
+
+
+def ialltoall(
+    x: Any,
+    *,
+    send_splits: Any = None,
+    recv_splits: Any = None,
+    algorithm: str = "auto",
+    comm: MPI.Intracomm | None = None,
+    out: Any = None,
+    check: bool = True,
+    timeout: float | None = None,
+) -> Request:
+    """Start `hpcring.alltoall(x, ...)`; `Request.wait()` returns the received blocks. Do not touch
+    ``x`` (or ``out``) until `wait()` returns."""
+    from . import exchange  # here: a code that never calls alltoall never loads it
+
+    progress = progress_for(comm, "hpcring.ialltoall")
+    entered = _handoff(x)
+    private = progress.comm
+
+    def run() -> Any:
+        with entered():
+            return exchange.run(x, out, algorithm, private, check, timeout, send_splits, recv_splits)
+
+    return progress.defer(run)

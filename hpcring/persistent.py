@@ -43,11 +43,14 @@ class Plan:
             src = adapter.flat(x)
             dst = src if call.in_place else adapter.flat(out)
             self._request = spec.persistent(call.channel, src, dst, call.reduction)
-        # p() on hpcring's own algorithms and NumPy arrays, where the compiled core runs: the
-        # engine's warm call without the agreement, run in C from its second time on (start()
-        # and the Python path are a few frames of Python more per run).
-        self._whole = None
-        if self._request is None and adapter is NUMPY and core.active():
+        # p() on NumPy arrays, where the compiled core runs: with a persistent request (`mpi`), its
+        # start and bounded wait in C; on hpcring's own algorithms the engine's warm call without
+        # the agreement, run in C from its second time on (start() and the Python path are a few
+        # frames of Python more per run).
+        self._whole: Any = None
+        if self._request is not None:
+            self._whole = call.planned(x, out, self._request, op, timeout)
+        elif adapter is NUMPY and core.active():
             args = (ALLREDUCE, x, out, op, call.ran, comm, False, timeout, 0, False, None)
             self._whole = functools.partial(engine.call, *args)
 
@@ -67,7 +70,17 @@ class Plan:
     def __call__(self) -> Any:
         """Run the all-reduce once and return its result (``x`` in place, else ``out``)."""
         if self._whole is not None and not (self._started or self._freed):
-            return self._whole()
+            if self._request is None:
+                return self._whole()
+            if not self._call.adapter.fixed_memory and self._buffers() != self._where:
+                raise ValueError(
+                    "hpcring.plan: the buffers changed since the plan was made (make a new plan)"
+                )
+            try:
+                return self._whole()
+            except BaseException:
+                self._active = True  # the request may still be running inside MPI: `free` leaves it be
+                raise
         self.start()
         return self.wait()
 

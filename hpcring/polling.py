@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
-import ctypes
+import os
 import time
 import weakref
 from collections import deque
@@ -29,16 +29,62 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from . import config
 from .errors import StallError
 from .flight import Where, stall_detail
 
 TAG_NOTICE = 32001  # "I stopped waiting": a stall notice; the algorithms use small tags
 SPIN_FOR = 0.02  # seconds of testing without a pause: a rank 3 ms late is seen at once
 NAP = 2e-4  # seconds between tests after that
+# Where cores are scarce (`sharing`): a waiting rank that spins keeps the rank it waits for off
+# the core, so it tests this long, then naps between tests this long.
+SHARED_SPIN_FOR = 1e-4
+SHARED_NAP = 5e-5
+# The launcher's count of the ranks on this node (Open MPI, MPICH's Hydra, SLURM's srun; PMIx).
+_LOCAL_SIZE = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMIX_LOCAL_SIZE", "SLURM_NTASKS_PER_NODE")
+
+
+def sharing() -> bool:
+    """Whether waits give their core away early: HPCRING_WAIT=share, or (auto) where the launcher
+    says this node runs more ranks than it has cores (Open MPI's runtime says so itself,
+    ``OMPI_MCA_mpi_oversubscribe``). A node shared with other processes is found at run time: the
+    compiled core's waits share their core while they find this rank preempted (`hpcring.core`)."""
+    policy = config.current().wait
+    if policy in ("share", "spin"):
+        return policy == "share"
+    if os.environ.get("OMPI_MCA_mpi_oversubscribe", "").strip().lower() in ("1", "true", "yes"):  # noqa: SIM112
+        return True
+    for name in _LOCAL_SIZE:
+        text = os.environ.get(name, "").split("(")[0].strip()  # SLURM: "4(x2)"
+        if text.isdigit():
+            return int(text) > (os.cpu_count() or 1)
+    return False
+
+
 NOTICE_EVERY = 1e-3  # seconds between looks for another rank's stall notice
 GRACE = 1.0  # seconds a rank that stopped waiting listens for the others' notices
 
 NOTICE = 4  # int64s in a notice: rank, call number, peer waited for (-1: all), where
+
+
+_SHARING = [False]  # `sharing()`, as `share` last set it (the compiled core's waits follow it too)
+
+
+def share(on: bool | None = None) -> bool:
+    """Set whether waits give their core away early (None: `sharing()`), here and in the
+    compiled core; returns the setting."""
+    _SHARING[0] = sharing() if on is None else on
+    for listener in SHARING_LISTENERS:
+        listener(_SHARING[0])
+    return _SHARING[0]
+
+
+def shared() -> bool:
+    """Whether waits give their core away early now (as `share` last set it)."""
+    return _SHARING[0]
+
+
+SHARING_LISTENERS: list[Any] = []  # the compiled core's `waiting`, where it loaded
 
 
 _POSTED: weakref.WeakSet[Waiter] = weakref.WeakSet()  # waiters that posted a notice receive
@@ -104,6 +150,7 @@ class Waiter:
         for _ in range(64):
             if test():
                 return None
+        spin_for, nap = (SHARED_SPIN_FOR, SHARED_NAP) if _SHARING[0] else (SPIN_FOR, NAP)
         start = looked = time.monotonic()
         while True:
             for _ in range(16):
@@ -117,8 +164,8 @@ class Waiter:
                     looked = now
                     if self._arrived():
                         return self._take_notice()
-            if now - start > SPIN_FOR:
-                time.sleep(NAP)
+            if now - start > spin_for:
+                time.sleep(nap)
 
     def bounded(self, request: MPI.Request, timeout: float | None) -> int | None:
         """`wait` for at most ``timeout`` seconds from now (None or 0: no limit); the clock is
@@ -213,6 +260,8 @@ ABANDONED: list[MPI.Request] = []
 
 def abandon(error: BaseException) -> None:
     """Keep every request ``error``'s frames hold (and so its buffer) alive for good."""
+    import ctypes  # here: only a stall comes this way
+
     tb = error.__traceback__
     while tb is not None:
         for value in tb.tb_frame.f_locals.values():

@@ -899,13 +899,15 @@ def record(
     op: Any = None,
     root: int = 0,
     wire: np.dtype | None = None,
+    layout: Any = None,
 ) -> Program:
     """The steps ``spec.run`` takes on ``channel`` for arrays shaped as ``src`` and ``dst`` (flat,
     host memory; ``dst`` may be ``src``, or a part or row of it, as the engine hands them), as a
     `Program`; Unrecordable where the algorithm does what a table cannot hold.
 
     ``form`` is how the collective's run function is called ("reducing", "gathering", "rooted":
-    `hpcring.engine.FORMS`); ``wire``: the call's channel narrows to it."""
+    `hpcring.engine.FORMS`; "exchanging": an all-to-all's, with its ``layout``); ``wire``: the
+    call's channel narrows to it."""
     builder = _Builder(None if wire is None else wire.itemsize)
     tape = Tape(channel, builder, 0, wire, main=True)
     tape.channels.append(channel)
@@ -925,6 +927,8 @@ def record(
             spec.run(tape, s, d, op)
         elif form == "gathering":
             spec.run(tape, s, d)
+        elif form == "exchanging":
+            spec.run(tape, s, d, layout)
         else:
             spec.run(tape, d, root)
     except Unrecordable:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -255,6 +254,8 @@ TRACER: NullTracer = NullTracer()
 
 def write(path: str | os.PathLike[str], events: list[dict[str, Any]]) -> None:
     """Write ``events`` as a Chrome trace-event JSON object (``traceEvents`` plus units)."""
+    import json  # here: a process that never writes a trace never loads it
+
     with open(path, "w") as stream:
         json.dump({"traceEvents": events, "displayTimeUnit": "ns"}, stream)
 
@@ -307,6 +308,8 @@ def trace(path: str | os.PathLike[str], comm: Any = None) -> Iterator[Tracer]:
 
 def merge(paths: list[str], out: str) -> None:
     """Join per-rank files (written when MPI was finalized before the merge) into one."""
+    import json
+
     events: list[dict[str, Any]] = []
     for path in paths:
         with open(path) as stream:
@@ -409,6 +412,8 @@ _RECORDERS: dict[str, Callable[..., None]] = {
     "reduce_scatter": _library("MPI_Reduce_scatter", 1),
     "allgather": _library("MPI_Allgather", 1),
     "broadcast": _library("MPI_Bcast", 0),
+    "alltoall": _library("MPI_Alltoall", 1),
+    "alltoallv": _library("MPI_Alltoallv", 3),
 }
 
 

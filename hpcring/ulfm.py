@@ -22,7 +22,6 @@ environment or in a parameter file counts alike.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import time
 from typing import Any
@@ -179,6 +178,8 @@ def _read_cvar(name: str) -> str | None:
     if not MPI.Get_library_version().startswith("Open MPI"):
         return None
     try:
+        import ctypes
+
         lib = ctypes.CDLL(MPI.__file__)  # dlsym searches libmpi, which it links
         provided = ctypes.c_int()
         # At MPI's own thread level: Open MPI takes the tool interface's for the library's (a

@@ -54,10 +54,16 @@ _FACTORS = {
     "reduce_scatter": (lambda g: (g - 1) / g, "(G-1)/G"),
     "allgather": (lambda g: (g - 1) / g, "(G-1)/G"),
     "broadcast": (lambda g: 1.0, "1"),
+    "alltoall": (lambda g: (g - 1) / g, "(G-1)/G"),
 }
 # The collectives whose size (nccl-tests') is G inputs: the all-gather's output.
 _GATHERED = frozenset({"allgather"})
-_TITLES = {"allreduce": "all-reduce", "reduce_scatter": "reduce-scatter", "allgather": "all-gather"}
+_TITLES = {
+    "allreduce": "all-reduce",
+    "reduce_scatter": "reduce-scatter",
+    "allgather": "all-gather",
+    "alltoall": "all-to-all",
+}
 
 
 def collective_title(collective: str) -> str:
@@ -67,8 +73,8 @@ def collective_title(collective: str) -> str:
 
 def busbw_factor(size: int, collective: str = "allreduce") -> float:
     """nccl-tests' bus-bandwidth factor of ``collective`` on ``size`` ranks, the same for every
-    algorithm: 2(G-1)/G for the all-reduce, (G-1)/G for the reduce-scatter and the all-gather,
-    1 for the broadcast.
+    algorithm: 2(G-1)/G for the all-reduce, (G-1)/G for the reduce-scatter, the all-gather and
+    the all-to-all, 1 for the broadcast.
 
     It scales algbw so that an ideal algorithm reaches the link bandwidth whatever G is,
     which makes numbers comparable across rank counts. It is a property of the

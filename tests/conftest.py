@@ -10,7 +10,8 @@ import pytest
 
 from hpcring import config
 
-FULL = os.environ.get("HPCRING_TEST_FULL") == "1"  # tests/run.sh --full
+# tests/run.sh --full (as helpers.FULL, which tests import: importing helpers here would start MPI)
+FULL = os.environ.get("HPCRING_TEST_FULL") == "1"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

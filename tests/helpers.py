@@ -18,6 +18,8 @@ from mpi4py import MPI
 
 from hpcring.arrays import available
 
+FULL = os.environ.get("HPCRING_TEST_FULL") == "1"  # tests/run.sh --full: the long cases too
+
 # A GPU test skips, saying why, where CuPy or a GPU is missing; BACKENDS parametrizes a test
 # over the array kinds (its CuPy case marked gpu, for tests/gpu/check.sh).
 needs_gpu = pytest.mark.skipif("cupy" not in available(), reason="needs CuPy and a GPU")

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from helpers import everywhere, launch, launcher_env, mpiexec
+from helpers import everywhere, launch, launcher_env, mpiexec, run_job
 from mpi4py import MPI
 
 from hpcring import ALGORITHMS, algorithms, config
@@ -129,13 +129,14 @@ def test_expected_bytes_sent_closed_forms(size: int) -> None:
 
 
 def test_each_collective_has_nccl_tests_busbw_factor_and_size() -> None:
-    """nccl-tests' factors (its doc/PERFORMANCE.md): 2(G-1)/G, (G-1)/G, (G-1)/G, 1; and its size,
-    the whole buffer: an all-gather's input is a G-th of it."""
+    """nccl-tests' factors (its doc/PERFORMANCE.md): 2(G-1)/G, (G-1)/G, (G-1)/G, 1, (G-1)/G; and its
+    size, the whole buffer: an all-gather's input is a G-th of it."""
     factors = {
         "allreduce": lambda g: 2 * (g - 1) / g,
         "reduce_scatter": lambda g: (g - 1) / g,
         "allgather": lambda g: (g - 1) / g,
         "broadcast": lambda g: 1.0,
+        "alltoall": lambda g: (g - 1) / g,
     }
     assert set(factors) == set(algorithms.COLLECTIVES) == set(COLLECTIVES)
     for name, factor in factors.items():
@@ -183,6 +184,14 @@ def test_expected_bytes_sent_of_the_other_collectives(size: int) -> None:
                 assert size == 1 or sent("broadcast", "ring", root=root)[(root - 1) % size] == 0
                 assert sent("broadcast", "mpi", root=root) == [None] * size
             assert sent("reduce_scatter", "mpi") == sent("allgather", "mpi") == [None] * size
+            # The all-to-all (count a multiple of G: equal blocks): pairwise sends every block but
+            # its own once, (G-1)/G·N; Bruck the blocks whose index has bit k set at step k.
+            if count % size == 0:
+                block = n // size
+                assert sent("alltoall", "pairwise") == [(size - 1) * block] * size
+                moved = sum(bin(i).count("1") for i in range(size))  # each block once per bit of its index
+                assert sent("alltoall", "bruck") == [moved * block] * size
+                assert sent("alltoall", "mpi") == [None] * size
 
 
 def test_gathered_rows_differ_by_rank_and_are_exact_in_every_dtype() -> None:
@@ -287,7 +296,9 @@ def test_bad_input_in_process_returns_2(capsys: pytest.CaptureFixture[str]) -> N
             "unknown algorithm 'ps'; choose from naive, ring, binomial",
         ),
         (["--collective", "allreduce", "-a", "binomial"], "unknown algorithm 'binomial'"),
-        (["--collective", "alltoall"], "invalid choice: 'alltoall'"),
+        (["--collective", "alltoallv"], "invalid choice: 'alltoallv'"),
+        (["--collective", "alltoall", "--in-place"], "the all-to-all has no in-place form"),
+        (["--framework", "torch", "--json", "x.json"], "--framework torch prints its own table: no --json"),
     ],
 )
 def test_what_a_collective_has_no_use_for_is_refused(
@@ -860,6 +871,7 @@ def test_a_usage_error_on_one_rank_stops_every_rank(
 # MPI: the other collectives (--collective), each against its own bare library call.
 
 OTHERS = ["reduce_scatter", "allgather", "broadcast"]
+WITH_ALLTOALL = [*OTHERS, "alltoall"]
 
 
 def _swept(collective: str, low: int = 8, high: int = 64, factor: float = 2, itemsize: int = 4) -> list[int]:
@@ -868,7 +880,7 @@ def _swept(collective: str, low: int = 8, high: int = 64, factor: float = 2, ite
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("collective", OTHERS)
+@pytest.mark.parametrize("collective", WITH_ALLTOALL)
 def test_each_collective_has_its_rows_checked_and_read_against_its_bare_call(collective: str) -> None:
     """Every algorithm of the collective's table and its bare call at every size, every element
     right, bytes on the formula, busbw = algbw x nccl-tests' factor with algbw = size / time (size:
@@ -914,11 +926,12 @@ def test_each_collective_has_its_rows_checked_and_read_against_its_bare_call(col
 
 
 @pytest.mark.mpi
-@pytest.mark.parametrize("collective", OTHERS)
+@pytest.mark.parametrize("collective", WITH_ALLTOALL)
 def test_bytes_of_every_collective_equal_their_closed_forms(collective: str) -> None:
     """What the Channel counted, at odd sizes in float16 and, for the broadcast, from the last rank:
     the reduce-scatter sends every part but its own (ring, naive), the all-gather G-1 rows (ring,
-    naive, Rabenseifner at a power of two), every broadcast G-1 buffers in all; MPI's own: nothing
+    naive, Rabenseifner at a power of two), every broadcast G-1 buffers in all, the all-to-all
+    G-1 blocks (pairwise) or each block once per bit of its index (bruck); MPI's own: nothing
     visible. Every element is right too."""
     size = COMM.Get_size()
     root = ["-r", str(size - 1)] if collective == "broadcast" else []
@@ -952,11 +965,35 @@ def test_bytes_of_every_collective_equal_their_closed_forms(collective: str) -> 
             ok = measured == [(size - 1) * n] * size
         elif collective == "broadcast":
             ok = sum(measured) == (size - 1) * n and (ran != "naive" or measured[size - 1] == (size - 1) * n)
+        elif (
+            collective == "alltoall"
+        ):  # every block but its own (pairwise); once per bit of its index (bruck)
+            moved = (size - 1) if ran == "pairwise" else sum(bin(i).count("1") for i in range(size))
+            ok = measured == [moved * n // size] * size
         else:  # Rabenseifner's fold pairs: the formula of the module, checked serially against closed forms
             ok = measured is not None
         if not (ok and row["bytes_match"] and row["wrong"] == 0):
             problems.append(row)
     assert everywhere(COMM, not problems), problems[:3]
+
+
+@pytest.mark.mpi
+def test_uneven_all_to_all_rows_against_mpi_alltoallv() -> None:
+    """--uneven: every algorithm that runs uneven blocks beside MPI_Alltoallv, every element right,
+    pairwise's bytes every block but its own; bruck, equal blocks only, is refused by name."""
+    size = COMM.Get_size()
+    status, report = _run([*TINY, "--collective", "alltoall", "--uneven"])
+    rows = (report or {}).get("rows", [])
+    names = {r["algorithm"] for r in rows}
+    ok = status == 0 and names == {"MPI_Alltoallv", "pairwise", "mpi", "auto"}
+    ok = ok and report["header"]["baseline"] == "MPI_Alltoallv"
+    for row in rows:
+        ok = ok and row["wrong"] == 0 and row["bytes_match"]
+        if row["algorithm"] == "pairwise":
+            own = row["count"] * 1 // (size * (size + 1) // 2)  # part[0]: a 1/(1+...+G) share
+            ok = ok and row["bytes_sent_per_rank"] == [(row["count"] - own) * 4] * size
+    assert everywhere(COMM, ok)
+    assert main([*TINY, "--collective", "alltoall", "--uneven", "-a", "bruck"]) == 2
 
 
 @pytest.mark.mpi
@@ -1046,3 +1083,19 @@ def test_a_tuned_all_gather_runs_its_table_in_the_next_bench(tmp_path: Path) -> 
         (r["size"], tuning.choose(r["count"] * 4, table)) for r in rows if r["algorithm"] == "auto"
     ]
     assert len(chosen) == 4 and {name for _, name in chosen} <= {"ring", "naive"}
+
+
+@pytest.mark.skipif(mpiexec() is None, reason="no mpiexec")
+def test_startup_and_step_loop_modes() -> None:
+    """--startup prints the first call beside MPI's; --step-loop a table of its four rows, quiet
+    and beside a busy process, each with its ratio to the bare row (exit 0: the modes time,
+    they check nothing)."""
+    startup = run_job(["-m", "hpcring.bench", "--startup"])
+    assert len(startup) == 1 and startup[0].startswith("# first call: hpcring's import and first auto")
+    assert "the bare first MPI_Allreduce" in startup[0]
+    lines = run_job(["-m", "hpcring.bench", "--step-loop", "--steps", "20", "--passes", "1", "--busy", "1"])
+    assert lines[0].startswith("# step loop: 2 ranks, 20 steps")
+    assert all(row in lines[1] for row in ("MPI_Allreduce", "hpcring", "check=False", "plan"))
+    quiet, busy = lines[2], lines[3]
+    assert quiet.split()[0] == "quiet" and busy.startswith("  beside 1 busy")
+    assert quiet.count("x)") == busy.count("x)") == 4 and "(1.00x)" in quiet

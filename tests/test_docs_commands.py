@@ -145,12 +145,15 @@ NOT_RUN = (
 )
 if not open_mpi():  # MPI's fault tolerance (ULFM) is Open MPI's
     NOT_RUN += ((r"--with-ft\b", "an Open MPI fault-tolerant launch; MPICH's Hydra has none"),)
+if importlib.util.find_spec("jax") is None:  # CI's MPICH leg has no JAX
+    NOT_RUN += ((r"--framework jax\b", "needs JAX, not installed here"),)
 BENCH_TOP = 4 << 10  # the bench's largest size here: all its rows to 4 KiB, a few seconds at 2 ranks
 TIMEOUT = 120  # s, per command; the slowest takes about 15 s on 2 shared cores
 STEPS = {  # the examples' step knobs, so a training run is seconds
     "hpcring.examples.train": "--max-steps 5",
     "hpcring.examples.torch_ddp": "--steps 3",
     "hpcring.examples.jax_step": "--steps 3",
+    "hpcring.examples.jax_train": "--steps 3",
     "hpcring.examples.nbody": "--steps 20",
 }
 
@@ -165,10 +168,15 @@ EXAMPLE_TESTS = {
     ),  # --reproducible at 1-4 ranks; --elastic, ranks killed
     "torch_ddp": "test_framework_examples.py",  # the hook and --gloo
     "jax_step": "test_framework_examples.py",
+    "jax_train": "test_framework_examples.py",  # float64 against the NumPy example and mpi4jax
     "torch_fsdp": "test_framework_examples.py",  # DDP and FSDP2 on hpcring and on gloo
     "zero": "test_zero.py",  # with and without --reproducible, at 1-4 ranks
     "cg": "test_wrap_examples.py",  # with and without --hpcring
     "nbody": "test_wrap_examples.py",
+    "torch_pipeline": "test_strategy_examples.py",  # each matching gloo, in-process under mpiexec
+    "torch_tensor": "test_strategy_examples.py",
+    "torch_moe": "test_strategy_examples.py",
+    "torch_2d": "test_strategy_examples.py",
 }
 
 

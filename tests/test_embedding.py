@@ -20,7 +20,7 @@ CALLS = {
     "allreduce": "hpcring.allreduce(numpy.ones(4))",
     "every collective": (
         "x = numpy.ones(6); hpcring.allreduce(x, op='max', algorithm='ring'); hpcring.reduce_scatter(x);"
-        " hpcring.allgather(x); hpcring.broadcast(x); hpcring.iallreduce(x).wait()"
+        " hpcring.allgather(x); hpcring.broadcast(x); hpcring.iallreduce(x).wait(); hpcring.alltoall(x)"
     ),
     "plan": "p = hpcring.plan(numpy.ones(4, numpy.float32)); p(); p()",
     "drop-in": (

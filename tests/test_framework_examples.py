@@ -63,6 +63,25 @@ def test_jax_step_gives_the_same_weights_on_every_rank() -> None:
 
 
 @needs_mpiexec
+@pytest.mark.timeout(300)
+def test_jax_train_matches_the_numpy_example() -> None:
+    """jax.jit around the whole step, hpcring.jax.allreduce inside: the NumPy example's weights
+    (float64: to rounding), the same on every rank, and mpi4jax's where it is installed."""
+    pytest.importorskip("jax", reason="needs JAX: pip install -e '.[jax]' in hpcring's clone")
+    pytest.importorskip("sklearn", reason="needs scikit-learn: pip install -e '.[train]' in hpcring's clone")
+    lines = run_example("jax_train", "--steps", "12", "--dtype", "float64", "--algorithm", "ring")
+    gaps = {
+        line.split(" - ")[1].split(":")[0]: float(line.rsplit(" ", 1)[1])
+        for line in lines
+        if line.startswith("largest weight difference")
+    }
+    assert gaps.get("numpy example", 1.0) < 1e-6, lines
+    assert all(gap < 1e-6 for gap in gaps.values()), lines
+    assert "weights identical on every rank: True" in lines, lines
+    assert any(line.startswith("hpcring.jax (ring)") and "median step" in line for line in lines), lines
+
+
+@needs_mpiexec
 @pytest.mark.timeout(600)
 def test_torch_fsdp_on_hpcring_matches_gloo() -> None:
     """DDP and FSDP2 with no hook on the hpcring backend end with gloo's weights (float64, 1e-12),

@@ -191,9 +191,8 @@ def test_the_compiled_core_is_there_where_required() -> None:
     if os.environ.get("HPCRING_REQUIRE_CORE", "") != "1":
         pytest.skip("HPCRING_REQUIRE_CORE is not 1: the pure-Python fallback is allowed")
     assert kernels.COMPILED is not None, kernels.REASON
-    assert kernels._self_test(kernels.COMPILED, list(DTYPES)) == [], (
-        "a compiled kernel differs from NumPy here"
-    )
+    differ = kernels._self_test(kernels.COMPILED, list(DTYPES))
+    assert differ == [], "a compiled kernel differs from NumPy here"
     module, why = core.mpi_core()
     assert module is not None, why
 

@@ -176,6 +176,7 @@ RUN_ARGUMENTS = {
     algorithms.REDUCE_SCATTER: ["ch", "src", "dst", "op"],
     algorithms.ALLGATHER: ["ch", "src", "dst"],
     algorithms.BROADCAST: ["ch", "buf", "root"],
+    algorithms.ALLTOALL: ["ch", "src", "dst", "layout"],
 }
 SPECS = [
     pytest.param(collective, name, id=f"{collective}-{name}")
@@ -226,7 +227,7 @@ def test_an_unknown_name_is_an_error_in_every_table(collective: str) -> None:
     with pytest.raises(ValueError, match="unknown algorithm"):
         algorithms.bytes_sent("tree", 10, 4, 2, 0, collective=collective)
     with pytest.raises(ValueError, match="unknown collective"):
-        algorithms.table("alltoall")
+        algorithms.table("alltoallw")
 
 
 def test_no_list_of_algorithm_names_outside_the_algorithms_package() -> None:

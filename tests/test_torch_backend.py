@@ -34,10 +34,13 @@ G, RANK = WORLD.size, WORLD.rank
 def test_algorithm_per_collective(monkeypatch) -> None:
     from hpcring import config
 
-    assert Options().algorithms() == dict.fromkeys(
-        ["allreduce", "reduce_scatter", "allgather", "broadcast"], "ring"
-    )
+    assert Options().algorithms() == {
+        **dict.fromkeys(["allreduce", "reduce_scatter", "allgather", "broadcast"], "ring"),
+        "alltoall": "auto",
+    }
     assert Options(algorithm="naive").algorithms()["broadcast"] == "naive"
+    assert Options(algorithm="naive").algorithms()["alltoall"] == "auto"  # it has no naive
+    assert Options(algorithm="mpi").algorithms()["alltoall"] == "mpi"
     chosen = Options(algorithm={"allreduce": "rabenseifner"}).algorithms()
     assert chosen["allreduce"] == "rabenseifner" and chosen["allgather"] == "ring"
     monkeypatch.setenv("HPCRING_ALGO", "ring, allreduce=auto ,broadcast=binomial")
@@ -49,9 +52,9 @@ def test_algorithm_per_collective(monkeypatch) -> None:
     chosen = Options().algorithms()
     assert (chosen["allreduce"], chosen["broadcast"], chosen["allgather"]) == ("auto", "binomial", "ring")
     assert Options(algorithm="mpi").algorithms()["allreduce"] == "mpi"  # the argument wins
-    monkeypatch.setenv("HPCRING_ALGO", "alltoall=ring")
+    monkeypatch.setenv("HPCRING_ALGO", "alltoallv=ring")
     config.reload()
-    with pytest.raises(ValueError, match="no collective 'alltoall'"):
+    with pytest.raises(ValueError, match="no collective 'alltoallv'"):
         Options().algorithms()
 
 
@@ -209,19 +212,12 @@ def test_async_work_proceeds_in_the_background(group: None) -> None:
 
 @pytest.mark.mpi
 def test_unsupported_is_said_by_name(group: None) -> None:
-    x = torch.ones(4)
     for name, call in [
-        ("send", lambda: dist.group.WORLD.send([x], (RANK + 1) % G, 0)),
-        ("recv", lambda: dist.group.WORLD.recv([x], (RANK + 1) % G, 0)),
-        ("gather", lambda: dist.gather(x, [torch.ones(4) for _ in range(G)] if RANK == 0 else None, dst=0)),
-        ("scatter", lambda: dist.scatter(x, [torch.ones(4) for _ in range(G)] if RANK == 0 else None, src=0)),
-        ("reduce", lambda: dist.reduce(x, dst=0)),
-        ("alltoall", lambda: dist.all_to_all([torch.ones(1)] * G, [torch.ones(1)] * G)),
-        ("all_to_all_single", lambda: dist.all_to_all_single(torch.ones(G), torch.ones(G))),
         (
             "allreduce with op BAND",
             lambda: dist.all_reduce(torch.ones(4, dtype=torch.long), op=dist.ReduceOp.BAND),
         ),
+        ("reduce with op BOR", lambda: dist.reduce(torch.ones(4, dtype=torch.long), 0, op=dist.ReduceOp.BOR)),
     ]:
         raises_everywhere(NotImplementedError, f"hpcring backend: {name}", call)
 
@@ -274,6 +270,106 @@ def test_a_subgroup_runs_on_its_ranks(group: None) -> None:
         ok = True
     assert everywhere(WORLD, ok)
     dist.destroy_process_group(sub)
+
+
+# -- point to point, rooted collectives, all-to-all ---------------------------------------------------
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_point_to_point_never_waits_for_the_receiver(group: None) -> None:
+    """A ring of sends, each issued before its receive is posted, completes (isend returns at once,
+    as batch_isend_irecv's one-at-a-time issue needs); tags match out of order; recv_anysource
+    says who sent; a tag MPI cannot carry is refused."""
+    if G == 1:
+        pytest.skip("needs a peer")
+    big = torch.arange(1 << 16, dtype=torch.float64) + RANK  # past the eager limit: a rendezvous
+    sending = dist.isend(big, (RANK + 1) % G)
+    got = torch.empty_like(big)
+    dist.recv(got, (RANK - 1) % G)
+    sending.wait()
+    ok = torch.equal(got, torch.arange(1 << 16, dtype=torch.float64) + (RANK - 1) % G)
+    if RANK == 0:
+        second, first = torch.empty(3), torch.empty(3)
+        late = dist.irecv(second, 1, tag=2)
+        dist.recv(first, 1, tag=1)
+        late.wait()
+        ok &= torch.equal(first, torch.full((3,), 1.0)) and torch.equal(second, torch.full((3,), 2.0))
+        senders = sorted(dist.recv(torch.empty(3)) for _ in range(G - 1))
+        ok &= senders == list(range(1, G))
+    else:
+        if RANK == 1:
+            sends = [dist.isend(torch.full((3,), 2.0), 0, tag=2), dist.isend(torch.full((3,), 1.0), 0, tag=1)]
+            for work in sends:
+                work.wait()
+        dist.send(torch.full((3,), float(RANK)), 0)
+    with pytest.raises(ValueError, match="tag must be 0 to"):
+        dist.send(torch.ones(1), (RANK + 1) % G, tag=-1)
+    assert everywhere(WORLD, bool(ok))
+
+
+@pytest.mark.mpi
+def test_rooted_collectives_and_all_to_alls_from_every_root(group: None) -> None:
+    ok = True
+    for root in range(G):
+        rows = [torch.empty(2, 3) for _ in range(G)] if root == RANK else None
+        dist.gather(torch.full((2, 3), float(RANK)), rows, dst=root)
+        ok &= root != RANK or all(torch.equal(t, torch.full((2, 3), float(r))) for r, t in enumerate(rows))
+        mine = torch.empty(4, dtype=torch.int64)
+        dist.scatter(
+            mine, [torch.full((4,), 10 * r + root) for r in range(G)] if root == RANK else None, root
+        )
+        ok &= torch.equal(mine, torch.full((4,), 10 * RANK + root))
+        x = torch.full((5,), RANK + 1.0)
+        dist.reduce(x, root, op=dist.ReduceOp.MAX)
+        ok &= torch.equal(x, torch.full((5,), float(G) if root == RANK else RANK + 1.0))
+    inputs = [torch.full((r + 1, 2), float(RANK)) for r in range(G)]  # uneven: r+1 rows to rank r
+    outputs = [torch.empty(RANK + 1, 2) for _ in range(G)]
+    dist.all_to_all(outputs, inputs)
+    ok &= all(torch.equal(t, torch.full((RANK + 1, 2), float(r))) for r, t in enumerate(outputs))
+    sent = torch.arange(3 * G, dtype=torch.float32) + 100 * RANK
+    received = torch.empty(3 * G)
+    dist.all_to_all_single(received, sent)
+    ok &= torch.equal(
+        received, torch.cat([torch.arange(3 * RANK, 3 * RANK + 3) + 100.0 * r for r in range(G)])
+    )
+    assert everywhere(WORLD, bool(ok))
+
+
+@pytest.mark.mpi
+def test_all_to_all_splits_that_disagree_raise_on_every_rank(group: None) -> None:
+    if G == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    sent = torch.full((2 * G,), float(RANK))
+    received = torch.full((2 * G,), -1.0)
+    wrong = [2] * G
+    if RANK == G - 1:
+        wrong[0] = 1
+    raises_everywhere(
+        ValueError,
+        f"rank {G - 1}'s recv_splits do not match what the ranks send it",
+        lambda: dist.all_to_all_single(received[: sum(wrong)], sent, wrong, [2] * G),
+    )
+    assert everywhere(WORLD, bool((received == -1).all()))
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(60)
+def test_a_receive_nobody_sends_is_a_stall_error_naming_the_peer(group: None) -> None:
+    if G == 1:
+        pytest.skip("needs a peer")
+    short = dist.new_group(backend="hpcring", timeout=timedelta(seconds=1.5))
+    ok = True
+    if RANK == 0:
+        start = time.monotonic()
+        try:
+            dist.recv(torch.empty(4), 1, group=short, tag=7)
+            ok = False
+        except hpcring.StallError as error:
+            ok = error.missing == [1] and "recv from rank 1 (tag 7)" in str(error)
+            ok &= time.monotonic() - start < 10
+    assert everywhere(WORLD, ok)
+    dist.destroy_process_group(short)
 
 
 # -- side by side with gloo: DDP and FSDP2, no hook ---------------------------------------------------

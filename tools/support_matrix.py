@@ -101,7 +101,14 @@ def traits_section() -> list[str]:
         lines += _table(["algorithm", "`wire=`", "chooser", "persistent (`hpcring.plan`)"], rows)
     lines += [
         "A baseline runs only where its library does (NCCL: CuPy arrays, one GPU per rank); it is",
-        "not among what `auto` chooses from. `wire=` exists on `allreduce` only.",
+        "not among what `auto` chooses from. `wire=` exists on `allreduce` only. Of the `alltoall`",
+        "algorithms, "
+        + ", ".join(
+            f"`{name}`" for name, spec in algorithms.table(algorithms.ALLTOALL).items() if spec.equal_only
+        )
+        + " runs equal blocks only: uneven ones (`send_splits=`) run on "
+        + ", ".join(f"`{name}`" for name in algorithms.uneven(algorithms.ALLTOALL))
+        + " or `auto`.",
         "",
     ]
     return lines
@@ -135,8 +142,8 @@ def dtypes_section() -> list[str]:
         "## Dtypes and ops",
         "",
         "The ops of `allreduce` and `reduce_scatter` (`op=`, or mpi4py's `MPI.SUM`, `MPI.MAX`,",
-        "`MPI.MIN`, `MPI.PROD`); `allgather` and `broadcast` take no op and move every dtype",
-        "below. `reproducible=True` and `wire=` are `allreduce`'s.",
+        "`MPI.MIN`, `MPI.PROD`); `allgather`, `broadcast` and `alltoall` take no op and move every",
+        "dtype below. `reproducible=True` and `wire=` are `allreduce`'s.",
         "",
     ]
     head = ["dtype", *(f"`{name}`" for name in ops.OPS), "`reproducible=True`", "`wire=`"]

@@ -23,8 +23,11 @@
 #include <Python.h>
 #include <mpi.h>
 #include <mpi4py/mpi4py.h>
+#include <sched.h>
+#include <sys/resource.h>
 #include <time.h>
 
+#include "agree.h"
 #include "exact.h"
 #include "reduce.h"
 #include "wire.h"
@@ -98,10 +101,16 @@ static PyObject *abandoned;           /* what a failed program's requests may st
 static int enabled;                   /* HPCRING_CORE allows it (hpcring.kernels.select) */
 static int struct_ok;                 /* ndarray fields read directly (checked at setup) */
 static unsigned long main_thread;
+/* The agreement's collective (agree.h): its header width (int64 words per half), its payload
+ * slot in bytes, and the datatype and op every rank's agreement uses (`agreement` makes them). */
+static int agree_width;
+static Py_ssize_t agree_slot;
+static MPI_Datatype agree_type = MPI_DATATYPE_NULL;
+static MPI_Op agree_op = MPI_OP_NULL;
 
 static PyObject *s_timeout, *s_step, *s_traffic, *s_sent, *s_unknown, *s_calls, *s_finish, *s_wait, *s_seq,
     *s_call, *s_phase, *s_start, *s_number, *s_end, *s_scratch, *s_tracer, *s_on, *s_stalled, *s_disagreed,
-    *s_failed, *s_divide, *s_resolve;
+    *s_failed, *s_divide, *s_resolve, *s_plan_waited;
 
 static double now(void) { /* time.monotonic and time.perf_counter on Linux: CLOCK_MONOTONIC */
     struct timespec t;
@@ -162,28 +171,131 @@ static void exc_drop(hr_exc e) {
     Py_XDECREF(e.tb);
 }
 
+/* ---- the agreement's collective (agree.h) --------------------------------------------------- */
+
+/* MPI_User_function of the agreement: the header's maxima, and the payloads reduced where both
+ * sides are uniform and equal (whole elements: the datatype is one contiguous element). */
+static void agree_reduce(void *in, void *inout, int *len, MPI_Datatype *type) {
+    size_t bytes = 16 * (size_t)agree_width + (size_t)agree_slot;
+    for (int e = 0; e < *len; e++) {
+        int64_t *a = (int64_t *)((char *)in + e * bytes), *b = (int64_t *)((char *)inout + e * bytes);
+        int w = agree_width;
+        int carry = hr_agreed(a, w) && hr_agreed(b, w) && hr_carried(a, w) && hr_carried(b, w);
+        for (int k = 0; k < w && carry; k++) carry = a[k] == b[k];
+        for (int k = 0; k < 2 * w; k++)
+            if (a[k] > b[k]) b[k] = a[k];
+        int64_t dtype = b[w - 4], op = b[w - 3], count = b[w - 2];
+        if (carry && dtype >= 0 && dtype < HR_NDTYPES && count > 0 && count * hr_itemsize[dtype] <= agree_slot)
+            hr_payload_combine((int)dtype, (int)op, a + 2 * w, b + 2 * w, (size_t)count, &quirks);
+    }
+}
+
+PyDoc_STRVAR(agreement_doc, "agreement(width, slot) -> (datatype, op)\n\nThe agreement's collective for a header "
+                            "of ``width`` words per half and a payload slot of ``slot`` bytes: its datatype (one "
+                            "element) and its op (agree.h) as mpi4py objects, made once.");
+
+static PyObject *agreement(PyObject *self, PyObject *args) {
+    int width;
+    Py_ssize_t slot;
+    if (!PyArg_ParseTuple(args, "in", &width, &slot)) return NULL;
+    if (width < 5 || slot < 0 || slot % 16) {
+        PyErr_SetString(PyExc_ValueError, "agreement: width >= 5, slot a multiple of 16");
+        return NULL;
+    }
+    if (agree_op == MPI_OP_NULL) {
+        agree_width = width;
+        agree_slot = slot;
+        if (MPI_Type_contiguous((int)(16 * width + slot), MPI_BYTE, &agree_type) != MPI_SUCCESS ||
+            MPI_Type_commit(&agree_type) != MPI_SUCCESS || MPI_Op_create(agree_reduce, 1, &agree_op) != MPI_SUCCESS) {
+            PyErr_SetString(PyExc_RuntimeError, "agreement: MPI could not make its datatype or op");
+            return NULL;
+        }
+    } else if (width != agree_width || slot != agree_slot) {
+        PyErr_SetString(PyExc_ValueError, "agreement: made already with another shape");
+        return NULL;
+    }
+    return Py_BuildValue("(NN)", PyMPIDatatype_New(agree_type), PyMPIOp_New(agree_op));
+}
+
+PyDoc_STRVAR(combine_payload_doc, "combine_payload(dtype, op, a, b)\n\nb <- a (op) b as the agreement's op reduces "
+                                  "payloads (agree.h), on contiguous NumPy arrays of the kernels' dtype code: for tests.");
+
+static PyObject *combine_payload(PyObject *self, PyObject *args) {
+    int dtype, op;
+    PyObject *a_obj, *b_obj;
+    if (!PyArg_ParseTuple(args, "iiOO", &dtype, &op, &a_obj, &b_obj)) return NULL;
+    char *a, *b;
+    Py_ssize_t na, nb;
+    if (dtype < 0 || dtype >= HR_NDTYPES || array_bytes(a_obj, 0, &a, &na) < 0 || array_bytes(b_obj, 1, &b, &nb) < 0 ||
+        na != nb || na % hr_itemsize[dtype]) {
+        PyErr_SetString(PyExc_ValueError, "combine_payload: two C-contiguous arrays of one size and that dtype");
+        return NULL;
+    }
+    if (hr_payload_combine(dtype, op, a, b, (size_t)(na / hr_itemsize[dtype]), &quirks) < 0) {
+        PyErr_SetString(PyExc_ValueError, "combine_payload: no payload of that dtype and op");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
 /* ---- waiting ------------------------------------------------------------------------------ */
 
+/* How a wait spends its core. Spinning on MPI_Test answers fastest, but where ranks outnumber
+ * cores it keeps the rank being waited for off the core it needs: there (`sharing`, set from
+ * hpcring/polling.py: HPCRING_WAIT, or the launcher's count of ranks against the cores), and
+ * while waits find this rank preempted by another process (`contended`: the involuntary context
+ * switches grew during a wait that outlasted SHARED_TESTS tests), a wait yields its core between
+ * tests. A wait that finds no preemption wins back one unit of spinning. */
+static int sharing;
+static int contended;       /* waits left to share the core after one found this rank preempted */
+#define CONTENDED_WAITS 256 /* that many waits share the core after one found preemption */
+#define SHARED_TESTS 64     /* tests before a wait looks at, or yields, the core */
+
+static long involuntary_switches(void) {
+    struct rusage use;
+    return getrusage(RUSAGE_SELF, &use) == 0 ? use.ru_nivcsw : 0;
+}
+
 /* Test ``*req`` until it completes (1) or ``seconds`` pass (0); napping ``nap`` ns between tests
- * where asked (HPCRING_WAIT_SLEEP_US). Called with or without the GIL: it touches no Python. */
+ * where asked (HPCRING_WAIT_SLEEP_US), yielding the core between tests where it is shared (above).
+ * Called with or without the GIL: it touches no Python. */
 static int spin(MPI_Request *req, double seconds, long nap, int *rc) {
     int flag = 0;
     if (!nap) {
-        for (int i = 0; i < 64; i++) {
+        for (int i = 0; i < SHARED_TESTS; i++) {
             if ((*rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS || flag) return flag;
         }
     }
+    int share = sharing || contended > 0;
+    long before = involuntary_switches();
     double end = now() + seconds;
     for (;;) {
-        for (int i = 0; i < (nap ? 1 : 16); i++) {
-            if ((*rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS || flag) return flag;
+        for (int i = 0; i < (nap || share ? 1 : 16); i++) {
+            if ((*rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS || flag) break;
         }
+        if (*rc != MPI_SUCCESS || flag) break;
         if (nap) {
             struct timespec t = {nap / 1000000000L, nap % 1000000000L};
             nanosleep(&t, NULL);
+        } else if (share) {
+            sched_yield();
         }
-        if (now() > end) return 0;
+        if (now() > end) break;
     }
+    long after = involuntary_switches();
+    if (after > before) contended = CONTENDED_WAITS; /* another process took the core meanwhile */
+    else if (contended > 0) contended--;
+    return flag;
+}
+
+PyDoc_STRVAR(waiting_doc, "waiting(share)\n\nWhether waits yield their core between tests from the start "
+                          "(hpcring.polling.share), beside the preemption they detect themselves.");
+
+static PyObject *waiting(PyObject *self, PyObject *on) {
+    int share = PyObject_IsTrue(on);
+    if (share < 0) return NULL;
+    sharing = share;
+    Py_RETURN_NONE;
 }
 
 static PyObject *mpi_error(int rc) {
@@ -774,7 +886,11 @@ typedef struct {
     int returns_x;
     int blocking;       /* the program is one blocking library call: the watchdog reads the channel's timeout */
     int mean;           /* op mean: the dtype code to divide (float32, float64), else -1 */
-    Program *program;
+    int fused;          /* a checked call's data rides with the agreement (agree.h) */
+    int64_t payload[3]; /* its dtype, op and count (the kernels' codes) */
+    Py_ssize_t nbytes;  /* the array's bytes */
+    Program *program;   /* the data movement; NULL where a persistent request moves it (a plan) */
+    PyObject *prequest; /* that request (mpi4py's Prequest, on the plan's buffers) */
 } Warm;
 
 static void warm_dealloc(Warm *w) {
@@ -794,13 +910,15 @@ static void warm_dealloc(Warm *w) {
     Py_XDECREF(w->channel);
     Py_XDECREF(w->timeout);
     Py_XDECREF((PyObject *)w->program);
+    Py_XDECREF(w->prequest);
     PyMem_Free(w->words);
     PyMem_Free(w->agree);
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
 
 PyDoc_STRVAR(warm_doc, "Warm(call, key, shape, itemsize, state, flight, busy, channel, timeout, comm, words, single, "
-                       "returns_x, blocking, mean, program)\n\n"
+                       "returns_x, blocking, mean, payload, program)\n\nA plan's run has a persistent request instead "
+                       "of a program (program=mpi4py's Prequest on the plan's buffers: started, then waited for).\n\n"
                        "One kind of NumPy call, run in C: ``key`` (collective, op, algorithm, root, reproducible, "
                        "wire, out is None, dtype) and ``shape`` what engine.call's warm key compares; the rest what a "
                        "run stores, takes and calls (hpcring.engine.Call.compiled_warm builds it).");
@@ -809,10 +927,22 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     PyObject *call, *key, *shape, *state, *flight, *busy, *channel, *timeout, *comm, *words, *program;
     Py_ssize_t itemsize;
     int single, returns_x, blocking, mean;
-    if (!PyArg_ParseTuple(args, "OO!O!nOOOOOOO!pppiO!", &call, &PyTuple_Type, &key, &PyTuple_Type, &shape, &itemsize,
-                          &state, &flight, &busy, &channel, &timeout, &comm, &PyTuple_Type, &words, &single,
-                          &returns_x, &blocking, &mean, &ProgramType, &program))
+    long long pdtype, pop, pcount;
+    if (!PyArg_ParseTuple(args, "OO!O!nOOOOOOO!pppi(LLL)O", &call, &PyTuple_Type, &key, &PyTuple_Type, &shape,
+                          &itemsize, &state, &flight, &busy, &channel, &timeout, &comm, &PyTuple_Type, &words, &single,
+                          &returns_x, &blocking, &mean, &pdtype, &pop, &pcount, &program))
         return NULL;
+    int persistent = Py_TYPE(program) != &ProgramType;
+    if (persistent && (!PyObject_TypeCheck(program, &PyMPIRequest_Type) || PyMPIRequest_Get(program) == NULL)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "Warm: program must be a Program or a persistent MPI request");
+        return NULL;
+    }
+    int fused = pdtype >= 0;
+    if (agree_op == MPI_OP_NULL || PyTuple_GET_SIZE(words) + 2 + HR_PAYLOAD_COLUMNS != agree_width) {
+        PyErr_SetString(PyExc_ValueError, "Warm: the agreement's collective is not made for rows of this width");
+        return NULL;
+    }
     if (mean >= 0 && mean != HR_F32 && mean != HR_F64) {
         PyErr_SetString(PyExc_ValueError, "Warm: mean divides float32 and float64 only");
         return NULL;
@@ -837,6 +967,16 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         if (w->shape[d] == -1 && PyErr_Occurred()) goto fail;
     }
     w->itemsize = itemsize;
+    w->nbytes = itemsize;
+    for (int d = 0; d < w->ndim; d++) w->nbytes *= w->shape[d];
+    w->fused = fused;
+    w->payload[0] = pdtype;
+    w->payload[1] = pop;
+    w->payload[2] = pcount;
+    if (fused && (w->nbytes > agree_slot || pcount * itemsize != w->nbytes || !hr_payload_ok((int)pdtype, (int)pop))) {
+        PyErr_SetString(PyExc_ValueError, "Warm: a fused call's data must fit the agreement's slot");
+        goto fail;
+    }
     Py_INCREF(call);
     w->call = call;
     Py_INCREF(state);
@@ -880,7 +1020,8 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     w->blocking = blocking;
     w->mean = mean;
     Py_INCREF(program);
-    w->program = (Program *)program;
+    if (persistent) w->prequest = program;
+    else w->program = (Program *)program;
     return (PyObject *)w;
 fail:
     Py_DECREF(w);
@@ -894,6 +1035,7 @@ static PyTypeObject WarmType = {
     .tp_doc = warm_doc,
     .tp_new = warm_new,
     .tp_dealloc = (destructor)warm_dealloc,
+    /* .tp_methods: warm_methods, set at module init (they come after the warm call) */
 };
 
 /* ---- Table: the warm calls of one user communicator --------------------------------------- */
@@ -1106,24 +1248,31 @@ static void divide(int dtype, char *buf, Py_ssize_t nbytes, int size) {
     }
 }
 
-/* The agreement, as hpcring.agreement.Agreement runs it: [number, row, verdict, -number, -row,
- * verdict] under MAX; 0 when every rank agreed, -1 raised (a stall, a mismatch, an MPI error). */
-static int agree(Warm *w, long long number, PyObject *timeout) {
-    int width = w->nwords + 2; /* number, row, verdict */
-    if (w->agree == NULL && (w->agree = PyMem_Malloc(2 * width * sizeof(int64_t))) == NULL) {
+/* The agreement, as hpcring.agreement.Agreement runs it (agree.h): [number, row, present, dtype,
+ * op, count, verdict], its negation and the payload slot, in one MPI_Iallreduce; where the call
+ * is fused, its data (``src``) rides in the slot. 1 when every rank agreed and every rank's data
+ * rode along (``dst`` then holds the result), 0 when they agreed and the data is yet to move, -1
+ * raised (a stall, a mismatch, an MPI error). */
+static int agree(Warm *w, long long number, PyObject *timeout, const char *src, char *dst) {
+    int width = w->nwords + 2 + HR_PAYLOAD_COLUMNS; /* number, row, payload columns, verdict */
+    size_t bytes = 16 * (size_t)width + (size_t)agree_slot;
+    if (w->agree == NULL && (w->agree = PyMem_Calloc(1, bytes)) == NULL) {
         PyErr_NoMemory();
         return -1;
     }
     int64_t *b = w->agree;
     b[0] = number;
-    b[width] = -number;
-    for (int k = 0; k < w->nwords; k++) {
-        b[1 + k] = w->words[k];
-        b[width + 1 + k] = -w->words[k];
-    }
+    for (int k = 0; k < w->nwords; k++) b[1 + k] = w->words[k];
+    int64_t *payload = b + 1 + w->nwords;
+    payload[0] = w->fused != 0;
+    payload[1] = w->fused ? w->payload[0] : -1;
+    payload[2] = w->fused ? w->payload[1] : -1;
+    payload[3] = w->fused ? w->payload[2] : 0;
+    for (int k = 0; k < width - 1; k++) b[width + k] = -b[k];
     b[width - 1] = b[2 * width - 1] = 0;
+    if (w->fused) memcpy(b + 2 * width, src, (size_t)w->nbytes);
     MPI_Request req;
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, b, 2 * width, MPI_INT64_T, MPI_MAX, w->agree_comm, &req);
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, b, 1, agree_type, agree_op, w->agree_comm, &req);
     if (rc != MPI_SUCCESS) {
         mpi_error(rc);
         return -1;
@@ -1155,9 +1304,7 @@ static int agree(Warm *w, long long number, PyObject *timeout) {
         Py_DECREF(r);
         Py_DECREF(request);
     }
-    int differ = b[width - 1] != 0;
-    for (int k = 0; k < width - 1; k++) differ |= b[k] + b[width + k] != 0;
-    if (differ) { /* every rank takes the slow path: the rows gathered, the same error everywhere */
+    if (!hr_agreed(b, width)) { /* every rank takes the slow path: the rows gathered, the same error everywhere */
         PyObject *n = PyLong_FromLongLong(number);
         PyObject *r = n ? PyObject_CallMethodObjArgs(w->call, s_disagreed, n, NULL) : NULL;
         Py_XDECREF(n);
@@ -1167,8 +1314,65 @@ static int agree(Warm *w, long long number, PyObject *timeout) {
         }
         return -1;
     }
-    return 0;
+    if (!w->fused || !hr_carried(b, width)) return 0;
+    memcpy(dst, b + 2 * width, (size_t)w->nbytes);
+    return 1;
 }
+
+static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_obj, PyObject *timeout_obj,
+                          char *src, char *dst);
+
+/* A plan's run: its persistent request started, and tested until done (the GIL released), then,
+ * past SPIN_SECONDS, waited for in Python within the timeout (hpcring.engine.Call.plan_waited:
+ * a StallError naming the ranks that never started theirs). 1 done, -1 raised. */
+static int run_persistent(Warm *w, PyObject *timeout) {
+    MPI_Request *req = PyMPIRequest_Get(w->prequest);
+    if (req == NULL) return -1;
+    int rc = MPI_Start(req), done = 0;
+    if (rc == MPI_SUCCESS) {
+        Py_BEGIN_ALLOW_THREADS
+        done = spin(req, SPIN_SECONDS, 0, &rc);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc != MPI_SUCCESS) {
+        mpi_error(rc);
+        return -1;
+    }
+    if (!done) {
+        PyObject *r = PyObject_CallMethodObjArgs(w->call, s_plan_waited, w->prequest, timeout, NULL);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    return 1;
+}
+
+PyDoc_STRVAR(run_warm_doc, "run(x, out, timeout)\n\nThis warm call on these arrays without the agreement, as a plan "
+                           "runs it; the result (x in place, else out).");
+
+static PyObject *warm_run_method(Warm *w, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 3) {
+        PyErr_SetString(PyExc_TypeError, "run(x, out, timeout)");
+        return NULL;
+    }
+    char *src, *dst;
+    if (Py_TYPE(argv[0]) != ndarray_type || !struct_ok || ready(w, (hr_ndarray *)argv[0], argv[1], &src, &dst)) {
+        PyErr_SetString(PyExc_ValueError, "run: arrays of another kind than this warm call's");
+        return NULL;
+    }
+    PyObject *result = warm_run(w, argv[0], argv[1], Py_False, argv[2], src, dst);
+    if (result == Py_NotImplemented) {
+        Py_DECREF(result);
+        PyErr_SetString(PyExc_RuntimeError, "hpcring.plan: another thread is running a collective on this "
+                                            "communicator; give each thread its own communicator (comm.Dup())");
+        return NULL;
+    }
+    return result;
+}
+
+static PyMethodDef warm_methods[] = {
+    {"run", (PyCFunction)(void (*)(void))warm_run_method, METH_FASTCALL, run_warm_doc},
+    {NULL, NULL, 0, NULL},
+};
 
 /* One warm call: the result (x or out), NULL raised, or NotImplemented where the Python path
  * must take it (another thread, the exclusion taken: it raises saying why). */
@@ -1205,6 +1409,7 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
     }
     PyObject *result = NULL, *slot = NULL;
     long long number = 0;
+    int carried = 0;
     /* the flight record: seq, and the slot's call, phase and start */
     PyObject *seq_obj = m_seq.get(m_seq.descr, w->flight, NULL);
     if (seq_obj == NULL) goto leave;
@@ -1224,13 +1429,17 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
         PyObject *n = PyLong_FromLongLong(number);
         int bad = n == NULL || PyObject_SetAttr(w->state, s_calls, n) < 0;
         Py_XDECREF(n);
-        if (bad || agree(w, number, timeout) < 0) goto fail;
+        if (bad || (carried = agree(w, number, timeout, src, dst)) < 0) goto fail;
     }
     if (store_long(&m_number, slot, number) < 0 || store_long(&m_phase, slot, 2) < 0) goto fail;
-    /* the data */
-    if (program_exec(w->program, src, dst, x, w->returns_x ? x : out, wait_for) < 0) goto fail;
+    /* the data, where it did not ride with the agreement */
+    if (!carried) {
+        int moved = w->prequest ? run_persistent(w, wait_for) : program_exec(w->program, src, dst, x,
+                                                                             w->returns_x ? x : out, wait_for);
+        if (moved < 0) goto fail;
+    }
     if (w->mean >= 0) {
-        Py_ssize_t nbytes = w->program->dst_nbytes;
+        Py_ssize_t nbytes = w->nbytes;
         if (nbytes >= (1 << 16)) {
             Py_BEGIN_ALLOW_THREADS
             divide(w->mean, dst, nbytes, w->size);
@@ -1490,6 +1699,9 @@ static PyObject *setup(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
 static PyMethodDef methods[] = {
     {"setup", (PyCFunction)(void (*)(void))setup, METH_FASTCALL, setup_doc},
     {"quirks", (PyCFunction)(void (*)(void))quirks_, METH_FASTCALL, quirks_doc},
+    {"agreement", agreement, METH_VARARGS, agreement_doc},
+    {"waiting", waiting, METH_O, waiting_doc},
+    {"combine_payload", combine_payload, METH_VARARGS, combine_payload_doc},
     {"enable", enable, METH_O, enable_doc},
     {"set_fallback", set_fallback, METH_O, set_fallback_doc},
     {"clock", clock_, METH_NOARGS, clock_doc},
@@ -1524,8 +1736,10 @@ PyMODINIT_FUNC HR_CAT(PyInit_, HR_CORE_NAME)(void) {
         intern(&s_phase, "phase") || intern(&s_start, "start") || intern(&s_number, "number") ||
         intern(&s_end, "end") || intern(&s_scratch, "scratch") || intern(&s_tracer, "TRACER") ||
         intern(&s_on, "on") || intern(&s_stalled, "compiled_stalled") || intern(&s_disagreed, "compiled_disagreed") ||
-        intern(&s_failed, "compiled_failed") || intern(&s_divide, "divide") || intern(&s_resolve, "resolve_timeout"))
+        intern(&s_failed, "compiled_failed") || intern(&s_divide, "divide") || intern(&s_resolve, "resolve_timeout") ||
+        intern(&s_plan_waited, "plan_waited"))
         return NULL;
+    WarmType.tp_methods = warm_methods;
     if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&WarmType) < 0 || PyType_Ready(&TableType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;

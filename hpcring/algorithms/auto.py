@@ -86,6 +86,23 @@ def default(collective: str, nbytes: int, size: int) -> str:
     return tuning.choose(nbytes, tuning.default_table(tuning.key_for(size, None, collective=collective)))
 
 
+# The all-to-all's uneven form (send_splits=): the ranks' sizes differ, so no size can choose
+# (ranks that chose differently would run different algorithms, and hang). One choice for every
+# size: pairwise, ahead of the library's own MPI_Alltoallv through hpcring (`mpi`) at 4 ranks
+# from 64 KiB to 4 MiB per rank here (bench --uneven, docs/collectives.md).
+UNEVEN = "pairwise"
+
+
+def choose_alltoall(ch: Channel, nbytes: int, in_place: bool, known: Sequence[str] | None) -> str:
+    """auto for the all-to-all: by the tuning table for equal blocks of ``nbytes`` per rank; for
+    uneven blocks (``nbytes`` < 0: the sizes differ from rank to rank), `UNEVEN` where it is among
+    ``known``, else the first of them."""
+    if nbytes < 0:
+        names = list(known or ())
+        return UNEVEN if UNEVEN in names or not names else names[0]
+    return choose("alltoall", ch, nbytes, in_place, known)
+
+
 def keep_wire(ch: Channel, chosen: Spec) -> bool:
     """Whether auto with wire= narrows what its choice sends: only an algorithm that moves data
     itself can (`mpi` cannot), and only across nodes does half the bytes save time."""
@@ -97,7 +114,7 @@ def _chooser(collective: str) -> Spec:
         run=None,
         bytes_sent=None,
         scratch_bytes=None,
-        choose=partial(choose, collective),
+        choose=choose_alltoall if collective == "alltoall" else partial(choose, collective),
         default=partial(default, collective),
         keep_wire=keep_wire,
         # wire= is accepted (its choice may narrow); the bound is the ring's, the largest
@@ -109,3 +126,4 @@ ALLREDUCE = _chooser("allreduce")
 REDUCE_SCATTER = _chooser("reduce_scatter")
 ALLGATHER = _chooser("allgather")
 BROADCAST = _chooser("broadcast")
+ALLTOALL = _chooser("alltoall")

@@ -23,11 +23,16 @@ The run functions take a `hpcring.channel.Channel` ``ch`` and flat arrays (NumPy
   ``dst`` may be that part of ``src`` itself (in place, the rest of ``src`` is then scratch);
 - all-gather ``run(ch, src, dst)``: ``dst`` (G times ``src``'s length) ends holding every rank's
   ``src`` in rank order; ``src`` may be this rank's row of ``dst`` itself (in place);
-- broadcast ``run(ch, buf, root)``: ``buf`` ends holding the root's ``buf`` on every rank.
+- broadcast ``run(ch, buf, root)``: ``buf`` ends holding the root's ``buf`` on every rank;
+- all-to-all ``run(ch, src, dst, layout)``: ``dst`` (apart from ``src``) ends holding, at
+  ``layout.recv_displs[i]``, the ``layout.recv_counts[i]`` elements rank i sent this rank, which
+  rank i took from its own ``src`` at its ``send_displs[this rank]`` (`Layout`: MPI_Alltoallv's
+  four arrays, in elements; equal blocks are MPI_Alltoall).
 
 ``op`` is a `hpcring.ops.Op` other than mean, which the engine divides afterwards. Every rank
-ends with bitwise the same result. A run function is called only with G > 1 and data to move:
-the engine handles the cases with nothing to exchange.
+ends with bitwise the same result (an all-to-all: the bits each rank was sent). A run function
+is called only with G > 1 and data to move: the engine handles the cases with nothing to
+exchange.
 """
 
 from __future__ import annotations
@@ -113,6 +118,9 @@ class Spec:
     narrowings: Callable[[int, int], int] | None = None
     stepped: bool = False  # counts its exchanges on ``ch.step`` (the flight record's step)
     blocking: bool = False  # its data exchange is one blocking library call (the watchdog's)
+    # its all-reduce is the library's, so a small one's data may ride with the agreement, which
+    # the library reduces too (hpcring.agreement: one collective for the checked call)
+    rides: bool = False
     ring_order: bool = False  # runs in the topology's node order: bytes_sent's rank is a position
     topology_aware: bool = False  # bytes_sent takes per_node and wire_itemsize
     # Why this rank's arrays cannot run it (a verdict of the agreement: every rank raises it)
@@ -135,6 +143,8 @@ class Spec:
     split_sent: Callable[[int, int, int], tuple[int, int]] | None = None
     # hpcring.viz: picture(index, steps, size) -> the title of traced step ``index``, or None
     picture: Callable[[int, int, int], str | None] | None = None
+    # all-to-all: runs equal blocks only (MPI_Alltoall), so a call with send_splits= is refused
+    equal_only: bool = False
     name: str = field(default="", compare=False)  # set by the table it is listed in
     collective: str = field(default="", compare=False)
 
@@ -159,6 +169,45 @@ class Spec:
         return self.bytes_sent(count, wire or itemsize, size, rank)
 
 
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where an all-to-all's blocks lie, in elements of the flat arrays: MPI_Alltoallv's four
+    arrays. ``send_counts[i]`` elements from ``send_displs[i]`` of this rank's input go to rank i;
+    ``recv_counts[i]`` elements from rank i land at ``recv_displs[i]`` of its output."""
+
+    send_counts: tuple[int, ...]
+    send_displs: tuple[int, ...]
+    recv_counts: tuple[int, ...]
+    recv_displs: tuple[int, ...]
+    equal: bool = field(default=False, compare=False)  # every block the same size: MPI_Alltoall's
+
+    @property
+    def block(self) -> int:
+        """The elements of one block, where the blocks are equal."""
+        return self.send_counts[0] if self.send_counts else 0
+
+    @staticmethod
+    def blocks(block: int, size: int) -> Layout:
+        """Equal blocks of ``block`` elements for ``size`` ranks, in rank order."""
+        displs = tuple(i * block for i in range(size))
+        counts = (block,) * size
+        return Layout(counts, displs, counts, displs, True)
+
+    @staticmethod
+    def of(sends: tuple[int, ...], recvs: tuple[int, ...]) -> Layout:
+        """The layout of blocks of these counts, packed in rank order on both sides."""
+        equal = len(set(sends) | set(recvs)) <= 1
+        return Layout(tuple(sends), _displs(sends), tuple(recvs), _displs(recvs), equal)
+
+
+def _displs(counts: tuple[int, ...]) -> tuple[int, ...]:
+    out, at = [], 0
+    for c in counts:
+        out.append(at)
+        at += c
+    return tuple(out)
+
+
 def no_scratch(count: int, itemsize: int, size: int, rank: int) -> int:
     """``scratch_bytes`` of an algorithm that moves data straight into place (or leaves it to the
     library): hpcring allocates nothing for it."""
@@ -176,4 +225,4 @@ def _address(array: Any) -> int:
     return int(interface["data"][0])
 
 
-__all__ = ["Phase", "Run", "Spec", "Split", "no_scratch", "same_memory"]
+__all__ = ["Layout", "Phase", "Run", "Spec", "Split", "no_scratch", "same_memory"]

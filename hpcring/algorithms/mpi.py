@@ -3,8 +3,9 @@
 Cost: the library's choice (recursive doubling, Rabenseifner, ring, trees... by size and G).
 A reduction needs a datatype the library knows. MPI has none for bfloat16: there the words
 travel as MPI_UINT16_T and a user-defined op (mpi4py's `MPI.Op.Create`) applies the op to them
-as bfloat16, which is what an MPI program does for a type of its own. The all-gather and the
-broadcast move raw bytes, so every dtype travels. Each is one blocking library call, so the
+as bfloat16, which is what an MPI program does for a type of its own. The all-gather, the
+broadcast and the all-to-all (MPI_Alltoall, MPI_Alltoallv for uneven blocks) move raw bytes, so
+every dtype travels. Each is one blocking library call, so the
 watchdog covers a rank frozen inside it (`hpcring.watchdog`).
 """
 
@@ -14,7 +15,7 @@ import functools
 from typing import TYPE_CHECKING, Any
 
 from ..partition import segment_bounds
-from .base import Spec, no_scratch, same_memory
+from .base import Layout, Spec, no_scratch, same_memory
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -59,6 +60,14 @@ def allgather(ch: Channel, src: Any, dst: Any) -> None:
 def broadcast(ch: Channel, buf: Any, root: int) -> None:
     """buf <- the root's buf, by MPI_Bcast."""
     ch.broadcast(buf, root)
+
+
+def alltoall(ch: Channel, src: Any, dst: Any, layout: Layout) -> None:
+    """dst <- every rank's block for this rank, by MPI_Alltoall (equal blocks) or MPI_Alltoallv."""
+    if layout.equal:
+        ch.alltoall(src, dst)
+        return
+    ch.alltoallv(src, layout.send_counts, layout.send_displs, dst, layout.recv_counts, layout.recv_displs)
 
 
 def persistent(ch: Channel, src: Any, dst: Any, op: Op) -> Any:
@@ -114,6 +123,7 @@ ALLREDUCE = Spec(
     scratch_bytes=no_scratch,
     blocking=True,
     persistent=persistent,
+    rides=True,
     modelled_as=("ring", "rabenseifner"),
 )
 REDUCE_SCATTER = Spec(
@@ -129,6 +139,13 @@ ALLGATHER = Spec(
     scratch_bytes=no_scratch,
     blocking=True,
     modelled_as=("ring", "rabenseifner"),
+)
+ALLTOALL = Spec(
+    run=alltoall,
+    bytes_sent=unknown,
+    scratch_bytes=no_scratch,
+    blocking=True,
+    modelled_as=("pairwise", "bruck"),
 )
 BROADCAST = Spec(
     run=broadcast,

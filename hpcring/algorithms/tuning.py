@@ -10,7 +10,6 @@ key, the built-in defaults below apply.
 
 from __future__ import annotations
 
-import json
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
@@ -60,6 +59,11 @@ DEFAULTS: dict[str, tuple[tuple[tuple[int | None, str], ...], ...]] = {
     "reduce_scatter": (DEFAULT, DEFAULT_NOT_POWER_OF_TWO, ((32 << 10, "mpi"), (None, "ring"))),
     "allgather": (DEFAULT, DEFAULT_NOT_POWER_OF_TWO, ((32 << 10, "mpi"), (None, "ring"))),
     "broadcast": (((64 << 10, "mpi"), (None, "ring")),) * 3,
+    # Bruck's log2 G messages for blocks that small (they pay at many ranks; at 2 and 4 ranks on
+    # one node Bruck and pairwise measured within the noise of each other up to 16 KiB), then
+    # pairwise, which sends the least: ahead of the library's own through hpcring (`mpi`) from
+    # 64 KiB to 16 MiB at 2 and 4 ranks here (docs/collectives.md)
+    "alltoall": ((((1 << 10), "bruck"), (None, "pairwise")),) * 3,
 }
 FORMAT = 1
 
@@ -115,6 +119,8 @@ def load(
     try:
         if not path.exists():  # may raise too: a name too long, a folder not searchable
             return default
+        import json  # only where there is a file to read
+
         data = json.loads(path.read_text())
         if data.get("format") != FORMAT:
             raise ValueError(f"format {data.get('format')!r}, expected {FORMAT}")
@@ -234,6 +240,8 @@ def write_tuning(
 ) -> tuple[Path, str]:
     """Merge this rank count's thresholds for ``collective`` into the tuning file (other keys are
     kept); returns the file and the table's key (`key_for`)."""
+    import json
+
     path = tuning_path()
     try:
         data = json.loads(path.read_text())

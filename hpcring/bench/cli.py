@@ -19,10 +19,12 @@ from mpi4py import MPI
 
 from .. import algorithms, config, exact
 from ..algorithms.tuning import write_tuning
-from ..ops import BFLOAT16, DTYPES, OPS, check_op
+from ..ops import NAMES as DTYPE_NAMES
+from ..ops import OPS, bfloat16, check_op, is_bfloat16
 from ..units import format_size, parse_size
 from ..wire import WIDE
-from .collectives import COLLECTIVES
+from . import steploop
+from .collectives import kind_of
 from .data import sweep
 from .measure import (
     REPRODUCIBLE,
@@ -51,8 +53,12 @@ from .report import (
     summarize,
     write_json,
 )
+from .startup import describe as describe_startup
+from .startup import first_call
 
 # nccl-tests names for dtypes and ops, accepted beside NumPy's and hpcring's own.
+# What --framework torch times in (the dtypes torch and hpcring share, by NumPy's names)
+TORCH_DTYPES = ("float16", "bfloat16", "float32", "float64", "int32", "int64", "complex64", "complex128")
 DTYPE_ALIASES = {
     "half": "float16",
     "float": "float32",
@@ -132,7 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
     add("-n", "--iters", type=_positive(int, 1), default=20, help="timed iterations per row (default 20)")
     add("-w", "--warmup", type=_positive(int, 0), default=5, help="untimed iterations first (default 5)")
     add("-c", "--check", type=int, choices=(0, 1), default=1, nargs="?", const=1, help="check results (1)")
-    add("-d", "--dtype", default="float32", help=f"one of {', '.join(d.name for d in DTYPES)} (float32)")
+    add("-d", "--dtype", default="float32", help=f"one of {', '.join(DTYPE_NAMES)} (float32)")
     add("-o", "--op", default=None, help=f"one of {', '.join(OPS)} (sum; reductions only)")
     add("-r", "--root", type=_positive(int, 0), default=0, help="the broadcast's root (default 0)")
     add(
@@ -182,6 +188,38 @@ def build_parser() -> argparse.ArgumentParser:
         help="beside each algorithm's row (but mpi's and nccl's), one of allreduce(wire=WIRE): what "
         "travels is narrowed to WIRE, named ALGORITHM+bf16 or +f16 (dtype float32 or float64)",
     )
+    add(
+        "--startup",
+        action="store_true",
+        help="print only what the first call costs (hpcring's import and first all-reduce against "
+        "the bare first MPI_Allreduce), measured at the start of every run",
+    )
+    add(
+        "--step-loop",
+        action="store_true",
+        help="run a simulation's step loop instead of the sweep: uneven work, a 192-byte all-reduce "
+        "(bare, hpcring checked and unchecked, a plan) and an MPI_Allgather per step, quiet and "
+        "beside --busy spinning processes",
+    )
+    add("--steps", type=_positive(int, 1), default=1000, help="--step-loop: steps per pass (1000)")
+    add("--work-us", type=_positive(float, 0.0), default=50.0, help="--step-loop: work per step (50)")
+    add("--late-us", type=_positive(float, 0.0), default=100.0, help="--step-loop: one rank's extra (100)")
+    add("--busy", type=_positive(int, 0), default=1, help="--step-loop: spinning processes beside (1)")
+    add(
+        "--uneven",
+        action="store_true",
+        help="alltoall: uneven blocks (send_splits=, G sizes in proportion 1:2:...:G), rows against "
+        "MPI_Alltoallv",
+    )
+    add(
+        "--framework",
+        choices=("torch", "jax"),
+        help="instead of the sweep: torch, the collective timed four ways side by side (hpcring's "
+        "blocking call, its non-blocking one waited for, torch.distributed on the hpcring backend, "
+        "and on gloo; needs PyTorch; -a names the one algorithm); jax, a jax.jit step holding "
+        "hpcring.jax.allreduce beside the same step with mpi4jax's (where installed; -a default "
+        "auto, float dtypes)",
+    )
     add("--json", metavar="FILE", help="write header and every row to FILE")
     add("--plot", metavar="FILE.png", help="plot busbw vs size to FILE.png (needs matplotlib)")
     return parser
@@ -192,13 +230,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     agree without talking."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    kind = COLLECTIVES[args.collective]
+    if args.uneven and args.collective != algorithms.ALLTOALL:
+        parser.error("--uneven: all-to-all rows only (--collective alltoall)")
+    kind = kind_of(args.collective, args.uneven)
     if args.minbytes > args.maxbytes:
         parser.error(f"minbytes ({args.minbytes}) is larger than maxbytes ({args.maxbytes})")
     name = DTYPE_ALIASES.get(args.dtype, args.dtype)
-    if name not in [d.name for d in DTYPES]:
-        parser.error(f"unknown dtype {args.dtype!r}; choose one of {', '.join(d.name for d in DTYPES)}")
-    args.dtype = np.dtype(name)
+    if name not in DTYPE_NAMES:
+        parser.error(f"unknown dtype {args.dtype!r}; choose one of {', '.join(DTYPE_NAMES)}")
+    args.dtype = bfloat16() if name == "bfloat16" else np.dtype(name)
     if not kind.reduces and args.op is not None:
         parser.error(f"-o: the {kind.title} reduces nothing")
     args.op = OP_ALIASES.get(args.op, args.op or "sum") if kind.reduces else None
@@ -219,6 +259,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--{option}: all-reduce rows only (hpcring.{kind.name} has no {option}=)")
     if args.in_place and kind.in_place_only:
         parser.error(f"--in-place: the {kind.title} is always in place")
+    if args.in_place and kind.out_of_place_only:
+        parser.error(f"--in-place: the {kind.title} has no in-place form")
     if args.in_place and args.tune and not kind.in_place_tables:
         parser.error(f"--in-place with --tune: auto keeps one {kind.title} table, for both placements")
     if args.reproducible:
@@ -233,11 +275,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
             parser.error(f"--wire: applies to dtype float32 or float64, not {args.dtype.name}")
         if args.tune or args.reproducible:
             parser.error("--wire with --tune or --reproducible: measure them apart")
+    if args.framework == "jax":
+        _jax_step_args(parser, args)
     args.default_algorithms = args.algorithms is None
     known = tuple(algorithms.table(args.collective))
-    given = args.algorithms or ",".join(algorithms.portable(args.collective))
+    portable = algorithms.portable(args.collective)
+    if args.uneven:  # what runs uneven blocks, auto included
+        portable = tuple(a for a in portable if not algorithms.spec(args.collective, a).equal_only)
+    given = args.algorithms or ",".join(portable)
     names = [a.strip() for a in given.split(",") if a.strip()]
     unknown = [a for a in names if a not in known]
+    equal = [
+        a for a in names if a in known and args.uneven and algorithms.spec(args.collective, a).equal_only
+    ]
+    if equal:
+        parser.error(f"--uneven: {', '.join(map(repr, equal))} runs equal blocks only")
     if unknown or not names:
         parser.error(f"unknown algorithm {', '.join(map(repr, unknown))}; choose from {', '.join(known)}")
     if args.device == "cpu" and "nccl" in names:
@@ -251,7 +303,33 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         parser.error(f"no size between minbytes and maxbytes holds {whole}")
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib (pip install -e '.[bench]' in hpcring's clone)")
+    if args.framework == "torch":
+        if importlib.util.find_spec("torch") is None:
+            parser.error("--framework torch needs PyTorch (pip install -e '.[torch]' in hpcring's clone)")
+        if args.dtype.name not in TORCH_DTYPES:
+            parser.error(f"--framework torch: dtype one of {', '.join(TORCH_DTYPES)}")
+        for option in ("json", "plot", "tune", "reproducible", "wire", "in_place", "no_agree"):
+            if getattr(args, option):
+                parser.error(f"--framework torch prints its own table: no --{option.replace('_', '-')}")
     return args
+
+
+def _jax_step_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """--framework jax: an all-reduce of floats in a jitted step, none of the sweep's extras."""
+    if args.collective != algorithms.ALLREDUCE or args.op != "sum":
+        parser.error("--framework jax: the all-reduce with op sum only")
+    if args.dtype.kind not in "fV":
+        parser.error(f"--framework jax: a float dtype, not {args.dtype.name}")
+    extras = {"--tune": args.tune, "--reproducible": args.reproducible, "--wire": args.wire is not None}
+    extras |= {"--in-place": args.in_place, "--no-agree": args.no_agree, "--json": bool(args.json)}
+    extras |= {"--plot": bool(args.plot), "--device gpu": args.device == "gpu"}
+    given = [flag for flag, on in extras.items() if on]
+    if given:
+        parser.error(f"--framework jax: {', '.join(given)} apply to the sweep, not to the jitted step")
+    if args.algorithms is None:
+        args.algorithms = "auto"
+    if importlib.util.find_spec("jax") is None:
+        parser.error("--framework jax needs JAX (pip install -e '.[jax]' in hpcring's clone)")
 
 
 def _baselines(args: argparse.Namespace, comm: MPI.Intracomm, dev: Device) -> dict[str, str]:
@@ -274,12 +352,15 @@ def _baselines(args: argparse.Namespace, comm: MPI.Intracomm, dev: Device) -> di
 # ---------------------------------------------------------------------------------------
 
 
-def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> int:
+def main(
+    argv: list[str] | None = None, *, corrupt_rank: int | None = None, startup: dict[str, float] | None = None
+) -> int:
     """Run the benchmark; return 0, 1 if any element was wrong or bytes disagree, 2 on a usage error.
 
     ``corrupt_rank`` is a test hook: that rank flips one element after each checked
     reduction, to prove that a wrong result fails the run. ``HPCRING_BENCH_CORRUPT``
-    (a rank number) does the same from outside.
+    (a rank number) does the same from outside. ``startup``: the first call's cost, as
+    `hpcring.bench.startup` measured it before the rest was imported (``python -m hpcring.bench``).
     """
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
@@ -298,10 +379,26 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         return status
     if corrupt_rank is None:
         corrupt_rank = config.current().bench_corrupt
+    if args.startup:
+        facts = startup if startup is not None else first_call(comm)
+        if rank == 0:
+            print(describe_startup(facts), flush=True)
+        return 0
+    if args.step_loop:
+        steploop.run(args, comm)
+        return 0
+    if args.framework == "torch":  # four ways side by side (hpcring.bench.torchcalls)
+        from . import torchcalls
+
+        return torchcalls.main(args, comm)
+    if args.framework == "jax":  # a jitted step beside mpi4jax's (hpcring.bench.jaxstep)
+        from . import jaxstep
+
+        return jaxstep.run(args, comm)
 
     # From here on every rank runs the same collectives in the same order.
     dev = device_for(args.device, comm)
-    if not isinstance(dev, str) and dev.name == "gpu" and args.dtype == BFLOAT16:
+    if not isinstance(dev, str) and dev.name == "gpu" and is_bfloat16(args.dtype):
         dev = "bfloat16 is ml_dtypes' NumPy dtype, CuPy has none: run it with --device cpu"
     if isinstance(dev, str):
         if rank == 0:
@@ -315,6 +412,8 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
         return USAGE_EXIT
     header = header_facts(args, argv, comm, dev)
     header["not_run"] = not_run
+    if startup is not None:
+        header["startup"] = startup
     params = load_model(comm)
     header["model"] = model_source(params)
     # auto's table, the model's file
@@ -324,7 +423,7 @@ def main(argv: list[str] | None = None, *, corrupt_rank: int | None = None) -> i
     if rank == 0:
         print(format_header(header), flush=True)
     # The bare library call is measured at every size whatever -a says: it is the footer's yardstick.
-    kind = COLLECTIVES[args.collective]
+    kind = kind_of(args.collective, args.uneven)
     bare = kind.bare
     names = [bare, *args.algorithms]
     if args.reproducible:  # each algorithm's reproducible row right after its plain one

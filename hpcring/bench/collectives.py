@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .. import collectives
-from ..algorithms import ALLGATHER, ALLREDUCE, BROADCAST, REDUCE_SCATTER
+from .. import algorithms, collectives
+from ..algorithms import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCE_SCATTER
 from ..partition import segment_bounds
 from ..units import busbw_formula, collective_title
 from .data import expected_result, gathered_rows, row_input, verifiable_input
@@ -65,8 +65,10 @@ class Collective:
     in_place_tables: bool = False  # auto keeps tables in place apart (`hpcring.algorithms.tuning`)
     rooted: bool = False  # has a root (what each rank sends depends on it)
     in_place_only: bool = False  # has no out-of-place form (--in-place means nothing)
+    out_of_place_only: bool = False  # has no in-place form (--in-place is refused)
     size_is: str | None = None  # what a row's size counts, where more than "the buffer"
     options: tuple[str, ...] = ()  # the front end's options the bench has rows for (--wire, ...)
+    uneven: bool = False  # the all-to-all's uneven form (--uneven): send_splits=, MPI_Alltoallv
 
     @property
     def title(self) -> str:
@@ -112,6 +114,11 @@ class Collective:
     def bare_call(self, comm: Any, b: Buffers, in_place: bool, root: int) -> BareCall:
         """The library's own collective on ``b``'s memory, nothing of hpcring between."""
         raise NotImplementedError
+
+    def bytes_sent(self, algorithm: str, count: int, itemsize: int, size: int, rank: int) -> int | None:
+        """What rank ``rank`` hands to MPI in one call, where the algorithms' formulas (which
+        count from each rank's input alone) do not say it; None: theirs apply."""
+        return None
 
 
 class AllReduce(Collective):
@@ -241,8 +248,100 @@ class Broadcast(Collective):
         return BareCall(None, b.x, b.x, lambda send, recv, op: comm.Bcast(recv, root))
 
 
-COLLECTIVES: dict[str, Collective] = {
-    kind.name: kind for kind in (AllReduce(), ReduceScatter(), AllGather(), Broadcast())
-}
+class AllToAll(Collective):
+    name, bare, mpi4py = ALLTOALL, "MPI_Alltoall", "comm.Alltoall"
+    reduces, rewrites_input, out_of_place_only = False, False, True
+    size_is = "the whole buffer, each rank's input (G blocks, one for each rank), as nccl-tests"
 
-__all__ = ["COLLECTIVES", "BareCall", "Buffers", "Collective"]
+    def granule(self, itemsize: int, size: int) -> int:
+        return itemsize * size  # G whole blocks
+
+    def placement(self, in_place: bool) -> str:
+        return "out-of-place (out=, its only form), input constant across iterations"
+
+    def inputs(self, xp: Any, count: int, dtype: np.dtype, op: str, rank: int, root: int) -> Any:
+        return row_input(xp, count, dtype, rank)  # block j: the part of this rank's row for rank j
+
+    def expected(self, xp: Any, count: int, dtype: np.dtype, op: str, size: int, rank: int, root: int) -> Any:
+        m = count // size  # block i: rank i's block for this rank
+        rows = [row_input(xp, count, dtype, i)[rank * m : (rank + 1) * m] for i in range(size)]
+        return xp.concatenate(rows)
+
+    def buffers(self, xp: Any, x: Any, in_place: bool, rank: int, size: int) -> Buffers:
+        out = xp.empty_like(x)
+        return Buffers(x, out, out)
+
+    def run(
+        self, b: Buffers, algorithm: str, comm: Any, op: str, check: bool, root: int, **options: Any
+    ) -> None:
+        collectives.alltoall(b.x, algorithm=algorithm, comm=comm, out=b.out, check=check)
+
+    def bare_call(self, comm: Any, b: Buffers, in_place: bool, root: int) -> BareCall:
+        return BareCall(b.x, b.out, b.out, lambda send, recv, op: comm.Alltoall(send, recv))
+
+
+class UnevenAllToAll(AllToAll):
+    """The all-to-all with uneven blocks (--uneven): rank r sends rank j ``part[(j - r) mod G]``
+    elements, where ``part`` cuts each rank's input in proportion 1 : 2 : ... : G, so every rank
+    sends and receives its whole input, in blocks of G different sizes, and keeps ``part[0]``."""
+
+    bare, mpi4py, uneven = "MPI_Alltoallv", "comm.Alltoallv", True
+    size_is = "the whole buffer, each rank's input (G uneven blocks, one for each rank), as nccl-tests"
+
+    @staticmethod
+    def parts(count: int, size: int) -> list[int]:
+        whole = size * (size + 1) // 2
+        parts = [count * (i + 1) // whole for i in range(size)]
+        parts[-1] += count - sum(parts)
+        return parts
+
+    def splits(self, count: int, size: int, rank: int) -> tuple[list[int], list[int]]:
+        """(what rank ``rank`` sends each rank, what it receives from each)."""
+        part = self.parts(count, size)
+        return [part[(j - rank) % size] for j in range(size)], [part[(rank - i) % size] for i in range(size)]
+
+    def expected(self, xp: Any, count: int, dtype: np.dtype, op: str, size: int, rank: int, root: int) -> Any:
+        blocks = []
+        for i in range(size):  # rank i's block for this rank
+            sends = self.splits(count, size, i)[0]
+            start = sum(sends[:rank])
+            blocks.append(row_input(xp, count, dtype, i)[start : start + sends[rank]])
+        return xp.concatenate(blocks)
+
+    def run(
+        self, b: Buffers, algorithm: str, comm: Any, op: str, check: bool, root: int, **options: Any
+    ) -> None:
+        sends, recvs = self.splits(b.x.size, comm.Get_size(), comm.Get_rank())
+        collectives.alltoall(
+            b.x, send_splits=sends, recv_splits=recvs, algorithm=algorithm, comm=comm, out=b.out, check=check
+        )
+
+    def bare_call(self, comm: Any, b: Buffers, in_place: bool, root: int) -> BareCall:
+        sends, recvs = self.splits(b.x.size, comm.Get_size(), comm.Get_rank())
+        return BareCall(
+            b.x, b.out, b.out, lambda send, recv, op: comm.Alltoallv([send, sends], [recv, recvs])
+        )
+
+    def bytes_sent(self, algorithm: str, count: int, itemsize: int, size: int, rank: int) -> int | None:
+        """Pairwise: every block but its own (``part[0]``); the splits' exchange is not counted
+        (it travels beside the algorithm)."""
+        if algorithms.spec(ALLTOALL, algorithm).bytes_sent is None or size == 1:
+            return 0 if size == 1 else None
+        sent = algorithms.bytes_sent(algorithm, size, 1, size, rank, collective=ALLTOALL)
+        if sent is None:
+            return None
+        return (count - self.parts(count, size)[0]) * itemsize
+
+
+COLLECTIVES: dict[str, Collective] = {
+    kind.name: kind for kind in (AllReduce(), ReduceScatter(), AllGather(), Broadcast(), AllToAll())
+}
+UNEVEN = UnevenAllToAll()
+
+
+def kind_of(collective: str, uneven: bool = False) -> Collective:
+    """The bench's description of ``collective`` (``uneven``: the all-to-all's uneven form)."""
+    return UNEVEN if uneven and collective == ALLTOALL else COLLECTIVES[collective]
+
+
+__all__ = ["COLLECTIVES", "UNEVEN", "BareCall", "Buffers", "Collective", "kind_of"]

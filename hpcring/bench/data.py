@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import algorithms
-from ..ops import BFLOAT16
+from ..ops import is_bfloat16
 
 
 def expected_bytes_sent(
@@ -85,7 +85,7 @@ def _value(op: str, dtype: np.dtype, rank: int, index: int) -> complex:
     if op == "prod":
         value = -1 if (rank + index) % 3 == 0 else 1
         return value * (2 if rank == 0 and index % 4 == 1 else 1)
-    if dtype == BFLOAT16 and rank >= BFLOAT16_RANKS:
+    if is_bfloat16(dtype) and rank >= BFLOAT16_RANKS:
         return 0
     value = (rank + index) % 5 - 2
     if dtype.kind == "c":

@@ -43,7 +43,7 @@ from ..polling import idle_barrier
 from ..units import busbw_factor
 from ..wire import WIRES
 from ..wire import bytes_sent as wire_bytes_sent
-from .collectives import COLLECTIVES, Buffers, Collective
+from .collectives import COLLECTIVES, Buffers, Collective, kind_of
 from .data import expected_bytes_sent
 
 # ---------------------------------------------------------------------------------------
@@ -249,7 +249,7 @@ def measure_row(
     same way. ``nbytes`` is nccl-tests' size: the whole buffer (`Collective.count` says each
     rank's input of it)."""
     rank, size, dtype = comm.Get_rank(), comm.Get_size(), args.dtype
-    kind = COLLECTIVES[args.collective]
+    kind = kind_of(args.collective, getattr(args, "uneven", False))
     count = kind.count(nbytes, size, dtype.itemsize)
     reproducible = algorithm.endswith(REPRODUCIBLE)  # allreduce(reproducible=True): "ring+rep"
     wire = wire_of(algorithm)  # allreduce(wire=...): "ring+bf16"
@@ -276,9 +276,11 @@ def measure_row(
             args.collective,
             algorithms.choices(args.collective),
         )
-        if chooser and not reproducible
+        if chooser and not reproducible and not kind.uneven
         else None
     )  # collective
+    if chooser and kind.uneven:  # uneven blocks: one choice for every size (hpcring.algorithms.auto)
+        chosen = auto.choose_alltoall(channel, -1, False, algorithms.uneven(args.collective))
 
     if bare:
         call, result = bare_call(comm, dev, kind, b, args.in_place, args.op, args.root)
@@ -340,6 +342,11 @@ def measure_row(
     # that travel there (codes and words), so that row is not counted against one.
     if reproducible:
         formula_of = exact_bytes_sent(dtype, host=dev.name != "gpu")
+    if kind.uneven:
+
+        def formula_of(ran: str, nbytes: int, size: int, rank: int, itemsize: int, per_node: int = 1) -> Any:
+            return kind.bytes_sent(ran, nbytes // itemsize, itemsize, size, rank)
+
     spec = None if bare else algorithms.spec(args.collective, ran)
     if wire is not None and (chosen is None or auto.keep_wire(channel, spec)):
         narrowed = WIRES[wire]  # what travels: the formula in the wire's itemsize (auto: where it narrows)
@@ -411,9 +418,10 @@ def header_facts(
     per_host = sorted(set(comm.allgather(local_size)))
     nodes = topology.of(channel_for(comm, adapter_for(dev.xp.empty(0))).comm)  # what hierarchical sees
     facts = info()
-    kind = COLLECTIVES[args.collective]
+    kind = kind_of(args.collective, getattr(args, "uneven", False))
     return {
         "collective": kind.name,
+        "uneven": kind.uneven,
         "hpcring": __version__,
         "mpi_library": facts["mpi_library"],
         "mpi4py": facts["mpi4py"],

@@ -19,8 +19,9 @@ from typing import Any
 
 from ..algorithms import ALLREDUCE as MODEL_DEFAULT  # python -m hpcring.model's collective
 from ..units import format_size
-from .collectives import COLLECTIVES
+from .collectives import kind_of
 from .measure import BARE, Row
+from .startup import describe as describe_startup
 
 _COLUMNS = (
     ("size", ">12", "(B)"),
@@ -53,7 +54,7 @@ def _columns(width: int) -> tuple[tuple[str, str, str], ...]:
 def format_header(h: dict[str, Any]) -> str:
     """The lines above the table: what ran where, how it was timed, and the column names."""
     aware = "yes" if h["cuda_aware"] else "no"
-    kind = COLLECTIVES[h["collective"]]
+    kind = kind_of(h["collective"], h.get("uneven", False))
     columns = _columns(algorithm_width(h))
     root = f"  root {h['root']}" if h.get("root") is not None else ""
     lines = [
@@ -63,6 +64,7 @@ def format_header(h: dict[str, Any]) -> str:
         f"# topology: {h['topology']['describe']}, two-level {'yes' if h['topology']['two_level'] else 'no'}"
         f", ring in {h['topology']['ring_order']}",
         *([f"# core: {h['core']} ({h['core_reason']})"] if "core" in h else []),
+        *([describe_startup(h["startup"])] if h.get("startup") else []),
         *_gpu_header(h),
         *(f"# {name}: not run: {why}" for name, why in h.get("not_run", {}).items()),
         *_guidance(h),
@@ -353,7 +355,7 @@ def plot(path: str, header: dict[str, Any], rows: list[Row]) -> None:
     ax.set_xlabel(f"message size ({what}bytes; K, M, G = 1024^1, 1024^2, 1024^3)")
     ax.set_ylabel("busbw (GB/s)")
     ax.set_title(
-        f"hpcring {COLLECTIVES[header['collective']].title}, {header['ranks']} ranks on {header['hosts']} "
+        f"hpcring {kind_of(header['collective']).title}, {header['ranks']} ranks on {header['hosts']} "
         f"host{'s' if header['hosts'] > 1 else ''}, {header['device']}, "
         f"{header['dtype']}" + ("" if header["op"] == "none" else f" {header['op']}")
     )

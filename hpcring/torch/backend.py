@@ -3,10 +3,12 @@
 `register()` (run by ``import hpcring.torch``) makes ``"hpcring"`` a backend name for the cpu
 and cuda devices, so ``torch.distributed.init_process_group("hpcring")`` builds a
 `ProcessGroupHpcring`, and DDP, FSDP2 (``fully_shard``) and the object collectives run on it
-with no hook. Each collective is one of hpcring's non-blocking ones (`hpcring.nonblocking`) on
-the group's communicator, so every one of them runs on hpcring's progress thread, in the
-order issued, and ``async_op=True`` returns at once while the data moves; the group's
-`Completer` completes the torch Work when the data is there. hpcring's guarantees come along:
+with no hook. Each asynchronous collective is one of hpcring's non-blocking ones
+(`hpcring.nonblocking`) on the group's communicator, so it runs on hpcring's progress thread, in
+the order issued, and ``async_op=True`` returns at once while the data moves; the torch Work
+completes when the data is there (`hpcring.torch.work`). One torch waits for at once
+(``opts.asyncOp`` False) runs in the caller as hpcring's blocking call instead (`_submit`).
+hpcring's guarantees come along:
 the ranks agree on each call before data moves (a mismatch raises on every rank), and a rank
 that does not arrive within the group's timeout is a `hpcring.StallError` naming it.
 
@@ -20,14 +22,25 @@ What torch calls, and what runs:
 - ``reduce_scatter`` (a list of inputs), ``reduce_scatter_single``
   (``reduce_scatter_tensor``, ``_reduce_scatter_base``) and their coalesced forms:
   `ireduce_scatter`, whose parts are torch's (equal, in rank order);
-- ``barrier``: a one-element all-reduce (as NCCL's barrier is), so it is bounded and named too.
+- ``barrier``: a one-element all-reduce (as NCCL's barrier is), so it is bounded and named too;
+  ``monitored_barrier`` the same with its own timeout, whose StallError names every rank that
+  did not arrive (call it on the group: ``dist.monitored_barrier`` itself accepts gloo only);
+- ``alltoall_base`` (``all_to_all_single``), equal or uneven splits: `ialltoall` on the tensors
+  themselves; the list ``alltoall`` (any sizes), ``gather`` and ``scatter``: `ialltoall` of the
+  blocks packed in rank order, uneven (a gather is every rank sending its block to the root
+  alone, a scatter the root sending block i to rank i), so each moves exactly its bytes and the
+  receive counts are checked against the senders' on every rank before data moves;
+- ``reduce``: an out-of-place `iallreduce`, copied into the root's tensor (the others' are
+  left as they were);
+- ``send``, ``recv``, ``recv_anysource`` (tags, non-blocking): `hpcring.torch.p2p`, on a
+  communicator of the group's own for point to point.
 
-Anything else (send, recv, gather, scatter, reduce, all-to-all, BAND/BOR/BXOR/PREMUL_SUM)
-raises NotImplementedError naming it, on the rank that calls it: no other backend stands in.
-Tensors of a dtype hpcring cannot reduce (uint8, bool: the object collectives' bytes) move
-through the all-gather and the broadcast as 8-byte words, exactly; a reduction of one raises
-hpcring's TypeError on every rank. CPU tensors are tested; CUDA tensors go through hpcring's
-CuPy path and are untested (no GPU where this was written).
+BAND/BOR/BXOR/PREMUL_SUM raise NotImplementedError naming them, on the rank that calls: no other
+backend stands in. Tensors of a dtype hpcring cannot reduce (uint8, bool: the object
+collectives' bytes) move through the all-gather, the broadcast and the all-to-alls as 8-byte
+words, exactly; a reduction of one raises hpcring's TypeError on every rank. CPU tensors are
+tested; CUDA tensors go through hpcring's CuPy path (point to point: through host memory) and
+are untested (no GPU where this was written).
 """
 
 from __future__ import annotations
@@ -42,13 +55,15 @@ import torch
 import torch.distributed as dist
 from mpi4py import MPI
 
-from .. import algorithms, config
+from .. import algorithms, collectives, config, nonblocking
 from ..comm import intracomm
-from ..nonblocking import iallgather, iallreduce, ibroadcast, ireduce_scatter
-from .work import Completer, Work, done
+from .p2p import P2P, Transfer
+from .work import Completer, Finished, Work, done
 
 NAME = "hpcring"
 DEFAULT_ALGORITHM = "ring"
+# Where the default is another (the all-to-all has no ring): hpcring.alltoall's own default
+DEFAULTS = {algorithms.ALLTOALL: "auto"}
 # torch's reductions -> hpcring's ops; the others are refused by name.
 OPS: dict[Any, str] = {
     dist.ReduceOp.SUM: "sum",
@@ -77,9 +92,10 @@ class Options:
     ``torch.distributed.init_process_group("hpcring", ...)`` (or ``new_group``), or as the
     arguments of `hpcring.torch.init_process_group`.
 
-    ``algorithm``: one name for every collective, or a dict ``{collective: name}`` with keys
-    among allreduce, reduce_scatter, allgather, broadcast (the others keep the default);
-    None: HPCRING_ALGO, else ``ring``. ``comm``: the MPI communicator whose ranks are the
+    ``algorithm``: one name for every collective that has an algorithm of that name (the
+    others keep their default), or a dict ``{collective: name}`` with keys among allreduce,
+    reduce_scatter, allgather, broadcast, alltoall; None: HPCRING_ALGO, else ``ring`` (the
+    all-to-all: ``auto``). ``comm``: the MPI communicator whose ranks are the
     group's (default COMM_WORLD, in torch's rank order); a subgroup takes its ranks from it.
     ``check``: the agreement before each call (see `hpcring.allreduce`).
     """
@@ -95,7 +111,11 @@ class Options:
         given = self.algorithm if self.algorithm is not None else config.current().algo
         if isinstance(given, str):
             given = {"*": given}
-        chosen = dict.fromkeys(algorithms.COLLECTIVES, given.get("*", DEFAULT_ALGORITHM))
+        every = given.get("*", DEFAULT_ALGORITHM)
+        chosen = {
+            c: every if every in algorithms.table(c) else DEFAULTS.get(c, DEFAULT_ALGORITHM)
+            for c in algorithms.COLLECTIVES
+        }
         for key, name in given.items():
             if key != "*" and key not in chosen:
                 raise ValueError(
@@ -108,6 +128,31 @@ class Options:
 
 
 _default: list[Any] = []  # the default group's Options and communicator, for its subgroups
+
+
+class _Mode(threading.local):
+    inline = False  # this thread's submission runs in the caller (`ProcessGroupHpcring._submit`)
+
+
+_MODE = _Mode()
+
+
+def _started(nonblocking_call: Callable[..., Any], blocking_call: Callable[..., Any]) -> Callable[..., Any]:
+    """hpcring's non-blocking call, or, where the submission runs in the caller, its blocking one."""
+
+    def start(*args: Any, **kwargs: Any) -> Any:
+        if _MODE.inline:
+            return Finished(blocking_call, *args, **kwargs)
+        return nonblocking_call(*args, **kwargs)
+
+    return start
+
+
+iallreduce = _started(nonblocking.iallreduce, collectives.allreduce)
+ibroadcast = _started(nonblocking.ibroadcast, collectives.broadcast)
+iallgather = _started(nonblocking.iallgather, collectives.allgather)
+ireduce_scatter = _started(nonblocking.ireduce_scatter, collectives.reduce_scatter)
+ialltoall = _started(nonblocking.ialltoall, collectives.alltoall)
 
 
 class ProcessGroupHpcring(dist.ProcessGroup):
@@ -133,6 +178,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
         self._group_desc = ""
         self._completer = Completer(f"hpcring-torch-{id(self):x}")
         self._lock = threading.Lock()  # torch may issue from several threads: one submission at a time
+        self._p2p = P2P(comm, timeout)  # collective: torch builds a group on every one of its ranks
 
     # -- what torch asks of any process group ------------------------------------------------
 
@@ -158,6 +204,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
         """Complete what is in flight, stop the completer, free the communicator (and hpcring's
         state on it): `destroy_process_group` calls it on every rank."""
         self._completer.stop()
+        self._p2p.close()
         if not MPI.Is_finalized() and self.comm != MPI.COMM_NULL:
             if _default and _default[1] is self.comm:
                 _default.clear()
@@ -171,10 +218,21 @@ class ProcessGroupHpcring(dist.ProcessGroup):
         result: list[torch.Tensor],
         start: Callable[[], list[Any]],
         then: Callable[[], None] | None = None,
+        opts: Any = None,
     ) -> Work:
-        """Start hpcring's requests (``start()``) and hand them to the completer, as one Work."""
+        """Start hpcring's requests (``start()``) and hand them to the completer, as one Work.
+
+        Where torch says the caller waits at once (``opts.asyncOp`` False: ``dist.all_reduce``
+        without ``async_op=True``), the collectives run here, in the caller's thread, as
+        hpcring's blocking calls (on the communicator's first duplicate: the progress thread's
+        calls, on the second, never meet them), and the Work comes back done: no thread switch
+        on the way there and back."""
         with self._lock:
-            return self._completer.add(Work(result, name), start(), then)
+            _MODE.inline = opts is not None and getattr(opts, "asyncOp", True) is False
+            try:
+                return self._completer.add(Work(result, name), start(), then)
+            finally:
+                _MODE.inline = False
 
     def _common(self) -> dict[str, Any]:
         return {"comm": self.comm, "check": self.options.check, "timeout": self.timeout}
@@ -190,6 +248,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             tensors,
             lambda: [iallreduce(s.x, op=op, algorithm=algorithm, **self._common()) for s in staged],
             _copy_back(staged),
+            opts,
         )
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
@@ -206,6 +265,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             tensors,
             lambda: [ibroadcast(s.x, root=root, algorithm=algorithm, **self._common()) for s in staged],
             _copy_back(staged),
+            opts,
         )
 
     # -- all-gather ------------------------------------------------------------------------------
@@ -232,7 +292,9 @@ class ProcessGroupHpcring(dist.ProcessGroup):
                 for out, row in zip(outputs, request.wait(), strict=True):
                     _copy_into(out, s.unwords(row))
 
-        return self._submit("allgather", [t for outputs in output_tensors for t in outputs], start, then)
+        return self._submit(
+            "allgather", [t for outputs in output_tensors for t in outputs], start, then, opts
+        )
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> Work:
         """``all_gather_into_tensor``: every rank's input, in rank order, into one output (FSDP2's
@@ -245,11 +307,12 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             )
         algorithm = self.algorithm[algorithms.ALLGATHER]
         if output.is_contiguous() and input.is_contiguous() and input.dtype in MOVABLE:
-            rows = output.view(g, *input.shape)
+            rows, input = output.detach().view(g, *input.shape), input.detach()
             return self._submit(
                 "all_gather_single",
                 [output],
                 lambda: [iallgather(input, out=rows, algorithm=algorithm, **self._common())],
+                opts=opts,
             )
         return self.allgather([list(output.reshape(g, -1).unbind(0))], [input.reshape(-1)], opts)
 
@@ -292,6 +355,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
                 )
             ],
             _copy_back([target]),
+            opts,
         )
 
     _reduce_scatter_base = reduce_scatter_single
@@ -329,9 +393,220 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             lambda: [
                 iallreduce(one, op="sum", algorithm=self.algorithm[algorithms.ALLREDUCE], **self._common())
             ],
+            opts=opts,
         )
 
-    # -- not supported: said, never hung, never another backend ------------------------------------
+    # -- point to point: hpcring.torch.p2p --------------------------------------------------------
+
+    def send(self, tensors: list[torch.Tensor], dstRank: int, tag: int = 0) -> Transfer:
+        """Start sending the tensor to group rank ``dstRank``; returns at once."""
+        return self._p2p.send(_one(tensors, "send"), dstRank, tag)
+
+    def recv(self, tensors: list[torch.Tensor], srcRank: int, tag: int = 0) -> Transfer:
+        """Start receiving into the tensor from group rank ``srcRank``; returns at once."""
+        return self._p2p.recv(_one(tensors, "recv"), srcRank, tag)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Transfer:
+        """Start receiving from whichever rank sends with ``tag`` first (``_source_rank()`` says which)."""
+        return self._p2p.recv(_one(tensors, "recv_anysource"), None, tag)
+
+    # -- rooted collectives ------------------------------------------------------------------------
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
+        """The reduction into the root's tensor: an out-of-place all-reduce on every rank (the
+        ranks agree on its placement), copied into the root's tensor."""
+        root = int(getattr(opts, "rootRank", 0))
+        op = _op(opts, "reduce")
+        staged = [_Staged(t, "reduce") for t in tensors]
+        outs = [torch.empty_like(s.x) for s in staged]
+        algorithm = self.algorithm[algorithms.ALLREDUCE]
+
+        def then() -> None:
+            if self.rank() == root:
+                for s, out in zip(staged, outs, strict=True):
+                    _copy_into(s.t, s.unwords(out))
+
+        return self._submit(
+            "reduce",
+            tensors,
+            lambda: [
+                iallreduce(s.x, out=out, op=op, algorithm=algorithm, **self._common())
+                for s, out in zip(staged, outs, strict=True)
+            ],
+            then,
+            opts,
+        )
+
+    def gather(
+        self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor], opts: Any = None
+    ) -> Work:
+        """Every rank's tensor into the root's list: each rank sends its block to the root alone."""
+        root, g = int(getattr(opts, "rootRank", 0)), self.size()
+        source = _one(input_tensors, "gather")
+        outputs = output_tensors[0] if output_tensors else []
+        sends: list[torch.Tensor | None] = [source if i == root else None for i in range(g)]
+        recvs: list[torch.Tensor | None] = [None] * g
+        if self.rank() == root:
+            _count(outputs, g, "gather", "output")
+            recvs = list(outputs)
+        return self._blocks("gather", sends, recvs, [*outputs], opts=opts)
+
+    def scatter(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]], opts: Any = None
+    ) -> Work:
+        """The root's list, one tensor to each rank: the root sends block i to rank i alone."""
+        root, g = int(getattr(opts, "rootRank", 0)), self.size()
+        target = _one(output_tensors, "scatter")
+        inputs = input_tensors[0] if input_tensors else []
+        sends: list[torch.Tensor | None] = [None] * g
+        if self.rank() == root:
+            _count(inputs, g, "scatter", "input")
+            sends = list(inputs)
+        recvs: list[torch.Tensor | None] = [target if i == root else None for i in range(g)]
+        return self._blocks("scatter", sends, recvs, [target], opts=opts)
+
+    # -- all-to-all ----------------------------------------------------------------------------------
+
+    def alltoall(
+        self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor], opts: Any = None
+    ) -> Work:
+        """Input i to rank i, rank i's into output i: any sizes (uneven blocks, packed)."""
+        g = self.size()
+        _count(input_tensors, g, "alltoall", "input")
+        _count(output_tensors, g, "alltoall", "output")
+        outputs = list(output_tensors)
+        return self._blocks("alltoall", list(input_tensors), outputs, outputs, opts=opts)
+
+    def all_to_all_single(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> Work:
+        """``all_to_all_single``: rows of the input to each rank, equal or by the splits (dim 0),
+        straight between the tensors where they are contiguous and of a dtype hpcring moves."""
+        if output.dtype != input.dtype:
+            raise ValueError(
+                f"hpcring backend: all_to_all_single needs the output of the input's dtype {input.dtype}, "
+                f"got {output.dtype}"
+            )
+        sends = list(input_split_sizes) or None
+        recvs = list(output_split_sizes) or None
+        direct = (
+            input.dtype in MOVABLE
+            and input.is_contiguous()
+            and output.is_contiguous()
+            and input.device == output.device
+            and input.dim() > 0
+            and output.dim() > 0
+            and input.shape[1:] == output.shape[1:]
+            and not _overlap(input, output)
+        )
+        if not direct:
+            g = self.size()
+            if input.dim() == 0 or output.dim() == 0:
+                raise ValueError("hpcring backend: all_to_all_single needs tensors with a first dimension")
+            ins = _rows(input, sends or [input.shape[0] // g] * g)
+            outs = _rows(output, recvs or [output.shape[0] // g] * g)
+            equal = sends is None and recvs is None
+            return self._blocks("all_to_all_single", ins, outs, [output], equal=equal, opts=opts)
+        algorithm = self.algorithm[algorithms.ALLTOALL]
+        return self._submit(
+            "all_to_all_single",
+            [output],
+            lambda: [
+                ialltoall(
+                    input.detach(),  # the same memory, outside autograd (nn.functional's inputs)
+                    send_splits=sends,
+                    recv_splits=recvs,
+                    out=output.detach(),
+                    algorithm=algorithm,
+                    **self._common(),
+                )
+            ],
+            opts=opts,
+        )
+
+    alltoall_base = all_to_all_single
+
+    def _blocks(
+        self,
+        name: str,
+        sends: list[torch.Tensor | None],
+        recvs: list[torch.Tensor | None],
+        result: list[torch.Tensor],
+        equal: bool = False,
+        opts: Any = None,
+    ) -> Work:
+        """One uneven all-to-all of these blocks (None: nothing to or from that rank), packed in rank
+        order into one buffer each way and unpacked into ``recvs`` when the data is there. A dtype
+        hpcring does not move travels as 8-byte words, each block padded to whole words."""
+        dtypes = {t.dtype for t in (*sends, *recvs) if t is not None}
+        if len(dtypes) > 1:
+            raise ValueError(
+                f"hpcring backend: {name} needs tensors of one dtype, got {sorted(map(str, dtypes))}"
+            )
+        dtype = dtypes.pop() if dtypes else torch.float32
+        words = dtype not in MOVABLE
+        device = next((t.device for t in (*sends, *recvs) if t is not None), torch.device("cpu"))
+
+        def size(t: torch.Tensor | None) -> int:
+            if t is None:
+                return 0
+            return -(-t.numel() * t.element_size() // 8) if words else t.numel()
+
+        kind = WORD if words else dtype
+        send_counts = [size(t) for t in sends]
+        recv_counts = [size(t) for t in recvs]
+        packed = torch.zeros(sum(send_counts), dtype=kind, device=device)
+        at = 0
+        for t, n in zip(sends, send_counts, strict=True):
+            if t is not None and n:
+                piece = packed[at : at + n]
+                if words:
+                    piece.view(torch.uint8)[: t.numel() * t.element_size()].copy_(
+                        t.detach().contiguous().reshape(-1).view(torch.uint8)
+                    )
+                else:
+                    piece.copy_(t.detach().reshape(-1))
+            at += n
+        unpacked = torch.empty(sum(recv_counts), dtype=kind, device=device)
+        algorithm = self.algorithm[algorithms.ALLTOALL]
+        splits: dict[str, Any] = {} if equal else {"send_splits": send_counts, "recv_splits": recv_counts}
+
+        def then() -> None:
+            at = 0
+            for t, n in zip(recvs, recv_counts, strict=True):
+                if t is not None and n:
+                    piece = unpacked[at : at + n]
+                    if words:
+                        value = piece.view(torch.uint8)[: t.numel() * t.element_size()].view(t.dtype)
+                    else:
+                        value = piece
+                    _copy_into(t, value.reshape(t.shape))
+                at += n
+
+        return self._submit(
+            name,
+            result,
+            lambda: [ialltoall(packed, out=unpacked, algorithm=algorithm, **splits, **self._common())],
+            then,
+            opts,
+        )
+
+    # -- barriers ------------------------------------------------------------------------------------
+
+    def monitored_barrier(self, timeout: Any = None, wait_all_ranks: bool = False) -> None:
+        """A barrier bounded by ``timeout`` (default the group's): blocking, and a rank that does not
+        arrive is a StallError naming every such rank (``wait_all_ranks`` is what it always does)."""
+        seconds = _seconds(timeout) if timeout is not None else self.timeout
+        one = torch.ones(1, dtype=torch.int32)
+        common = {**self._common(), "timeout": seconds}
+        iallreduce(one, op="sum", algorithm=self.algorithm[algorithms.ALLREDUCE], **common).wait()
+
+    # -- helpers ---------------------------------------------------------------------------------------
 
     def _after(self, works: Sequence[Work], result: list[torch.Tensor], name: str) -> Work:
         """One Work done when every one of ``works`` is."""
@@ -339,53 +614,54 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             return done(result, name)
         return self._submit(name, result, lambda: list(works))
 
-    def send(self, tensors: Any, dst: int, tag: int = 0) -> Work:
-        raise _unsupported("send")
 
-    def recv(self, tensors: Any, src: int, tag: int = 0) -> Work:
-        raise _unsupported("recv")
-
-    def recv_anysource(self, tensors: Any, tag: int = 0) -> Work:
-        raise _unsupported("recv_anysource")
-
-    def gather(self, *args: Any, **kwargs: Any) -> Work:
-        raise _unsupported("gather")
-
-    def scatter(self, *args: Any, **kwargs: Any) -> Work:
-        raise _unsupported("scatter")
-
-    def reduce(self, *args: Any, **kwargs: Any) -> Work:
-        raise _unsupported("reduce")
-
-    def alltoall(self, *args: Any, **kwargs: Any) -> Work:
-        raise _unsupported("alltoall")
-
-    def all_to_all_single(self, *args: Any, **kwargs: Any) -> Work:
-        raise _unsupported("all_to_all_single")
-
-    alltoall_base = all_to_all_single
-
-    def monitored_barrier(self, *args: Any, **kwargs: Any) -> Work:
-        raise _unsupported("monitored_barrier")
-
-
-SUPPORTED = (
-    "allreduce (sum, avg, max, min, product), broadcast, allgather, all_gather_into_tensor, "
-    "reduce_scatter, reduce_scatter_tensor, barrier and the object collectives"
-)
+SUPPORTED = "allreduce and reduce with sum, avg, max, min, product"
 
 
 def _unsupported(what: str) -> NotImplementedError:
     return NotImplementedError(f"hpcring backend: {what} is not supported; it runs {SUPPORTED}")
 
 
+def _one(tensors: list[torch.Tensor], what: str) -> torch.Tensor:
+    """The one tensor of a list torch passes (a backend takes one per call)."""
+    if len(tensors) != 1:
+        raise ValueError(f"hpcring backend: {what} takes one tensor, got {len(tensors)}")
+    return tensors[0]
+
+
+def _count(tensors: Sequence[torch.Tensor], g: int, what: str, side: str) -> None:
+    if len(tensors) != g:
+        raise ValueError(
+            f"hpcring backend: {what} needs {g} {side} tensors, one per rank, got {len(tensors)}"
+        )
+
+
+def _rows(t: torch.Tensor, counts: list[int]) -> list[torch.Tensor | None]:
+    """``t`` cut along its first dimension into blocks of ``counts`` rows."""
+    if sum(counts) != t.shape[0]:
+        raise ValueError(
+            f"hpcring backend: all_to_all_single splits {counts} sum to {sum(counts)}, "
+            f"but the tensor has {t.shape[0]} rows"
+        )
+    return list(torch.split(t, counts, dim=0))
+
+
+def _overlap(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether two contiguous tensors on one device share bytes."""
+    x, y = a.data_ptr(), b.data_ptr()
+    return x < y + b.numel() * b.element_size() and y < x + a.numel() * a.element_size()
+
+
 def _op(opts: Any, collective: str) -> str:
     """hpcring's op for torch's ``opts.reduceOp``; NotImplementedError naming any other."""
     reduce_op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
     kind = getattr(reduce_op, "op", reduce_op)
-    for torch_op, name in OPS.items():
-        if kind == torch_op:
-            return name
+    try:
+        name = OPS.get(kind)
+    except TypeError:  # an op torch cannot hash: none of these
+        name = None
+    if name is not None:
+        return name
     raise _unsupported(f"{collective} with op {str(kind).rpartition('.')[2]}")
 
 
@@ -398,21 +674,19 @@ class _Staged:
         self.t = t
         self.nbytes = t.numel() * t.element_size()
         self.words = words and t.dtype not in MOVABLE
+        self.copied = True  # x is not t's own memory: copied back once the data is there
         if self.words:
             padded = torch.zeros(-(-self.nbytes // 8), dtype=WORD, device=t.device)
             if not fresh:
                 padded.view(torch.uint8)[: self.nbytes].copy_(t.contiguous().reshape(-1).view(torch.uint8))
             self.x = padded
         elif t.is_contiguous():
-            self.x = t
+            self.x = t.detach()  # the same memory, outside autograd (an autograd Function's inputs)
+            self.copied = False
         else:
             self.x = torch.empty_like(t, memory_format=torch.contiguous_format)
             if not fresh:
                 self.x.copy_(t)
-
-    @property
-    def copied(self) -> bool:
-        return self.x is not self.t
 
     def unwords(self, row: torch.Tensor) -> torch.Tensor:
         """A result row (of ``x``'s kind) as a tensor of ``t``'s dtype and shape."""

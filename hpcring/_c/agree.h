@@ -1,0 +1,101 @@
+/* The agreement's collective, and the payload it may carry (hpcring/agreement.py says why).
+ *
+ * Every checked call starts with one MPI_Iallreduce of the same fixed shape on every rank: a
+ * header of int64 words, [call number, row..., present, dtype, op, count, verdict] followed by its
+ * negation (the verdict as it is), then a payload slot of a fixed number of bytes. The op takes
+ * the maximum of the header words, so every rank learns max(row) and -min(row) at once: the
+ * ranks agree exactly where the two meet (the call's columns and the verdict). The four payload
+ * columns say what a rank put in the slot: present 1, and the payload's dtype, op and count
+ * (a small `mpi` all-reduce), or present 0. Where every contribution agrees and carries the same
+ * payload, the op reduces the payloads too: the data has moved by the time the ranks know they
+ * agree, one collective instead of two. Where any rank carries none (or another), every rank
+ * sees it in the header, nobody reads the slot, and the data moves after, as it would have.
+ *
+ * The payload reductions are bitwise commutative (b op a has the bits of a op b), so every rank
+ * gets the same bits whichever tree MPI's all-reduce takes: sums and products are IEEE's (where
+ * both operands are NaN, the one with the larger bits, quieted); maximum and minimum treat NaN as
+ * winning (the larger bits among two) and order -0 below +0. No MPI in here: tested through the
+ * Python reference (hpcring.agreement.combine_payload).
+ */
+#ifndef HPCRING_AGREE_H
+#define HPCRING_AGREE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "reduce.h"
+
+#define HR_PAYLOAD_COLUMNS 4 /* present, dtype, op, count: just before the verdict */
+
+/* 1 where every column of [first, last) holds one value (max equals min) in the header
+ * (``width`` words of maxima, then ``width`` of negated minima). */
+static inline int hr_one_value(const int64_t *h, int width, int first, int last) {
+    for (int k = first; k < last; k++)
+        if (h[k] != -h[width + k]) return 0;
+    return 1;
+}
+
+/* 1 where the ranks in the header agree: one call, one row, no verdict. */
+static inline int hr_agreed(const int64_t *h, int width) {
+    return hr_one_value(h, width, 0, width - 1 - HR_PAYLOAD_COLUMNS) && h[width - 1] == 0 && h[2 * width - 1] == 0;
+}
+
+/* 1 where every rank in the header put the same payload in the slot. */
+static inline int hr_carried(const int64_t *h, int width) {
+    return hr_one_value(h, width, width - 1 - HR_PAYLOAD_COLUMNS, width - 1) && h[width - 1 - HR_PAYLOAD_COLUMNS] == 1;
+}
+
+#define HR_PAYLOAD_FLOAT(NAME, T, U, BITS, FROM, QUIET, SIGN)                                     \
+    static void NAME(int op, const T *a, T *b, size_t n) {                                       \
+        for (size_t i = 0; i < n; i++) {                                                          \
+            T x = a[i], y = b[i];                                                                 \
+            U ux = BITS(x), uy = BITS(y);                                                         \
+            int nx = x != x, ny = y != y;                                                         \
+            if (nx && ny) { /* two NaNs: the larger bits (quieted where arithmetic) */            \
+                U m = ux > uy ? ux : uy;                                                          \
+                b[i] = FROM((op == HR_SUM || op == HR_PROD) ? (m | QUIET) : m);                   \
+                continue;                                                                         \
+            }                                                                                     \
+            switch (op) {                                                                         \
+            case HR_SUM: b[i] = x + y; break;                                                     \
+            case HR_PROD: b[i] = x * y; break;                                                    \
+            case HR_MAX:                                                                          \
+                b[i] = nx ? x : ny ? y : x == y ? ((ux & SIGN) ? y : x) : x > y ? x : y;          \
+                break;                                                                            \
+            case HR_MIN:                                                                          \
+                b[i] = nx ? x : ny ? y : x == y ? ((ux & SIGN) ? x : y) : x < y ? x : y;          \
+                break;                                                                            \
+            }                                                                                     \
+        }                                                                                         \
+    }
+
+HR_PAYLOAD_FLOAT(hr_payload_f32, float, uint32_t, hr_bits32, hr_float32, 0x00400000u, 0x80000000u)
+HR_PAYLOAD_FLOAT(hr_payload_f64, double, uint64_t, hr_bits64, hr_float64, 0x0008000000000000ull,
+                 0x8000000000000000ull)
+
+/* The (dtype, op) pairs a payload may carry: those whose reduction is bitwise commutative here. */
+static inline int hr_payload_ok(int dtype, int op) {
+    switch (dtype) {
+    case HR_F32:
+    case HR_F64:
+    case HR_I32:
+    case HR_I64: return op >= 0 && op < HR_NOPS;
+    case HR_C64:
+    case HR_C128: return op == HR_SUM; /* a complex product's NaNs depend on the operands' order */
+    default: return 0;
+    }
+}
+
+/* b <- a (op) b for ``n`` elements of ``dtype``; 0, or -1 for a pair hr_payload_ok refuses. */
+static int hr_payload_combine(int dtype, int op, const void *a, void *b, size_t n, const hr_quirks *q) {
+    if (!hr_payload_ok(dtype, op)) return -1;
+    switch (dtype) {
+    case HR_F32: hr_payload_f32(op, a, b, n); return 0;
+    case HR_F64: hr_payload_f64(op, a, b, n); return 0;
+    case HR_C64: hr_payload_f32(op, a, b, 2 * n); return 0;
+    case HR_C128: hr_payload_f64(op, a, b, 2 * n); return 0;
+    default: return hr_combine(dtype, op, a, b, b, n, q); /* integers: exact, and they commute */
+    }
+}
+
+#endif

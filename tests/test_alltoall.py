@@ -1,0 +1,308 @@
+"""hpcring.alltoall against MPI's own MPI_Alltoall and MPI_Alltoallv on the same inputs, written
+for any rank count: every algorithm, dtypes MPI has no type for, blocks of zero, one and many
+rows, rows of several elements, world, split and self communicators, the compiled core's
+repeated calls; uneven blocks with and without recv_splits= and out=; the array kinds; the
+non-blocking form; and every mismatch or bad argument raising on every rank, before any data
+moves, with the arrays untouched, and a missing rank named by StallError.
+
+Each element encodes (sender, receiver, position), so a block in the wrong place cannot pass.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+from helpers import BACKENDS, everywhere, raises_everywhere
+from mpi4py import MPI
+
+import hpcring
+from hpcring import algorithms
+
+pytestmark = pytest.mark.mpi
+WORLD = MPI.COMM_WORLD
+EVERY = algorithms.portable("alltoall")
+UNEVEN = (*algorithms.uneven("alltoall"), "auto")
+
+
+@pytest.fixture(scope="module")
+def comms() -> Iterator[dict[str, MPI.Intracomm]]:
+    made = {"world": WORLD, "split": WORLD.Split(WORLD.rank % 2, -WORLD.rank), "self": MPI.COMM_SELF}
+    yield made
+    made["split"].Free()
+
+
+def blocks(rank: int, counts: list[int], row: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """Rank ``rank``'s input: ``counts[i]`` rows for rank i, each element 1000·sender + 100·receiver
+    + its position in the block (mod 97, exact in every dtype)."""
+    items = int(np.prod(row, dtype=np.int64))
+    parts = [
+        (1000 * (rank % 7) + 100 * (i % 7) + np.arange(c * items) % 97).reshape(c, *row)
+        for i, c in enumerate(counts)
+    ]
+    return np.concatenate(parts).astype(np.float64).astype(dtype)
+
+
+def library(comm: MPI.Intracomm, x: np.ndarray, sends: list[int], recvs: list[int]) -> np.ndarray:
+    """MPI_Alltoallv of ``x``'s raw bytes (counts in rows): the reference, any dtype."""
+    items = int(np.prod(x.shape[1:], dtype=np.int64)) * x.dtype.itemsize
+    out = np.empty((sum(recvs), *x.shape[1:]), dtype=x.dtype)
+    comm.Alltoallv(
+        [x.reshape(-1).view(np.uint8), [s * items for s in sends], MPI.BYTE],
+        [out.reshape(-1).view(np.uint8), [r * items for r in recvs], MPI.BYTE],
+    )
+    return out
+
+
+@pytest.mark.parametrize("algorithm", EVERY)
+def test_equal_blocks_are_mpi_alltoall(comms: dict[str, MPI.Intracomm], algorithm: str) -> None:
+    ok = True
+    for comm in comms.values():
+        g, rank = comm.Get_size(), comm.Get_rank()
+        for dtype in ("float64", "float32", "int32", "complex64", "float16", "bfloat16"):
+            dt = np.dtype(dtype) if dtype != "bfloat16" else np.dtype(hpcring_bfloat16())
+            for rows, row in ((0, ()), (1, ()), (3, (2,)), (257, ())):
+                x = blocks(rank, [rows] * g, row, dt)
+                kept = x.copy()
+                want = library(comm, x, [rows] * g, [rows] * g)
+                for _ in range(3):  # the third runs the compiled core's step table, where it runs
+                    got = hpcring.alltoall(x, algorithm=algorithm, comm=comm)
+                    ok &= got.shape == x.shape and got.tobytes() == want.tobytes()
+                out = np.full_like(x, -1)
+                ok &= hpcring.alltoall(x, algorithm=algorithm, comm=comm, out=out) is out
+                ok &= out.tobytes() == want.tobytes() and x.tobytes() == kept.tobytes()
+    assert everywhere(WORLD, ok)
+
+
+def hpcring_bfloat16() -> np.dtype:
+    from hpcring.ops import DTYPES
+
+    return next(d for d in DTYPES if d.name == "bfloat16")
+
+
+def uneven_counts(rank: int, g: int) -> list[int]:
+    """Rows rank ``rank`` sends each rank: zeros among them, and different on every rank."""
+    return [(3 * rank + 5 * i) % 4 for i in range(g)]
+
+
+@pytest.mark.parametrize("algorithm", UNEVEN)
+def test_uneven_blocks_are_mpi_alltoallv(comms: dict[str, MPI.Intracomm], algorithm: str) -> None:
+    ok = True
+    for comm in comms.values():
+        g, rank = comm.Get_size(), comm.Get_rank()
+        sends = uneven_counts(rank, g)
+        recvs = [uneven_counts(i, g)[rank] for i in range(g)]  # what rank i sends this one
+        ok &= hpcring.alltoall_splits(sends, comm=comm) == recvs
+        for row in ((), (3,)):
+            x = blocks(rank, sends, row, np.dtype(np.float32))
+            kept = x.copy()
+            want = library(comm, x, sends, recvs)
+            for _ in range(3):
+                got = hpcring.alltoall(x, send_splits=sends, algorithm=algorithm, comm=comm)
+                ok &= got.shape == want.shape and got.tobytes() == want.tobytes()
+                told = hpcring.alltoall(
+                    x, send_splits=sends, recv_splits=recvs, algorithm=algorithm, comm=comm
+                )
+                ok &= told.tobytes() == want.tobytes()
+            out = np.full_like(want, -1)
+            hpcring.alltoall(x, send_splits=sends, algorithm=algorithm, comm=comm, out=out)
+            ok &= out.tobytes() == want.tobytes() and x.tobytes() == kept.tobytes()
+            unchecked = hpcring.alltoall(
+                x, send_splits=sends, recv_splits=recvs, algorithm=algorithm, comm=comm, check=False
+            )
+            ok &= unchecked.tobytes() == want.tobytes()
+    # recv_splits= alone: x cut into equal blocks, received as the senders say
+    g, rank = WORLD.size, WORLD.rank
+    x = blocks(rank, [2] * g, (), np.dtype(np.float64))
+    got = hpcring.alltoall(x, recv_splits=[2] * g, algorithm=algorithm)
+    ok &= got.tobytes() == library(WORLD, x, [2] * g, [2] * g).tobytes()
+    assert everywhere(WORLD, ok)
+
+
+def test_tensors_and_jax_arrays_come_back_as_themselves() -> None:
+    g, rank = WORLD.size, WORLD.rank
+    sends = uneven_counts(rank, g)
+    recvs = [uneven_counts(i, g)[rank] for i in range(g)]
+    x = blocks(rank, sends, (2,), np.dtype(np.float32))  # JAX's default dtype
+    want = library(WORLD, x, sends, recvs)
+    equal = blocks(rank, [3] * g, (), np.dtype(np.float32))
+    want_equal = library(WORLD, equal, [3] * g, [3] * g)
+    ok = True
+    torch = pytest.importorskip("torch")
+    t = torch.from_numpy(x.copy())
+    got = hpcring.alltoall(t, send_splits=sends)
+    ok &= isinstance(got, torch.Tensor) and got.numpy().tobytes() == want.tobytes()
+    ok &= hpcring.alltoall(torch.from_numpy(equal)).numpy().tobytes() == want_equal.tobytes()
+    jnp = pytest.importorskip("jax.numpy")
+    a = jnp.asarray(x)
+    got = hpcring.alltoall(a, send_splits=sends)
+    ok &= type(got).__module__.startswith("jax") and np.asarray(got).tobytes() == want.tobytes()
+    ok &= np.asarray(hpcring.alltoall(jnp.asarray(equal))).tobytes() == want_equal.tobytes()
+    ok &= np.asarray(a).tobytes() == x.tobytes()
+    assert everywhere(WORLD, ok)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_device_arrays_go_through_the_gpu_path(backend: str) -> None:
+    """CuPy arrays (skipped without a GPU) as NumPy's: staged through host memory where MPI is
+    not CUDA-aware; every algorithm, equal and uneven blocks."""
+    xp = pytest.importorskip(backend)
+    g, rank = WORLD.size, WORLD.rank
+    sends = uneven_counts(rank, g)
+    recvs = [uneven_counts(i, g)[rank] for i in range(g)]
+    ok = True
+    for uneven in (False, True):
+        counts = sends if uneven else [3] * g
+        host = blocks(rank, counts, (2,), np.dtype(np.float32))
+        want = library(WORLD, host, counts, recvs if uneven else counts)
+        for algorithm in UNEVEN if uneven else EVERY:
+            got = hpcring.alltoall(
+                xp.asarray(host), send_splits=sends if uneven else None, algorithm=algorithm
+            )
+            ok &= (
+                type(got) is type(xp.asarray(host))
+                and np.asarray(got.get() if backend == "cupy" else got).tobytes() == want.tobytes()
+            )
+    assert everywhere(WORLD, ok)
+
+
+def test_the_non_blocking_form_gives_the_blocking_result() -> None:
+    g, rank = WORLD.size, WORLD.rank
+    comm = WORLD.Dup()
+    sends = uneven_counts(rank, g)
+    x = blocks(rank, sends, (), np.dtype(np.int64))
+    y = blocks(rank, [4] * g, (), np.dtype(np.int64))
+    uneven = hpcring.ialltoall(x, send_splits=sends, comm=comm)
+    equal = hpcring.ialltoall(y, comm=comm)
+    recvs = [uneven_counts(i, g)[rank] for i in range(g)]
+    ok = uneven.wait().tobytes() == library(comm, x, sends, recvs).tobytes()
+    ok &= equal.wait().tobytes() == library(comm, y, [4] * g, [4] * g).tobytes()
+    comm.Free()
+    assert everywhere(WORLD, ok)
+
+
+# ---- mismatches and bad arguments: every rank raises, before any data moves --------------------
+
+
+def test_mismatches_raise_on_every_rank_with_the_arrays_untouched() -> None:
+    if WORLD.size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    g, rank = WORLD.size, WORLD.rank
+    last = rank == g - 1
+    x = blocks(rank, [2] * g, (), np.dtype(np.float64))
+    kept = x.copy()
+    out = np.full_like(x, -1.0)
+    raises_everywhere(
+        ValueError,
+        "hpcring.alltoall: ranks disagree on count",
+        lambda: hpcring.alltoall(x[: g if last else 2 * g], out=None),
+    )
+    raises_everywhere(  # one rank uneven, the others equal: named by what they passed
+        ValueError,
+        "send_splits= (rows of 1 elements) on rank",
+        lambda: hpcring.alltoall(x, send_splits=[2] * g if last else None, out=None if last else out),
+    )
+    raises_everywhere(
+        ValueError,
+        "ranks disagree on algorithm",
+        lambda: hpcring.alltoall(x, algorithm="mpi" if last else "auto"),
+    )
+    # recv_splits that do not match what the senders send: found by the counts' exchange, and
+    # raised on every rank before the data moves
+    recvs = [2] * g
+    if last:
+        recvs[0] = 3
+    raises_everywhere(
+        ValueError,
+        f"rank {g - 1}'s recv_splits do not match what the ranks send it: "
+        "recv_splits[0] is 3, rank 0 sends 2",
+        lambda: hpcring.alltoall(x, send_splits=[2] * g, recv_splits=recvs),
+    )
+    short = np.full((2 * g - 1 if last else 2 * g,), -1.0)
+    raises_everywhere(
+        ValueError,
+        f"rank {g - 1}'s out has {2 * g - 1} rows, but the ranks send it {2 * g}",
+        lambda: hpcring.alltoall(x, send_splits=[2] * g, out=short),
+    )
+    assert everywhere(WORLD, x.tobytes() == kept.tobytes() and (out == -1).all() and (short == -1).all())
+    hpcring.alltoall(x, send_splits=[2] * g)  # the communicator goes on
+
+
+@pytest.mark.parametrize(
+    ("call", "match"),
+    [
+        (lambda x, g, bad: hpcring.alltoall(x, send_splits=[2] * (g + bad)), "one entry per rank"),
+        (lambda x, g, bad: hpcring.alltoall(x, send_splits=[2 + bad] + [2] * (g - 1)), "send_splits sum to"),
+        (lambda x, g, bad: hpcring.alltoall(x, send_splits=[2 - 3 * bad, *[2] * (g - 1)]), "not be negative"),
+        (lambda x, g, bad: hpcring.alltoall(x[: 2 * g - bad]), "does not split into"),
+        (
+            lambda x, g, bad: hpcring.alltoall(x, send_splits=[2] * g, algorithm="bruck" if bad else "mpi"),
+            "runs equal blocks only",
+        ),
+        (lambda x, g, bad: hpcring.alltoall(x, out=x if bad else None), "out overlaps x"),
+        (
+            lambda x, g, bad: hpcring.alltoall(x, algorithm="tree" if bad else "auto"),
+            "unknown algorithm 'tree'",
+        ),
+        (lambda x, g, bad: hpcring.alltoall(x[:1].reshape(()) if bad else x), "0-d array"),
+    ],
+    ids=["length", "sum", "negative", "divisible", "bruck-uneven", "overlap", "algorithm", "0-d"],
+)
+def test_a_bad_argument_on_one_rank_raises_on_every_rank(call: object, match: str) -> None:
+    g = WORLD.size
+    if g == 1 and match == "does not split into":
+        pytest.skip("one rank: every first axis splits into one block")
+    bad = WORLD.rank == g - 1
+    x = blocks(WORLD.rank, [2] * g, (), np.dtype(np.float64))
+    kept = x.copy()
+    raises_everywhere(ValueError, match, lambda: call(x, g, bad))  # type: ignore[operator]
+    assert everywhere(WORLD, x.tobytes() == kept.tobytes())
+
+
+@pytest.mark.parametrize("uneven", [False, True], ids=["equal", "uneven"])
+def test_a_rank_that_never_arrives_is_named(uneven: bool) -> None:
+    if WORLD.size == 1:
+        pytest.skip("needs a rank to miss")
+    g, missing, timeout = WORLD.size, WORLD.size - 1, 1.5
+    comm = WORLD.Dup()
+    hpcring.allreduce(np.ones(1), comm=comm)  # hpcring's own communicator exists on every rank
+    ok = True
+    if WORLD.rank != missing:
+        start = time.monotonic()
+        try:
+            hpcring.alltoall(
+                np.ones(2 * g), send_splits=[2] * g if uneven else None, comm=comm, timeout=timeout
+            )
+            ok = False
+        except hpcring.StallError as error:
+            elapsed = time.monotonic() - start
+            ok = error.missing == [missing] and timeout - 0.1 <= elapsed <= timeout + 2.0
+    assert everywhere(WORLD, ok)
+    comm.Free()
+
+
+def test_many_ranks_check_their_splits_in_two_rounds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Past TABLE_RANKS ranks the splits travel by an all-to-all of the counts and a verdict
+    instead of one all-gather of every rank's: the same results, the same errors everywhere."""
+    from hpcring import exchange
+
+    monkeypatch.setattr(exchange, "TABLE_RANKS", 1)
+    g, rank = WORLD.size, WORLD.rank
+    sends = uneven_counts(rank, g)
+    recvs = [uneven_counts(i, g)[rank] for i in range(g)]
+    x = blocks(rank, sends, (), np.dtype(np.float64))
+    want = library(WORLD, x, sends, recvs)
+    ok = hpcring.alltoall(x, send_splits=sends).tobytes() == want.tobytes()
+    ok &= hpcring.alltoall(x, send_splits=sends, recv_splits=recvs).tobytes() == want.tobytes()
+    assert everywhere(WORLD, ok)
+    if g > 1:
+        wrong = list(recvs)
+        if rank == g - 1:
+            wrong[0] += 1
+        raises_everywhere(
+            ValueError,
+            f"rank {g - 1}'s recv_splits do not match",
+            lambda: hpcring.alltoall(x, send_splits=sends, recv_splits=wrong),
+        )
