@@ -336,12 +336,7 @@ class Call:
         if tracer.on:
             tracer.begin(self.options.collective, self.ran or self.options.algorithm, channel, src, dst)
         if self.exact:  # ---- reproducible sums: integer words (hpcring/exact.py) ----
-            from . import exact  # here: only reproducible=True needs it
-
-            parts = [src] if self.parts is None else self.parts
-            exact.run(
-                channel, self.reduce_words, parts, dst, self.options.op, accumulated=self.parts is not None
-            )
+            self.exact_sum(src, dst)
         elif channel.size > 1 and src.size > 0:
             spec = self.spec if self.settled else self.settle(src.nbytes)
             compiled = self.compiled if kernels.ACTIVE == "c" and not tracer.on else False
@@ -383,6 +378,31 @@ class Call:
         self.fuse = self.fusion()
         return chosen
 
+    def exact_sum(self, src: Any, dst: Any) -> None:
+        """reproducible=True: inside the steps of an algorithm that comes in two phases (the ring,
+        Rabenseifner; auto's choice for the size of the words), in the compiled core from the
+        second call of a kind on; else the whole all-reduce twice, on codes then on words."""
+        from . import exact  # here: only reproducible=True needs it
+
+        channel, accumulated = self.channel, self.parts is not None
+        parts = [src] if self.parts is None else self.parts
+        spec = self.spec
+        if channel.size > 1 and dst.size and channel.xp is np:
+            if spec.choose is not None:
+                nbytes = dst.size * 8 * exact.format_of(dst.dtype).words
+                name = spec.choose(channel, nbytes, True, algorithms.choices(ALLREDUCE))
+                spec = algorithms.spec(ALLREDUCE, name)
+                self.ran = name
+            if spec.split is not None:
+                if not accumulated and kernels.ACTIVE == "c" and not tracing.TRACER.on:
+                    compiled = self.compile(spec, src, dst, exact_op=self.options.op)
+                    if compiled and compiled.run(src, dst, channel.timeout):
+                        return
+                split = spec.split(channel, dst.size)
+                exact.fused(channel, split, parts, dst, self.options.op, accumulated=accumulated)
+                return
+        exact.run(channel, self.reduce_words, parts, dst, self.options.op, accumulated=accumulated)
+
     def reduce_words(self, buf: Any, op: str) -> None:
         """reproducible=True: one all-reduce of ``buf`` in place by this call's algorithm (auto
         chooses for what travels: the codes, then the words); in the compiled core from the
@@ -400,7 +420,9 @@ class Call:
 
     # ---- the compiled core (`hpcring.core`) -------------------------------------------------
 
-    def compile(self, spec: Spec, src: Any, dst: Any, reduction: Op | None = None) -> Any:
+    def compile(
+        self, spec: Spec, src: Any, dst: Any, reduction: Op | None = None, exact_op: str | None = None
+    ) -> Any:
         """The compiled program of ``spec`` on arrays shaped and placed as ``src`` and ``dst``, kept
         with the channel (every Call of that shape shares it): None the first time a kind is seen
         (its run in Python makes the algorithm's schedules) and whenever the compiled core is off;
@@ -419,6 +441,8 @@ class Call:
         if placed is None and (row := _offset_inside(src, dst)) is not None:
             placed = ("row", row)
         key = (spec.collective, spec.name, src.size, dst.size, src.dtype, placed, op, self.options.root, wire)
+        if exact_op is not None:  # reproducible=True inside the algorithm's steps (`exact_sum`)
+            key = ("exact", exact_op, *key)
         programs = channel.resource("compiled-programs", dict)
         made = programs.get(key)
         if made is None:
@@ -427,10 +451,14 @@ class Call:
             programs[key] = _SEEN
             return None
         if made is _SEEN:
-            from .program import Unrecordable, record  # the compiled core's, from a kind's second run on
+            # the compiled core's, from a kind's second run on
+            from .program import Unrecordable, record, record_exact
 
             try:
-                recording = record(spec, self.form, channel, src, dst, op, self.options.root, wire)
+                if exact_op is not None:
+                    recording = record_exact(spec, channel, src, dst, exact_op)
+                else:
+                    recording = record(spec, self.form, channel, src, dst, op, self.options.root, wire)
                 made = core.program(recording, src, dst)[0] or False
             except Unrecordable:
                 made = False

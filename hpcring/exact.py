@@ -41,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from . import kernels, ops
+from .channel import Channel
 
 HEADROOM = 20  # bits above the grid's top: the words of 2^20 contributions sum without overflow
 MAX_CONTRIBUTIONS = 1 << HEADROOM
@@ -161,13 +162,19 @@ def _as_float(word: Any, xp: Any) -> Any:
     return value
 
 
-def codes(fmt: Format, x: Any, xp: Any, out: Any, block: Any) -> Any:
+def codes(fmt: Format, x: Any, xp: Any, out: Any, block: Any, into: Any = None) -> Any:
     """The per-element integer the ranks agree on with MAX, into ``out``: the biased exponent,
     except that subnormals and zeros count as exponent 1 (the same grid) and -0 as 0, so a
-    MAX of 0 means every contribution was -0. ``block(name, dtype)``: reused temporaries of
-    BLOCK elements (see `encode`)."""
-    if xp is np and kernels.codes(x, out):
+    MAX of 0 means every contribution was -0. With ``into`` (codes from other ranks), ``out`` <-
+    the larger of the two: a step of the MAX all-reduce that converts this rank's contribution
+    as it reduces it. ``block(name, dtype)``: reused temporaries of BLOCK elements (see `encode`)."""
+    if xp is np and kernels.codes(x, into, out):
         return out  # the compiled kernel did it, bitwise as below
+    if into is not None:
+        mine = block("exact-mine", fmt.code)
+        for i, j in _blocks(x.size, xp):
+            xp.maximum(into[i:j], codes(fmt, x[i:j], xp, mine[: j - i], block), out=out[i:j])
+        return out
     bits, code = x.view(fmt.uint), out
     wide, flag = block("exact-bits", fmt.uint), block("exact-flag", np.dtype(np.uint8))
     signed_zero = 1 << (fmt.uint.itemsize * 8 - 1)
@@ -216,32 +223,38 @@ def encode(
     fmt: Format,
     x: Any,
     code: Any,
-    words: Any,
+    out: Any,
     xp: Any,
     block: Any,
-    first: bool = False,
+    into: Any = None,
     floats: bool = False,
 ) -> None:
-    """words += the fixed point of ``x`` on the grid that the agreed ``code`` sets (``words``:
-    int64, ``fmt.words`` rows of x.size; wrapping adds, which stay exact as long as the final
-    sums fit); ``first``: words = instead, so nothing needs zeroing. ``floats`` (with ``first``):
-    the integers stay float64 in the words' bytes (see `run`).
+    """out <- the fixed point of ``x`` on the grid that the agreed ``code`` sets, plus the words
+    ``into`` where given (``out`` itself: an accumulation; other words: a reduction step that
+    converts this rank's contribution as it adds it). Words are ``fmt.words`` 8-byte words per
+    element, side by side: an (x.size, fmt.words) int64 array; int64 sums wrap, which stays exact
+    as long as the final sums fit. ``floats``: the words are float64 holding the integers (see
+    `run`), summed as float64.
 
     ldexp scales by a power of two exactly wherever the result reaches 1 (below that the
     truncation gives 0 anyway); trunc truncates toward zero, and `_as_int` makes the integral
-    float an int64. Done BLOCK elements at a time, in place in the words where it can, with
-    ``block(name, dtype)``'s reused temporaries of BLOCK elements: NumPy cannot fuse passes,
-    but a pass over a block in cache costs a fraction of one over memory (at 16 MiB, whole-array
-    passes measured 3x slower than these), and fresh pages for a temporary cost more still. By
-    measurement ldexp with an exponent per element beats looking the scale up in a table
-    (NumPy's take: 24 ms for 4 Mi elements, ldexp 4 ms) and building it from bits (6 ms).
-    The compiled kernel, where it runs, gives the same words in one pass.
+    float an int64. Done BLOCK elements at a time with ``block(name, dtype)``'s reused
+    temporaries of BLOCK elements: NumPy cannot fuse passes, but a pass over a block in cache
+    costs a fraction of one over memory (at 16 MiB, whole-array passes measured 3x slower than
+    these), and fresh pages for a temporary cost more still. By measurement ldexp with an
+    exponent per element beats looking the scale up in a table (NumPy's take: 24 ms for 4 Mi
+    elements, ldexp 4 ms) and building it from bits (6 ms). The compiled kernel, where it
+    runs, gives the same words in one pass.
     """
-    if xp is np and kernels.encode(x, code, words, first, floats):
+    if xp is np and kernels.encode(x, code, into, out, floats):
         return
     special = _special(fmt, code)
+    if into is not None and into is not out:
+        out[...] = into
+    first = into is None
+    words = out.T  # one row per word: rows[k][i] is element i's word k
     shift_block = block("exact-shift", np.dtype(np.int32))
-    spare = None if first else block("exact-words", np.dtype(np.float64), fmt.words)
+    spare = block("exact-words", np.dtype(np.float64), fmt.words)
     n = x.size
     # Inf and NaN are counted in bit fields of the top word instead (this part's finite values
     # there are below the grid: 0); the words the other parts left there, kept.
@@ -249,10 +262,10 @@ def encode(
     with np.errstate(invalid="ignore", over="ignore"):
         for i, j in _blocks(n, xp):
             part, m = x[i:j], j - i
-            target = words[:, i:j] if first else spare[:, :m]
+            target = spare[:, :m]
             if fmt.words == 1:  # float16, bfloat16, float32: widened to float64 exactly; P = 42
                 shift = _shifts(fmt, code[i:j], ONE_WORD, xp, shift_block[:m])
-                value = target[0].view(np.float64)
+                value = target[0]
                 xp.copyto(value, part, casting="unsafe")
                 xp.ldexp(value, shift, out=value)  # |value| < 2^42
                 xp.trunc(value, out=value)
@@ -265,7 +278,7 @@ def encode(
                 # exact. Any split with hi 2^43 + lo = T sums to the same integer, so `decode`
                 # rounds the same bits.
                 shift = _shifts(fmt, code[i:j], TWO_WORDS - TWO_WORDS_LOW, xp, shift_block[:m])
-                hi, lo = target[0].view(np.float64), target[1].view(np.float64)
+                hi, lo = target[0], target[1]
                 xp.ldexp(part, shift, out=lo)  # |w| < 2^42
                 xp.trunc(lo, out=hi)
                 xp.subtract(lo, hi, out=lo)
@@ -274,19 +287,27 @@ def encode(
                 if not floats:
                     _as_int(hi, xp)
                     _as_int(lo, xp)
-            if not first:
-                xp.add(words[:, i:j], target.view(np.int64), out=words[:, i:j])
+            dest = words[:, i:j]
+            if floats:
+                if first:
+                    xp.copyto(dest.view(np.float64), target)
+                else:
+                    xp.add(dest.view(np.float64), target, out=dest.view(np.float64))
+            elif first:
+                xp.copyto(dest, target.view(np.int64))
+            else:
+                xp.add(dest, target.view(np.int64), out=dest)
     if special is not None:
         counts = _special_words(x[special].astype(np.float64), xp)
+        top = xp.zeros((fmt.words, counts.size), np.int64)
         if floats:
-            words.view(np.float64)[0, special] = counts  # < 2^52: exact
-            words[1:, special] = 0
-        elif kept is None:
-            words[0, special] = counts
-            words[1:, special] = 0
+            total = counts.astype(np.float64)  # < 2^53: exact
+            if kept is not None:
+                total += kept[0].view(np.float64)
+            top[0] = total.view(np.int64)
         else:
-            kept[0] += counts
-            words[:, special] = kept
+            top[0] = counts if kept is None else kept[0] + counts
+        words[:, special] = top
 
 
 def decode(
@@ -299,37 +320,42 @@ def decode(
     block: Any,
     terms: int | None = None,
     floats: bool = False,
+    mine: Any = None,
 ) -> None:
-    """out <- the summed ``words`` rounded once to out's dtype (divided by ``divisor`` for a
-    mean first, in float64); the same bits wherever the same words arrive. ``words`` is
-    overwritten; ``block`` as in `encode`; ``terms``: how many contributions were summed,
-    where known (None: up to MAX_CONTRIBUTIONS); ``floats``: the words hold float64 integers
-    (`run`). The compiled kernel, where it runs, gives the same bits in one pass (and leaves
-    the words as they were)."""
-    if xp is np and kernels.decode(words, code, out, divisor, terms, floats):
+    """out <- the summed ``words`` (plus the fixed point of ``mine``, where given: a reduction's
+    last step, that adds this rank's contribution as it rounds) rounded once to out's dtype
+    (divided by ``divisor`` for a mean first, in float64); the same bits wherever the same words
+    arrive. ``words`` (as `encode` lays them out) is overwritten; ``block`` as in `encode`;
+    ``terms``: how many contributions were summed, where known (None: up to
+    MAX_CONTRIBUTIONS); ``floats``: the words hold float64 integers (`run`). The compiled
+    kernel, where it runs, gives the same bits in one pass (and leaves the words as they were)."""
+    if xp is np and kernels.decode(words, mine, code, out, divisor, terms, floats):
         return
+    if mine is not None:
+        encode(fmt, mine, code, words, xp, block, into=words, floats=floats)
     special = _special(fmt, code)
-    counts = None if special is None else words[0, special]  # a copy: the loop below turns the words
+    rows = words.T  # one row per word
+    counts = None if special is None else rows[0, special]  # a copy: the loop below turns the words
     if floats and counts is not None:
         counts = counts.view(np.float64).astype(np.int64)
     n = out.size
     if floats:
-        _decode_blocks(fmt, words.view(np.float64), code, out, divisor, xp, block, None)
+        _decode_blocks(fmt, rows.view(np.float64), code, out, divisor, xp, block, None)
     elif fmt.words == 1:
         big = terms is None or terms << ONE_WORD >= 1 << 53  # |total| < terms x 2^42
-        if big and n and n_big(words[0], xp):
-            _decode_big(fmt, words, code, out, divisor, xp, block)
+        if big and n and n_big(rows[0], xp):
+            _decode_big(fmt, rows, code, out, divisor, xp, block)
         else:
             # Every |total| < 2^53: exact in float64, the scaling too, and the cast into ``out``
             # is the one rounding.
             small = terms is not None and terms << ONE_WORD <= 1 << 51
-            _decode_blocks(fmt, words, code, out, divisor, xp, block, small)
+            _decode_blocks(fmt, rows, code, out, divisor, xp, block, small)
     elif terms is None or terms > 1 << 10:  # |hi| may pass 2^53: carries first
-        _decode_big(fmt, words, code, out, divisor, xp, block)
+        _decode_big(fmt, rows, code, out, divisor, xp, block)
     else:
         # |hi| < 2^52 and |lo| < 2^53: both exact in float64, so hi 2^43 + lo is the one
         # rounding of the exact integer (the lo words need no carry first).
-        _decode_blocks(fmt, words, code, out, divisor, xp, block, terms << (TWO_WORDS_LOW + 1) <= 1 << 51)
+        _decode_blocks(fmt, rows, code, out, divisor, xp, block, terms << (TWO_WORDS_LOW + 1) <= 1 << 51)
     if special is not None:
         pos, neg = counts & (_NEG_INF - 1), (counts >> 21) & (_NEG_INF - 1)
         nan = ((counts >> 42) > 0) | ((pos > 0) & (neg > 0))
@@ -439,11 +465,8 @@ def run(
     xp, fmt, n = ch.xp, format_of(dst.dtype), dst.size
     # Reused across calls, like an algorithm's scratch: fresh pages cost more than the sum.
     code = ch.scratch("exact-code", n, fmt.code)
-    words = ch.scratch("exact-words", fmt.words * n, np.dtype(np.int64)).reshape(fmt.words, n)
-
-    def block(name: str, dtype: np.dtype, rows: int | None = None) -> Any:
-        wide = ch.scratch("block-" + name, (rows or 1) * min(n, _step(n, xp)), dtype)
-        return wide if rows is None else wide.reshape(rows, -1)
+    words = ch.scratch("exact-words", fmt.words * n, np.dtype(np.int64)).reshape(n, fmt.words)
+    block = _blocker(ch, n)
 
     if parts:
         codes(fmt, parts[0], xp, code, block)
@@ -464,7 +487,7 @@ def run(
     # `ExactSum` (up to 2^20 contributions) sums int64.
     floats = not accumulated and ch.size <= 1 << 10
     for index, part in enumerate(parts):
-        encode(fmt, part, code, words, xp, block, first=index == 0, floats=floats)
+        encode(fmt, part, code, words, xp, block, into=None if index == 0 else words, floats=floats)
     if ch.size > 1 and n > 0:
         flat = words.reshape(-1)
         if floats:
@@ -474,11 +497,325 @@ def run(
     decode(fmt, words, code, dst, ch.size if op == "mean" else 1, xp, block, terms, floats)
 
 
-def bytes_sent(sent: Callable[[int, int], int | None], count: int, dtype: np.dtype) -> int | None:
+def _blocker(ch: Any, n: int) -> Callable[..., Any]:
+    """``block(name, dtype, rows=None)``: the conversions' reused temporaries of BLOCK elements
+    (``rows`` of them), the channel's scratch."""
+    xp = ch.xp
+
+    def block(name: str, dtype: np.dtype, rows: int | None = None) -> Any:
+        wide = ch.scratch("block-" + name, (rows or 1) * min(n, _step(n, xp)), dtype)
+        return wide if rows is None else wide.reshape(rows, -1)
+
+    return block
+
+
+# ---- the reproducible sum inside the algorithm's own steps -------------------------------------
+#
+# `run` converts the whole array, all-reduces the words, and rounds the whole array: three passes
+# over memory beside the algorithm's, and every word travels twice (reduce-scatter and all-gather).
+# Where the algorithm comes in two phases (`hpcring.algorithms.base.Split`: the ring,
+# Rabenseifner), `fused` runs the conversions inside its steps instead:
+#
+# 1. the agreed codes: the reduce-scatter with MAX of this rank's codes, each computed as its
+#    segment is sent or reduced (`Agree`), then the all-gather of the codes;
+# 2. the words: the reduce-scatter of this rank's fixed point, each piece converted as it is sent
+#    or added to the words received (`Sum`); the owner of a segment rounds it as its last words
+#    arrive (the ring) or right after (Rabenseifner), and the all-gather passes on the rounded
+#    results, in the dtype: half (float64: a quarter) of the words' bytes.
+#
+# The words and their sums are `run`'s, so the bits are too: the same integer sums, rounded once.
+
+
+def word_dtype(fmt: Format) -> np.dtype:
+    """An element's words as one item (8 or 16 opaque bytes): what travels in the reduce-scatter."""
+    return np.dtype(f"V{8 * fmt.words}")
+
+
+def _index(piece: Any, whole: Any) -> int:
+    """Where ``piece`` starts in ``whole`` (elements of whole's dtype): both arrays, or both `Sym`s
+    of one recording (their made-up addresses differ as their offsets do)."""
+    start = piece.__array_interface__["data"][0] - whole.__array_interface__["data"][0]
+    return int(start) // whole.dtype.itemsize
+
+
+def _words(array: Any, floats: bool) -> Any:
+    """An array of words (`word_dtype`) as the numbers they are: float64 or int64, flat."""
+    return array.reshape(-1).view(np.float64 if floats else np.int64)
+
+
+class Agree:
+    """The op of the codes' reduce-scatter (MAX): a piece of this rank's contribution ``x`` is
+    turned into its codes where it is sent (`convert`) or reduced (`combine`); codes from the
+    other ranks are taken as they come."""
+
+    def __init__(self, fmt: Format, x: Any, block: Any) -> None:
+        self.fmt, self.x, self.block = fmt, x, block
+
+    def converts(self, piece: Any) -> bool:
+        return piece.dtype == self.fmt.dtype
+
+    def wire(self, piece: Any) -> tuple[int, np.dtype]:
+        return piece.size, self.fmt.code
+
+    def convert(self, xp: Any, piece: Any, into: Any) -> None:
+        _codes(self.fmt, piece, xp, into, self.block)
+
+    def combine(self, xp: Any, left: Any, right: Any, out: Any) -> None:
+        if self.converts(left):
+            left, right = right, left
+        if self.converts(right):
+            _codes(self.fmt, right, xp, out, self.block, into=left)
+        else:
+            xp.maximum(left, right, out=out)
+
+
+class Sum:
+    """The op of the words' reduce-scatter: a piece of this rank's contribution ``x`` (None: an
+    `ExactSum`'s words are the contribution) is converted to words on the agreed grid where it is
+    sent (`convert`) or added to the words received (`combine`). With ``finish`` (a `Split` whose
+    reduce-scatter combines each owned element once), the combination of an owned element rounds
+    it into ``dst`` at once instead of storing its words."""
+
+    def __init__(
+        self,
+        fmt: Format,
+        x: Any,
+        code: Any,
+        words: Any,
+        dst: Any,
+        block: Any,
+        floats: bool,
+        divisor: int,
+        terms: int | None,
+        finish: slice | None,
+    ) -> None:
+        self.fmt, self.x, self.code, self.words, self.dst = fmt, x, code, words, dst
+        self.block, self.floats, self.divisor, self.terms, self.finish = block, floats, divisor, terms, finish
+
+    def converts(self, piece: Any) -> bool:
+        return piece.dtype == self.fmt.dtype
+
+    def wire(self, piece: Any) -> tuple[int, np.dtype]:
+        return piece.size, word_dtype(self.fmt)
+
+    def convert(self, xp: Any, piece: Any, into: Any) -> None:
+        start = _index(piece, self.x)
+        code = self.code[start : start + piece.size]
+        _encode(self.fmt, piece, code, None, into, xp, self.block, self.floats)
+
+    def combine(self, xp: Any, left: Any, right: Any, out: Any) -> None:
+        mine, theirs = (left, right) if self.converts(left) else (right, left)
+        if not self.converts(mine):
+            mine = None  # words and words (Rabenseifner's later steps, an ExactSum's)
+        start = _index(out, self.words)
+        stop = start + out.size
+        code = self.code[start:stop]
+        if self.finish is not None and self.finish.start <= start and stop <= self.finish.stop:
+            if mine is None:
+                _add_words(xp, left, right, out, self.floats)
+                theirs = out
+            self.round(xp, theirs, mine, start, stop)
+        elif mine is None:
+            _add_words(xp, left, right, out, self.floats)
+        else:
+            _encode(self.fmt, mine, code, theirs, out, xp, self.block, self.floats)
+
+    def round(self, xp: Any, words: Any, mine: Any, start: int, stop: int) -> None:
+        """dst[start:stop] <- the words (plus ``mine``'s fixed point) rounded once."""
+        code, out = self.code[start:stop], self.dst[start:stop]
+        _decode(self.fmt, words, mine, code, out, self.divisor, xp, self.block, self.terms, self.floats)
+
+
+def _converting(ch: Any, op: Any) -> Any:
+    """``ch`` sending this rank's contribution as ``op`` converts it: a `Converting` twin, or, where
+    ``ch`` is a recording (`hpcring.program.Tape`), its own twin that writes the rows."""
+    twin = getattr(ch, "converting", None)
+    return twin(op) if twin is not None else Converting(ch, op)
+
+
+class Converting(Channel):
+    """The twin of a channel (the same communicator, scratch, schedules, byte counter and flight
+    step) whose sends of a piece of this rank's contribution go as ``op`` converts it (its codes,
+    its words): into a buffer of the channel's scratch (``exact-out-K``, one per send in flight),
+    kept until the send completes, as `hpcring.wire.WireChannel` narrows into its pool.
+    Everything else, receives included, is the channel's own."""
+
+    def __init__(self, base: Channel, op: Any) -> None:
+        self.__dict__.update(base.__dict__)
+        self.base, self.op = base, op
+        self._taken: set[int] = set()  # the K of the buffers in flight
+        self._pending: dict[int, int] = {}  # id(request) -> its buffer's K
+
+    @property  # type: ignore[override]
+    def step(self) -> int:
+        return self.base.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.base.step = value
+
+    def _out(self, piece: Any) -> tuple[Any, int]:
+        """What goes on the wire for ``piece`` (itself, or its conversion) and its buffer's K (-1)."""
+        if not self.op.converts(piece):
+            return piece, -1
+        count, dtype = self.op.wire(piece)
+        k = next(k for k in range(len(self._taken) + 1) if k not in self._taken)
+        self._taken.add(k)
+        buf = self.scratch(f"exact-out-{k}", count, np.dtype(dtype))
+        self.op.convert(self.xp, piece, buf)
+        return buf, k
+
+    def sendrecv(self, send: Any, dest: int, recv: Any, source: int) -> None:
+        out, k = self._out(send)
+        super().sendrecv(out, dest, recv, source)
+        self._taken.discard(k)
+
+    def send(self, send: Any, dest: int) -> None:
+        out, k = self._out(send)
+        super().send(out, dest)
+        self._taken.discard(k)
+
+    def isend(self, send: Any, dest: int, tag: int = 0) -> Any:
+        out, k = self._out(send)
+        request = super().isend(out, dest, tag)
+        if k >= 0:
+            self._pending[id(request)] = k
+        return request
+
+    def _finish(self, request: Any) -> None:
+        self._taken.discard(self._pending.pop(id(request), -1))
+
+    def wait(self, request: Any, nap: float = 0.0) -> None:
+        super().wait(request, nap)
+        self._finish(request)
+
+    def waitall(self, requests: Any, nap: float = 0.0) -> None:
+        pending = list(requests)
+        super().waitall(pending, nap)
+        for request in pending:
+            self._finish(request)
+
+
+def _add_words(xp: Any, left: Any, right: Any, out: Any, floats: bool) -> None:
+    """out <- left + right, words as the numbers they are (int64 wraps; float64 is exact here)."""
+    xp.add(_words(left, floats), _words(right, floats), out=_words(out, floats))
+
+
+def _recording(xp: Any) -> bool:
+    """Whether ``xp`` writes a step table (`hpcring.program`) instead of computing."""
+    return getattr(xp, "records", False)
+
+
+def _codes(fmt: Format, x: Any, xp: Any, out: Any, block: Any, into: Any = None) -> None:
+    if _recording(xp):
+        xp.exact_codes(x, into, out)
+    else:
+        codes(fmt, x, xp, out, block, into)
+
+
+def _encode(fmt: Format, x: Any, code: Any, into: Any, out: Any, xp: Any, block: Any, floats: bool) -> None:
+    if _recording(xp):
+        xp.exact_encode(x, code, into, out, floats)
+    else:
+        encode(
+            fmt,
+            x,
+            code,
+            out.reshape(-1).view(np.int64).reshape(-1, fmt.words),
+            xp,
+            block,
+            None if into is None else into.reshape(-1).view(np.int64).reshape(-1, fmt.words),
+            floats,
+        )
+
+
+def _decode(
+    fmt: Format,
+    words: Any,
+    mine: Any,
+    code: Any,
+    out: Any,
+    divisor: int,
+    xp: Any,
+    block: Any,
+    terms: int | None,
+    floats: bool,
+) -> None:
+    if _recording(xp):
+        xp.exact_decode(words, mine, code, out, divisor, terms, floats)
+    else:
+        flat = words.reshape(-1).view(np.int64).reshape(-1, fmt.words)
+        decode(fmt, flat, code, out, divisor, xp, block, terms, floats, mine)
+
+
+def fused(
+    ch: Any,
+    split: Any,
+    parts: list[Any],
+    dst: Any,
+    op: str,
+    accumulated: bool = False,
+) -> None:
+    """dst <- the reproducible sum (op "sum") or mean over every rank of ``parts`` (as in `run`),
+    inside the steps of ``split`` (the algorithm's `Split` for dst.size elements on ``ch``, more
+    than one rank). One contribution (``parts[0]`` may be ``dst``: in place) is converted inside
+    the steps; several (an `ExactSum`'s) are summed into words first, once the codes are agreed.
+    The same bits as `run`."""
+    xp, fmt, n = ch.xp, format_of(dst.dtype), dst.size
+    block = _blocker(ch, n)
+    code = ch.scratch("exact-code", n, fmt.code)
+    words = ch.scratch("exact-words", n, word_dtype(fmt))
+    floats = not accumulated and ch.size <= 1 << 10  # as in `run`
+    terms = None if accumulated else ch.size
+    divisor = ch.size if op == "mean" else 1
+    x = parts[0] if len(parts) == 1 else None
+    if x is None:  # several contributions (or none): their codes' maximum, then their words' sum
+        mine_code = ch.scratch("exact-code-part", n, fmt.code)
+        if parts:
+            codes(fmt, parts[0], xp, mine_code, block)
+            for part in parts[1:]:
+                codes(fmt, part, xp, mine_code, block, into=mine_code)
+        else:
+            mine_code.fill(0)  # the MAX's identity
+    # 1. the agreed codes
+    agree = Agree(fmt, x, block)
+    split.reduce_scatter(
+        _converting(ch, agree) if x is not None else ch, x if x is not None else mine_code, code, agree
+    )
+    split.all_gather(ch, code)
+    # 2. the words, rounded where they are complete, and the results passed on
+    if x is None:
+        mine = ch.scratch("exact-local", n, word_dtype(fmt))
+        flat = _words(mine, floats).view(np.int64).reshape(n, fmt.words)
+        for index, part in enumerate(parts):
+            encode(fmt, part, code, flat, xp, block, into=None if index == 0 else flat, floats=floats)
+        if not parts:
+            flat.fill(0)
+    owned = split.owned
+    total = Sum(fmt, x, code, words, dst, block, floats, divisor, terms, owned if split.once else None)
+    split.reduce_scatter(
+        _converting(ch, total) if x is not None else ch, x if x is not None else mine, words, total
+    )
+    if not split.once and owned.stop > owned.start:
+        total.round(xp, words[owned], None, owned.start, owned.stop)
+    split.all_gather(ch, dst)
+
+
+def bytes_sent(
+    sent: Callable[[int, int], int | None],
+    count: int,
+    dtype: np.dtype,
+    phases: tuple[int, int] | None = None,
+) -> int | None:
     """Bytes this rank hands to MPI for one reproducible call, from the algorithm's formula
-    ``sent(count, itemsize)``: the agreed integers plus the words (None where not visible)."""
+    ``sent(count, itemsize)``: the agreed integers plus the words (None where not visible). Where
+    it runs inside the algorithm's two phases (`fused`), ``phases`` are the elements this rank
+    sends in each (`hpcring.algorithms.base.Spec.split_sent`): the words in the reduce-scatter,
+    the rounded results in the all-gather."""
     fmt = format_of(dtype)
     codes = sent(count, fmt.code.itemsize)
+    if phases is not None:
+        return None if codes is None else codes + phases[0] * 8 * fmt.words + phases[1] * dtype.itemsize
     words = sent(fmt.words * count, 8)
     return None if codes is None or words is None else codes + words
 
@@ -498,8 +835,11 @@ def scratch_bytes(
     code = count * fmt.code.itemsize
     held = code * (2 if accumulated else 1) + fmt.words * count * 8
     held += min(count, _step(count, ch.xp)) * (
-        fmt.uint.itemsize + 1 + 4 + 8 * fmt.words
-    )  # bits, flag, shift, words
+        fmt.uint.itemsize + 1 + fmt.code.itemsize + 4 + 8 * fmt.words
+    )  # bits, flag, codes, shift, words
     if ch.size == 1 or count == 0:
         return held
+    # `fused`: the converted pieces in flight (at most the whole contribution: a folded rank's),
+    # and an ExactSum's own words
+    held += fmt.words * count * 8 * (2 if accumulated else 1)
     return held + max(scratch(fmt.words * count, 8), scratch(count, fmt.code.itemsize))

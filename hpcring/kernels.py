@@ -80,22 +80,27 @@ def round_trip(array: Any, scratch: Any) -> bool:
     return False
 
 
-def codes(x: Any, out: Any) -> bool:
-    """out <- exact.codes(x)."""
+def widen_add(wire: Any, other: Any, out: Any, wire_left: bool) -> bool:
+    """out <- widen(wire) + other (``wire_left``), or other + widen(wire): a receive and its sum."""
     return False
 
 
-def encode(x: Any, code: Any, words: Any, first: bool, floats: bool) -> bool:
-    """exact.encode of one contribution into the words."""
+def codes(x: Any, into: Any, out: Any) -> bool:
+    """out <- exact.codes(x), the larger of it and ``into`` where that is not None."""
     return False
 
 
-def decode(words: Any, code: Any, out: Any, divisor: int, terms: int | None, floats: bool) -> bool:
-    """exact.decode of the summed words into out."""
+def encode(x: Any, code: Any, into: Any, words: Any, floats: bool) -> bool:
+    """exact.encode of one contribution into the words (added to ``into`` where not None)."""
     return False
 
 
-_NAMES = ("combine", "narrow", "widen", "round_trip", "codes", "encode", "decode")
+def decode(words: Any, mine: Any, code: Any, out: Any, divisor: int, terms: int | None, floats: bool) -> bool:
+    """exact.decode of the summed words (plus ``mine``'s, where not None) into out."""
+    return False
+
+
+_NAMES = ("combine", "narrow", "widen", "widen_add", "round_trip", "codes", "encode", "decode")
 _PYTHON: dict[str, Callable[..., bool]] = {name: globals()[name] for name in _NAMES}
 
 

@@ -45,9 +45,18 @@ COMBINE = 4  # op, dtype, lbuf, loff, rbuf, roff, obuf, ooff, count: out <- left
 COPY = 5  # dbuf, doff, sbuf, soff, nbytes
 NARROW = 6  # sbuf, soff, dbuf, doff, count, from, to: the wire's rounding (hpcring.wire.narrow)
 WIDEN = 7  # sbuf, soff, dbuf, doff, count, from, to: exact (hpcring.wire.widen)
-ROUND = 8  # buf, off, count, dtype, wire: narrow and widen in place (WireChannel.as_sent)
+ROUND = 8  # buf, off, count, dtype, wire, nbuf, noff: narrow and widen in place (WireChannel.as_sent),
+# the narrowed values also stored at (nbuf, noff) where nbuf >= 0
 STEP = 9  # value: the flight record's step (Channel.step)
 COLLECTIVE = 10  # which, comm, root, sbuf (-1: MPI_IN_PLACE), soff, rbuf, roff, count, dtype, op, counts
+# The reproducible sum's conversions (hpcring.exact), inside the algorithm's steps; buf -1: none
+CODES = 11  # xbuf, xoff, inbuf, inoff, obuf, ooff, count, dtype: out <- codes of x (max with in)
+ENCODE = 12  # xbuf, xoff, cbuf, coff, inbuf, inoff, obuf, ooff, count, dtype, floats: words (+ in)
+DECODE = 13  # wbuf, woff, xbuf, xoff, cbuf, coff, obuf, ooff, count, packed, divisor: rounded (+ x)
+WIDEN_ADD = 14  # sbuf, soff, bbuf, boff, obuf, ooff, count, from | to << 8, flags, nbuf, noff:
+# out <- widen(s) + b (flags WIDE_LEFT: widen(s) the left operand); WIDE_ROUND: then rounded as
+# ROUND, its narrowed values stored at (nbuf, noff) where nbuf >= 0; WIDE_NARROW: the sum's
+# narrowed values stored at (nbuf, noff), and with WIDE_ONLY the wide sum not stored
 # `which` of a COLLECTIVE: the library's blocking ones (`mpi`), and ps's non-blocking ones
 ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BCAST, IGATHER, IBCAST = range(6)
 KINDS = {
@@ -61,6 +70,10 @@ KINDS = {
     ROUND: "round",
     STEP: "step",
     COLLECTIVE: "collective",
+    CODES: "codes",
+    ENCODE: "encode",
+    DECODE: "decode",
+    WIDEN_ADD: "widen_add",
 }
 SRC, DST = 0, 1  # buffer numbers of the call's input and output
 OPS = {"add": 0, "maximum": 1, "minimum": 2, "multiply": 3}  # kernels.OP_CODES
@@ -201,11 +214,62 @@ class Sym:
         return self.buf, self.offset, self.nbytes
 
 
+def packed(dtype: int, floats: bool, terms: int | None) -> int:
+    """A DECODE row's dtype code, float words and terms (None: unknown) in one operand."""
+    return dtype | int(floats) << 8 | (0 if terms is None else terms + 1) << 16
+
+
+def unpacked(value: int) -> tuple[int, bool, int | None]:
+    """`packed`'s three back."""
+    terms = value >> 16
+    return value & 0xFF, bool(value >> 8 & 1), None if terms == 0 else terms - 1
+
+
 class _Xp:
-    """The array module the algorithms see while recorded: its element-wise functions are rows."""
+    """The array module the algorithms see while recorded: its element-wise functions are rows,
+    and so are the reproducible sum's conversions (`hpcring.exact` asks ``records``)."""
+
+    records = True
 
     def __init__(self, tape: Tape) -> None:
         self.tape = tape
+
+    def _at(self, a: Sym | None) -> tuple[int, int]:
+        return (-1, 0) if a is None else a.region()[:2]
+
+    def exact_codes(self, x: Sym, into: Sym | None, out: Sym) -> None:
+        if x.size:
+            self.tape.program.add(
+                CODES, *self._at(x), *self._at(into), *self._at(out), x.size, _code(x.dtype)
+            )
+
+    def exact_encode(self, x: Sym, code: Sym, into: Sym | None, out: Sym, floats: bool) -> None:
+        if x.size:
+            self.tape.program.add(
+                ENCODE,
+                *self._at(x),
+                *self._at(code),
+                *self._at(into),
+                *self._at(out),
+                x.size,
+                _code(x.dtype),
+                int(floats),
+            )
+
+    def exact_decode(
+        self, words: Sym, mine: Sym | None, code: Sym, out: Sym, divisor: int, terms: int | None, floats: bool
+    ) -> None:
+        if out.size:
+            self.tape.program.add(
+                DECODE,
+                *self._at(words),
+                *self._at(mine),
+                *self._at(code),
+                *self._at(out),
+                out.size,
+                packed(_code(out.dtype), floats, terms),
+                divisor,
+            )
 
     def _combine(self, ufunc: str, left: Sym, right: Sym, out: Sym) -> None:
         self.tape.program.combine(ufunc, left, right, out)
@@ -245,11 +309,23 @@ class _Builder:
         self.pending: dict[int, tuple[Sym | None, Sym | None]] = {}  # request row -> (wire slot, target)
         self.free: dict[int, list[int]] = {}  # wire pool: free slots by bytes, as WireChannel pools them
         self.wire_top = 0
+        # wire=: where the narrowed value of a wide region is known to lie: (buf, off, nbytes) ->
+        # the slot (a receive's, before it was widened; the owner's, as it was rounded), until
+        # a row writes either; a send of the region then sends the slot instead of narrowing again
+        self.known: dict[tuple[int, int, int], Sym] = {}
 
     def add(self, kind: int, *operands: int) -> int:
         if len(operands) >= WIDTH:
             raise AssertionError("a row with too many operands")
-        self.rows.append([kind, *map(int, operands), *[0] * (WIDTH - 1 - len(operands))])
+        row = [kind, *map(int, operands), *[0] * (WIDTH - 1 - len(operands))]
+        self.rows.append(row)
+        if self.known:
+            writes = _touched(row)[1]
+            self.known = {
+                region: slot
+                for region, slot in self.known.items()
+                if not any(_meets(w, r) for w in writes for r in (_span(region), _span(slot.region())))
+            }
         return len(self.rows) - 1
 
     def buffer(self, comm: int, name: str, nbytes: int) -> int:
@@ -273,7 +349,21 @@ class _Builder:
         return Sym(tape, number, offset, (count,), dtype)
 
     def release(self, slot: Sym) -> None:
-        self.free.setdefault(slot.nbytes, []).append(slot.offset)
+        """``slot`` back to the pool; one that holds a known narrowed value is taken last."""
+        free = self.free.setdefault(slot.nbytes, [])
+        if any(held.offset == slot.offset for held in self.known.values()):
+            free.insert(0, slot.offset)
+        else:
+            free.append(slot.offset)
+
+    def forwarded(self, region: tuple[int, int, int]) -> Sym | None:
+        """The slot holding the narrowed value of ``region``, taken out of the pool, or None."""
+        slot = self.known.pop(region, None)
+        if slot is not None:
+            free = self.free.get(slot.nbytes, [])
+            if slot.offset in free:
+                free.remove(slot.offset)
+        return slot
 
     def combine(self, ufunc: str, left: Sym, right: Sym, out: Sym) -> None:
         for a in (left, right, out):
@@ -305,8 +395,155 @@ class _Builder:
             self.add(COPY, *dst.region()[:2], *src.region())
 
     def program(self, channels: list[Any]) -> Program:
-        rows = np.array(self.rows, dtype=np.int64).reshape(-1, WIDTH)
+        rows = np.array(_fused(self.rows, self.buffers), dtype=np.int64).reshape(-1, WIDTH)
         return Program(rows, self.buffers, channels, np.array(self.counts, np.int32), self.sent, self.unknown)
+
+
+# ---- fusing rows: one pass over memory where the recording made two ---------------------------
+
+ITEMSIZE = (2, 2, 4, 8, 4, 8, 8, 16, 1, 2)  # by kernels' dtype code (enum hr_dtype)
+_EVERYTHING = (-1, 0, 1 << 62)  # what a library collective may touch: any buffer
+
+
+def _touched(row: list[int]) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
+    """The (buffer, start, stop) byte ranges a row reads and those it writes (a receive writes
+    its buffer; a library collective is taken to read everything)."""
+    k, a = row[0], row[1:]
+
+    def span(buf: int, off: int, nbytes: int) -> list[tuple[int, int, int]]:
+        return [] if buf < 0 else [(buf, off, off + nbytes)]
+
+    if k == SEND:
+        return span(a[3], a[4], a[5]), []
+    if k == RECV:
+        return [], span(a[3], a[4], a[5])
+    if k == COMBINE:
+        n = a[8] * ITEMSIZE[a[1]]
+        return span(a[2], a[3], n) + span(a[4], a[5], n), span(a[6], a[7], n)
+    if k == COPY:
+        return span(a[2], a[3], a[4]), span(a[0], a[1], a[4])
+    if k in (NARROW, WIDEN):
+        return span(a[0], a[1], a[4] * ITEMSIZE[a[5]]), span(a[2], a[3], a[4] * ITEMSIZE[a[6]])
+    if k == ROUND:
+        both = span(a[0], a[1], a[2] * ITEMSIZE[a[3]])
+        return both, both + span(a[5], a[6], a[2] * ITEMSIZE[a[4]])
+    if k == WIDEN_ADD:
+        wire, wide = ITEMSIZE[a[7] & 0xFF], ITEMSIZE[a[7] >> 8]
+        reads = span(a[0], a[1], a[6] * wire) + span(a[2], a[3], a[6] * wide)
+        written = [] if a[8] & 8 else span(a[4], a[5], a[6] * wide)  # WIDE_ONLY: no wide sum
+        return reads, written + span(a[9], a[10], a[6] * wire)
+    if k in (WAIT, STEP):
+        return [], []
+    return [_EVERYTHING], [_EVERYTHING]  # COLLECTIVE, the exact rows: never reordered around
+
+
+def _span(region: tuple[int, int, int]) -> tuple[int, int, int]:
+    """(buffer, start, stop) of a Sym's (buffer, offset, bytes)."""
+    return region[0], region[1], region[1] + region[2]
+
+
+def _meets(a: tuple[int, int, int], b: tuple[int, int, int]) -> bool:
+    return (a[0] == b[0] or -1 in (a[0], b[0])) and a[1] < b[2] and b[1] < a[2]
+
+
+def _dead(rows: list[list[int]], after: int, region: tuple[int, int, int], buffers: list[Buffer]) -> bool:
+    """Whether nothing reads ``region`` after row ``after`` before it is written whole (scratch and
+    wire buffers only: the call's input and output are never dead)."""
+    for row in rows[after + 1 :]:
+        reads, writes = _touched(row)
+        if any(_meets(r, region) for r in reads):
+            return False
+        if any(w[0] == region[0] and w[1] <= region[1] and region[2] <= w[2] for w in writes):
+            return True
+    return buffers[region[0]].kind == "scratch"
+
+
+# WIDEN_ADD's flags (enum in hpcring/_c/wire.h)
+WIDE_LEFT, WIDE_ROUND, WIDE_NARROW, WIDE_ONLY = 1, 2, 4, 8
+
+
+def _fused(rows: list[list[int]], buffers: list[Buffer]) -> list[list[int]]:
+    """The rows with a wire= channel's steps fused, each one pass over memory where the recording
+    made two or three (the WAIT rows' request numbers follow the rows they name):
+
+    - a widening that a sum reads at once: one WIDEN_ADD (the received words are widened as they
+      are added; the wide copy is never written, where it is the sum's own output or dead);
+    - the owner's rounding right after its last sum: that WIDEN_ADD rounds (and stores the wire
+      values the all-gather sends on);
+    - a partial sum narrowed for the next step's send: its WIDEN_ADD narrows into the send's
+      buffer as it sums, and stores no wide sum where nothing reads it."""
+    rows = [list(row) for row in rows]
+    names = list(range(len(rows)))  # each row's number in the recording
+    i = 0
+    while i + 1 < len(rows):
+        row, nxt = rows[i], rows[i + 1]
+        if row[0] == WIDEN and nxt[0] == COMBINE and nxt[1] == OPS["add"]:
+            sbuf, soff, tbuf, toff, count, wire, dtype = row[1:8]
+            lbuf, loff, rbuf, roff, obuf, ooff, n = nxt[3:10]
+            target = (tbuf, toff)
+            if nxt[2] == dtype and n == count and target in ((lbuf, loff), (rbuf, roff)):
+                left = target == (lbuf, loff)
+                other = (rbuf, roff) if left else (lbuf, loff)
+                region = (tbuf, toff, toff + count * ITEMSIZE[dtype])
+                if other != target and (target == (obuf, ooff) or _dead(rows, i + 1, region, buffers)):
+                    flags = WIDE_LEFT if left else 0
+                    pair = wire | dtype << 8
+                    rows[i] = [WIDEN_ADD, sbuf, soff, *other, obuf, ooff, count, pair, flags, -1, 0]
+                    del rows[i + 1], names[i + 1]
+                    continue
+        if (  # the owner's rounding, as its last sum is made
+            row[0] == WIDEN_ADD
+            and nxt[0] == ROUND
+            and not row[9] & (WIDE_ROUND | WIDE_NARROW)
+            and (row[5], row[6], row[7]) == (nxt[1], nxt[2], nxt[3])
+            and row[8] == nxt[5] | nxt[4] << 8
+        ):
+            row[9] |= WIDE_ROUND
+            row[10], row[11] = nxt[6], nxt[7]
+            del rows[i + 1], names[i + 1]
+            continue
+        i += 1
+    by_name = dict(zip(names, rows, strict=True))
+    for j in range(len(rows)):
+        if rows[j][0] == NARROW:
+            k = _narrowed_by(rows, j, by_name)
+            if k is not None:
+                narrow, total = rows[j], rows[k]
+                total[9] |= WIDE_NARROW
+                total[10], total[11] = narrow[3], narrow[4]
+                rows[j] = [STEP, -1, *[0] * (WIDTH - 2)]  # gone (below)
+                wide = (total[5], total[6], total[6] + total[7] * ITEMSIZE[total[8] >> 8])
+                if _dead(rows, j, wide, buffers):
+                    total[9] |= WIDE_ONLY
+    kept = [(name, row) for name, row in zip(names, rows, strict=True) if row[:2] != [STEP, -1]]
+    moved = {name: index for index, (name, _) in enumerate(kept)}
+    out = [row for _, row in kept]
+    for row in out:
+        if row[0] == WAIT:
+            row[1] = moved[row[1]]
+    return out
+
+
+def _narrowed_by(rows: list[list[int]], j: int, by_name: dict[int, list[int]]) -> int | None:
+    """The WIDEN_ADD row before row ``j`` (a NARROW) that made the very values it narrows, with
+    nothing between touching them or the wire buffer it narrows into (a send still reading that
+    buffer included); None where there is none."""
+    narrow = rows[j]
+    count, wide, wire = narrow[5], narrow[6], narrow[7]
+    source = (narrow[1], narrow[2], narrow[2] + count * ITEMSIZE[wide])
+    slot = (narrow[3], narrow[4], narrow[4] + count * ITEMSIZE[wire])
+    for k in range(j - 1, -1, -1):
+        row = rows[k]
+        if row[0] == WIDEN_ADD:
+            out = (row[5], row[6], row[6] + row[7] * ITEMSIZE[row[8] >> 8])
+            if out == source and row[8] == wire | wide << 8 and not row[9] & ~WIDE_LEFT:
+                return k
+        reads, writes = _touched(row)
+        if row[0] == WAIT:  # a request still in flight until here: its buffer is in use
+            reads = writes = _touched(by_name[row[1]])[0] + _touched(by_name[row[1]])[1]
+        if any(_meets(r, source) or _meets(r, slot) for r in reads + writes):
+            return None
+    return None
 
 
 def _overlaps(a: Sym, b: Sym) -> bool:
@@ -331,6 +568,7 @@ class Tape:
         self.timeout = real.timeout
         self._step = 0
         self.channels: list[Any] = []  # shared by a tape and its sub-tapes: the real channels by number
+        self.convert: Any = None  # `converting`'s op: what this rank's contribution becomes when sent
 
     # -- the flight step: ch.step += 1 becomes a row (only the call's own channel counts) --
 
@@ -377,14 +615,33 @@ class Tape:
             made.append(sub)
         return made[0], made[1]
 
+    def converting(self, op: Any) -> Tape:
+        """This tape as `hpcring.exact.Converting` is the channel: the pieces of this rank's
+        contribution that ``op`` converts are converted into wire buffers where they are sent
+        (rows of their own, before the send). The flight step is this tape's."""
+        twin = _ConvertingTape(self, op)
+        twin.channels = self.channels
+        return twin
+
     def scratch(self, name: str, count: int, dtype: Any) -> Sym:
         dtype = np.dtype(dtype)
         number = self.program.buffer(self.number, name, count * dtype.itemsize)
         return Sym(self, number, 0, (count,), dtype)
 
     def as_sent(self, piece: Sym) -> None:
+        """The owner's rounding, which also leaves the narrowed piece in a wire buffer of its own:
+        its sends then narrow nothing (`_narrowed`)."""
         if self.wire is not None and piece.size:
-            self.program.add(ROUND, *piece.region()[:2], piece.size, _code(piece.dtype), _code(self.wire))
+            slot = self.program.wire_slot(self, piece.size, self.wire)
+            self.program.add(
+                ROUND,
+                *piece.region()[:2],
+                piece.size,
+                _code(piece.dtype),
+                _code(self.wire),
+                *slot.region()[:2],
+            )
+            self.program.known[piece.region()] = slot
 
     # -- point to point, as `Channel` and `WireChannel` send and receive --
 
@@ -393,8 +650,16 @@ class Tape:
             self.program.sent += send.nbytes
 
     def _narrowed(self, send: Sym) -> Sym:
+        if self.convert is not None and self.convert.converts(send):
+            count, dtype = self.convert.wire(send)
+            slot = self.program.wire_slot(self, count, np.dtype(dtype))
+            self.convert.convert(self.xp, send, slot)
+            return slot
         if self.wire is None:
             return send
+        slot = self.program.forwarded(send.region())  # what was received or rounded, sent as it is
+        if slot is not None:
+            return slot
         slot = self.program.wire_slot(self, send.size, self.wire)
         self.program.add(
             NARROW, *send.region()[:2], *slot.region()[:2], send.size, _code(send.dtype), _code(self.wire)
@@ -408,6 +673,7 @@ class Tape:
         self.program.add(
             WIDEN, *slot.region()[:2], *recv.region()[:2], recv.size, _code(self.wire), _code(recv.dtype)
         )
+        self.program.known[recv.region()] = slot
         self.program.release(slot)
 
     def _isend(self, send: Sym, dest: int, tag: int) -> int:
@@ -421,19 +687,22 @@ class Tape:
         self.program.add(WAIT, row, peer, int(receive), round(nap * 1e9), self.number)
 
     def sendrecv(self, send: Sym, dest: int, recv: Sym, source: int) -> None:
-        out, into = self._narrowed(_flat(send)), self._wire_in(_flat(recv))
+        flat = _flat(send)
+        out, into = self._narrowed(flat), self._wire_in(_flat(recv))
         received = self._irecv(into, source, 0)
         sent = self._isend(out, dest, 0)
         self._wait(received, source, True)
         self._wait(sent, dest, False)
         if self.wire is not None:
             self._widen(into, _flat(recv))
+        if out is not flat:
             self.program.release(out)
 
     def send(self, send: Sym, dest: int) -> None:
-        out = self._narrowed(_flat(send))
+        flat = _flat(send)
+        out = self._narrowed(flat)
         self._wait(self._isend(out, dest, 0), dest, False)
-        if self.wire is not None:
+        if out is not flat:
             self.program.release(out)
 
     def recv(self, recv: Sym, source: int) -> None:
@@ -443,9 +712,10 @@ class Tape:
             self._widen(into, _flat(recv))
 
     def isend(self, send: Sym, dest: int, tag: int = 0) -> int:
-        out = self._narrowed(_flat(send))
+        flat = _flat(send)
+        out = self._narrowed(flat)
         row = self._isend(out, dest, tag)
-        self.program.pending[row] = (out if self.wire is not None else None, None)
+        self.program.pending[row] = (out if out is not flat else None, None)
         return row
 
     def irecv(self, recv: Sym, source: int, tag: int = 0) -> int:
@@ -573,6 +843,23 @@ class Tape:
         self._collective(BCAST, root, None, _flat(buf).view(np.uint8), buf.nbytes)
 
 
+class _ConvertingTape(Tape):
+    """`Tape.converting`'s twin: the same rows and channel, sends converted by ``op``, and the
+    flight step the base tape's (as `hpcring.exact.Converting` shares its channel's)."""
+
+    def __init__(self, base: Tape, op: Any) -> None:
+        super().__init__(base.real, base.program, base.number, base.wire, base.main)
+        self.base, self.convert = base, op
+
+    @property  # type: ignore[override]
+    def step(self) -> int:
+        return self.base.step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self.base.step = value
+
+
 class _Traffic:
     __slots__ = ("sent", "unknown")
 
@@ -653,6 +940,29 @@ def record(
     return builder.program(tape.channels)
 
 
+def record_exact(spec: Spec, channel: Any, src: Any, dst: Any, op: str) -> Program:
+    """The steps of a reproducible all-reduce (``op`` "sum" or "mean") of ``src`` into ``dst`` (may
+    be ``src``) inside ``spec``'s two phases (`hpcring.exact.fused`), as a `Program`; Unrecordable
+    where the algorithm does what a table cannot hold."""
+    from . import exact
+
+    builder = _Builder(None)
+    tape = Tape(channel, builder, 0, None, main=True)
+    tape.channels.append(channel)
+    s = Sym(tape, SRC, 0, (src.size,), src.dtype)
+    same = dst is src or (dst.nbytes == src.nbytes and _address(dst) == _address(src))
+    d = s if same else Sym(tape, DST, 0, (dst.size,), dst.dtype)
+    try:
+        exact.fused(tape, spec.split(tape, dst.size), [s], d, op)  # type: ignore[misc]
+    except Unrecordable:
+        raise
+    except (AttributeError, TypeError, ValueError, IndexError, NotImplementedError) as error:
+        raise Unrecordable(f"{type(error).__name__}: {error}") from None
+    if builder.pending:
+        raise Unrecordable("requests left unwaited")
+    return builder.program(tape.channels)
+
+
 def _address(array: Any) -> int:
     return int(array.__array_interface__["data"][0])
 
@@ -722,14 +1032,68 @@ def execute(program: Program, src: np.ndarray, dst: np.ndarray, timeout: float |
         elif kind == ROUND:
             piece = typed(a[0], a[1], a[2], a[3])
             wires.round_trip(piece, np.empty(a[2], kernels.DTYPES[a[4]]))
+            if a[5] >= 0:
+                wires.narrow(piece, typed(a[5], a[6], a[2], a[4]), on_grid=True)
         elif kind == STEP:
             program.channels[0].step = a[0]
         elif kind == COLLECTIVE:
             requests[index] = _collective(program, a, typed, mpi_ops)
+        elif kind in (CODES, ENCODE, DECODE):
+            _exact(kind, a, at, typed)
+        elif kind == WIDEN_ADD:
+            wire, dtype = a[7] & 0xFF, a[7] >> 8
+            wide = typed(a[4], a[5], a[6], dtype)
+            widened = wires.widen(typed(a[0], a[1], a[6], wire), np.empty_like(wide))
+            left, right = (widened, typed(a[2], a[3], a[6], dtype))[:: 1 if a[8] & 1 else -1]
+            total = wide if not a[8] & WIDE_ONLY else np.empty_like(wide)
+            ops["add"].combine(np, left, right, total)
+            if a[8] & WIDE_ROUND:
+                wires.round_trip(wide, np.empty(a[6], kernels.DTYPES[wire]))
+                if a[9] >= 0:
+                    wires.narrow(wide, typed(a[9], a[10], a[6], wire), on_grid=True)
+            elif a[8] & WIDE_NARROW:
+                wires.narrow(total, typed(a[9], a[10], a[6], wire))
         else:
             raise ValueError(f"row {index}: unknown kind {kind}")
     program.channels[0].traffic.sent += program.sent
     program.channels[0].traffic.unknown |= program.unknown
+
+
+def _exact(kind: int, a: list[int], at: Any, typed: Any) -> None:
+    """One CODES, ENCODE or DECODE row through `hpcring.exact`'s NumPy code."""
+    from . import exact
+
+    made: dict[tuple[str, int | None], np.ndarray] = {}
+
+    def block(name: str, dtype: np.dtype, rows: int | None = None) -> np.ndarray:
+        if (name, rows) not in made:
+            made[name, rows] = np.empty((rows or 1) * exact.BLOCK, dtype)
+        return made[name, rows] if rows is None else made[name, rows].reshape(rows, -1)
+
+    if kind == CODES:
+        n, fmt = a[6], exact.format_of(kernels.DTYPES[a[7]])
+        x = typed(a[0], a[1], n, a[7])
+        into = None if a[2] < 0 else at(a[2], a[3], n * fmt.code.itemsize).view(fmt.code)
+        exact.codes(fmt, x, np, at(a[4], a[5], n * fmt.code.itemsize).view(fmt.code), block, into)
+        return
+    if kind == ENCODE:
+        n, fmt, floats = a[8], exact.format_of(kernels.DTYPES[a[9]]), bool(a[10])
+        x, code = typed(a[0], a[1], n, a[9]), at(a[2], a[3], n * fmt.code.itemsize).view(fmt.code)
+
+        def words(buf: int, off: int) -> np.ndarray:
+            return at(buf, off, n * 8 * fmt.words).view(np.int64).reshape(n, fmt.words)
+
+        into = None if a[4] < 0 else words(a[4], a[5])
+        exact.encode(fmt, x, code, words(a[6], a[7]), np, block, into, floats)
+        return
+    n, (dtype, floats, terms), divisor = a[8], unpacked(a[9]), a[10]
+    fmt = exact.format_of(kernels.DTYPES[dtype])
+    summed = (
+        at(a[0], a[1], n * 8 * fmt.words).view(np.int64).reshape(n, fmt.words).copy()
+    )  # decode overwrites
+    mine = None if a[2] < 0 else typed(a[2], a[3], n, dtype)
+    code = at(a[4], a[5], n * fmt.code.itemsize).view(fmt.code)
+    exact.decode(fmt, summed, code, typed(a[6], a[7], n, dtype), divisor, np, block, terms, floats, mine)
 
 
 def _collective(program: Program, a: list[int], typed: Any, mpi_ops: list[Any]) -> Any:
@@ -763,4 +1127,4 @@ def _collective(program: Program, a: list[int], typed: Any, mpi_ops: list[Any]) 
     return None
 
 
-__all__ = ["Program", "Sym", "Tape", "Unrecordable", "execute", "record"]
+__all__ = ["Program", "Sym", "Tape", "Unrecordable", "execute", "record", "record_exact"]

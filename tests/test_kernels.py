@@ -150,24 +150,36 @@ def blocks() -> Callable[..., np.ndarray]:
     return block
 
 
-def coded(fmt: exact.Format, x: np.ndarray) -> np.ndarray:
-    return exact.codes(fmt, x, np, np.empty(x.size, fmt.code), blocks())
+def coded(fmt: exact.Format, x: np.ndarray, into: np.ndarray | None = None) -> np.ndarray:
+    return exact.codes(
+        fmt, x, np, np.empty(x.size, fmt.code), blocks(), None if into is None else into.copy()
+    )
 
 
-def encoded(fmt: exact.Format, parts: np.ndarray, code: np.ndarray, floats: bool) -> np.ndarray:
-    words = np.empty((fmt.words, code.size), np.int64)
+def encoded(
+    fmt: exact.Format, parts: np.ndarray, code: np.ndarray, floats: bool, into: np.ndarray | None = None
+) -> np.ndarray:
+    """The words of ``parts`` summed (the first added to ``into``'s where given, out of place)."""
+    words = np.empty((code.size, fmt.words), np.int64)
     with np.errstate(all="ignore"):
         for index, part in enumerate(parts):
-            exact.encode(fmt, part, code, words, np, blocks(), first=index == 0, floats=floats)
+            given = words if index else None if into is None else into.copy()
+            exact.encode(fmt, part, code, words, np, blocks(), given, floats)
     return words
 
 
 def decoded(
-    fmt: exact.Format, words: np.ndarray, code: np.ndarray, divisor: int, terms: int | None, floats: bool
+    fmt: exact.Format,
+    words: np.ndarray,
+    code: np.ndarray,
+    divisor: int,
+    terms: int | None,
+    floats: bool,
+    mine: np.ndarray | None = None,
 ) -> np.ndarray:
     out = np.empty(code.size, fmt.dtype)
     with np.errstate(all="ignore"):
-        exact.decode(fmt, words.copy(), code, out, divisor, np, blocks(), terms, floats)
+        exact.decode(fmt, words.copy(), code, out, divisor, np, blocks(), terms, floats, mine)
     return out
 
 
@@ -372,6 +384,31 @@ def test_wire_conversions_are_bitwise_the_library_casts(wide: str, narrow_name: 
 
 
 @needs_c
+@pytest.mark.parametrize("wide", ["float32", "float64"])
+@pytest.mark.parametrize("narrow_name", ["bfloat16", "float16"])
+def test_widen_add_is_the_widening_then_the_sum(wide: str, narrow_name: str) -> None:
+    """The fused receive-and-add of a wire= step (a WIDEN_ADD row) against widen then
+    Op.combine, with the widened value as either operand and the output the other operand."""
+    rng = np.random.default_rng(5)
+    to = BF16 if narrow_name == "bfloat16" else np.dtype(np.float16)
+    for n in SIZES:
+        words = random_bits(rng, to, n)
+        other = edge_values(rng, np.dtype(wide), n)
+        with np.errstate(all="ignore"):
+            wide_words = wire.widen(words, np.empty(n, wide))
+            for left in (True, False):
+                operands = (wide_words, other) if left else (other, wide_words)
+                want = np.empty(n, wide)
+                OPS["sum"].combine(np, *operands, want)
+                for into in ("apart", "other"):
+                    out = np.empty(n, wide) if into == "apart" else other.copy()
+                    assert kernels.COMPILED.widen_add(
+                        words, other.copy() if into == "apart" else out, out, left
+                    )
+                    assert_same_bits(want, out, is_nan(wide_words) & is_nan(other))
+
+
+@needs_c
 def test_float64_to_bfloat16_rounds_once_as_ml_dtypes() -> None:
     """A float64 just past a bfloat16 tie rounds up; through float32 it would land on the tie and
     round to even (down)."""
@@ -399,6 +436,7 @@ def test_exact_conversions_are_bitwise_the_numpy_blocks(dtype_name: str) -> None
             for row in rows:
                 want, got = on_both(coded, fmt, row)
                 assert_same_bits(want, got)
+                assert_same_bits(*on_both(coded, fmt, row, code))  # the MAX step's: into the codes received
                 np.maximum(code, got, out=code)
             if n:  # other ranks' larger values: a coarser grid for some elements
                 higher = np.minimum(code.astype(np.int64) + rng.integers(0, 30, n), fmt.special - 1)
@@ -406,9 +444,21 @@ def test_exact_conversions_are_bitwise_the_numpy_blocks(dtype_name: str) -> None
             for floats in (False, True):
                 want_words, got_words = on_both(encoded, fmt, rows[:1] if floats else rows, code, floats)
                 assert_same_bits(want_words, got_words)
+                if len(rows) > 1:  # a reduction step: another rank's words, this rank's added
+                    theirs = encoded(fmt, rows[1:2], code, floats)
+                    assert_same_bits(*on_both(encoded, fmt, rows[:1], code, floats, theirs))
                 for terms in (1, 3) if floats else (None, 1, 3, 128, 129, 512, 513, 1024, 1025, 2048):
                     for divisor in (1, 3):
                         assert_same_bits(*on_both(decoded, fmt, want_words, code, divisor, terms, floats))
+                if len(rows) > 1:  # the last step: rounded as this rank's contribution is added
+                    theirs = encoded(fmt, rows[1:], code, floats)
+                    for divisor in (1, 3):
+                        args = (fmt, theirs, code, divisor, len(rows), floats, rows[0])
+                        want, got = on_both(decoded, *args)
+                        assert_same_bits(want, got)
+                        summed = encoded(fmt, rows, code, floats)
+                        whole = decoded(fmt, summed, code, divisor, len(rows), floats)
+                        assert_same_bits(whole, got)  # the same bits as the words summed first
 
 
 @needs_c
@@ -421,7 +471,7 @@ def test_exact_decode_of_any_words_is_bitwise(dtype_name: str) -> None:
     n = 20001
     code = rng.integers(0, fmt.special + 1, n).astype(fmt.code)
     for scale in (10, 50, 55, 62, 63):
-        words = rng.integers(-(2**scale), 2**scale, (fmt.words, n), dtype=np.int64)
+        words = rng.integers(-(2**scale), 2**scale, (n, fmt.words), dtype=np.int64)
         for terms in (None, 1, 100, 600, 1500, 5000):
             for divisor in (1, 7):
                 assert_same_bits(*on_both(decoded, fmt, words, code, divisor, terms, False))
@@ -429,21 +479,24 @@ def test_exact_decode_of_any_words_is_bitwise(dtype_name: str) -> None:
 
 @needs_c
 def test_exact_kernels_decline_what_is_not_their_case() -> None:
-    """A code array of the wrong type, strided input, words of the wrong size, floats without
-    first, an odd terms or divisor: NumPy's path (the kernel returns False)."""
+    """A code array of the wrong type, strided input, words of the wrong size or overlapping what
+    they are made from, an odd terms or divisor: NumPy's path (the kernel returns False)."""
     c = kernels.COMPILED
     x = np.ones(10, np.float32)
     code = np.ones(10, np.uint8)
-    words = np.empty((1, 10), np.int64)
-    assert (
-        c.codes(x, code) and c.encode(x, code, words, True, True) and c.decode(words, code, x, 1, None, True)
-    )
-    assert not c.codes(x, np.ones(10, np.uint16))
-    assert not c.codes(x[::2], np.ones(5, np.uint8))
-    assert not c.encode(x, code, np.empty((2, 10), np.int64), True, False)
-    assert not c.encode(x, code, words, False, True)
-    assert not c.decode(words, code, x, 1, -1, False)
-    assert not c.decode(words, code, x, 0, None, False)
+    words = np.empty((10, 1), np.int64)
+    assert c.codes(x, None, code) and c.codes(x, code, code)
+    assert c.encode(x, code, None, words, True) and c.encode(x, code, words, words, False)
+    assert c.decode(words, None, code, x, 1, None, True) and c.decode(words, x, code, x, 1, 2, True)
+    assert not c.codes(x, None, np.ones(10, np.uint16))
+    assert not c.codes(x[::2], None, np.ones(5, np.uint8))
+    assert not c.codes(x, np.ones(9, np.uint8), code)
+    assert not c.encode(x, code, None, np.empty((10, 2), np.int64), False)
+    assert not c.encode(x, code, np.empty((10, 2), np.int64), words, False)
+    assert not c.encode(x, code, None, x.view(np.int32), False)
+    assert not c.decode(words, None, code, x, 1, -1, False)
+    assert not c.decode(words, None, code, x, 0, None, False)
+    assert not c.decode(words, x[:9], code, x, 1, None, False)
 
 
 def test_the_page_lists_the_require_variable() -> None:

@@ -16,7 +16,7 @@ from helpers import everywhere, identical_everywhere
 from mpi4py import MPI
 
 import hpcring
-from hpcring import algorithms, core, kernels, program
+from hpcring import algorithms, core, exact, kernels, program
 from hpcring.algorithms import ALLREDUCE
 from hpcring.arrays import NUMPY
 from hpcring.comm import channel_for, state_of
@@ -204,3 +204,82 @@ def test_engine_other_collectives_compiled_is_python(collective: str, name: str)
         expected = results["python"][0].tobytes()
         ok &= all(r.tobytes() == expected for rs in results.values() for r in rs)
     assert everywhere(WORLD, ok)
+
+
+def _exact_three(name: str, dtype: np.dtype, n: int, in_place: bool, op: str, comm: MPI.Intracomm) -> list:
+    """A reproducible all-reduce inside the algorithm's phases (`exact.fused`) run directly, its
+    table run in Python and compiled; and `exact.run`'s whole-array conversions, the reference."""
+    spec = algorithms.spec(ALLREDUCE, name)
+    channel = channel_for(comm, NUMPY)
+    channel.timeout = TIMEOUT
+    x = _input(dtype, n, n)
+    if n > 3:
+        x[:3] = [np.inf if comm.rank == 0 else 1.0, -0.0, np.nan if comm.rank == comm.size - 1 else 2.0]
+    results = []
+    for how in ("direct", "execute", "compiled", "whole"):
+        src = x.copy()
+        dst = src if in_place else np.full_like(src, 3)
+        if how == "direct":
+            exact.fused(channel, spec.split(channel, n), [src], dst, op)
+        elif how == "whole":
+            exact.run(channel, lambda buf, what: spec.run(channel, buf, buf, OPS[what]), [src], dst, op)
+        else:
+            recorded = program.record_exact(spec, channel, src, dst, op)
+            if how == "execute":
+                program.execute(recorded, src, dst, TIMEOUT)
+            else:
+                made, why = core.program(recorded, src, dst)
+                assert made is not None, why
+                assert made.run(src, dst, TIMEOUT)
+        results.append(dst)
+    return results
+
+
+@pytest.mark.timeout(300)
+@needs_core
+@pytest.mark.parametrize("in_place", [False, True], ids=["out", "in-place"])
+@pytest.mark.parametrize("name", ["ring", "rabenseifner"])
+def test_reproducible_sum_inside_the_steps_is_the_whole_array_sum(name: str, in_place: bool) -> None:
+    """The reproducible sum converted inside the ring's and Rabenseifner's own steps (codes as the
+    MAX reduces, words as they are sent and added, rounded on the last hop): run directly, its table
+    in Python and compiled, all give `exact.run`'s bits (codes, words, rounding of the whole
+    arrays), with Inf, NaN and -0 among the values; and the table converts in its own rows."""
+    if WORLD.size == 1:
+        pytest.skip("one rank: no steps to convert in")
+    ok, detail = True, ""
+    for dtype in (np.dtype(np.float32), np.dtype(np.float64), np.dtype(np.float16)):
+        for n in (1, 7, 1001):
+            for op in ("sum", "mean"):
+                direct, executed, compiled, whole = _exact_three(name, dtype, n, in_place, op, WORLD)
+                same = direct.tobytes() == executed.tobytes() == compiled.tobytes() == whole.tobytes()
+                ok &= same and identical_everywhere(WORLD, compiled)
+                if not same:
+                    detail = f"{dtype} n={n} {op}: direct, execute, compiled and whole-array differ"
+    channel = channel_for(WORLD, NUMPY)
+    x = np.ones(1001, np.float32)
+    kinds = {
+        row.split()[0]
+        for row in program.record_exact(algorithms.spec(ALLREDUCE, name), channel, x, x, "sum").describe()
+    }
+    ok &= {"codes", "encode"} <= kinds  # every rank converts as it sends; an owner rounds as it adds
+    ok &= WORLD.allreduce(int("decode" in kinds)) >= 1
+    assert everywhere(WORLD, ok), detail
+
+
+@needs_core
+@pytest.mark.timeout(120)
+def test_wire_rows_widen_as_they_add_and_forward_what_they_received(fresh_world: MPI.Intracomm) -> None:
+    """wire=: a received chunk is widened as it is added (one WIDEN_ADD row, no WIDEN then COMBINE),
+    the owner rounds as it makes its last sum, and the all-gather sends on the narrowed values it
+    received or rounded (no NARROW there): the ring then narrows only its first send."""
+    if WORLD.size == 1:
+        pytest.skip("one rank: nothing travels")
+    channel = channel_for(fresh_world, NUMPY)
+    wire = hpcring.wire.wire_dtype("bfloat16")
+    spec = algorithms.spec(ALLREDUCE, "ring")
+    x = _input(np.dtype(np.float32), 1001, 3)
+    recorded = program.record(spec, "reducing", channel, x, np.empty_like(x), OPS["sum"], wire=wire)
+    kinds = [row.split()[0] for row in recorded.describe()]
+    ok = kinds.count("narrow") == 1 and "combine" not in kinds and "round" not in kinds
+    ok &= kinds.count("widen_add") == WORLD.size - 1 and kinds.count("widen") == WORLD.size - 1
+    assert everywhere(WORLD, ok), kinds

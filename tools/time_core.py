@@ -91,12 +91,22 @@ def kernel_cases(n_bytes: int) -> list[tuple[str, int, Callable[[], object]]]:
                     lambda y=y, w=w: wire.round_trip(y, w),
                 )
             )
+        for to in (BF16,):  # a wire= receive: widened as it is added (one WIDEN_ADD row)
+            w = wire.narrow(x, np.empty(n, to))
+            y, t = x.copy(), np.empty_like(x)
+
+            def widen_add(w: np.ndarray = w, y: np.ndarray = y, t: np.ndarray = t) -> None:
+                if not kernels.widen_add(w, y, y, False):  # NumPy's path: the widening, then the sum
+                    OPS["sum"].combine(np, y, wire.widen(w, t), y)
+
+            moved = n * (2 * dtype.itemsize + to.itemsize)
+            cases.append((f"widen_add {to.name}->{dtype.name}", moved, widen_add))
     for dtype in (np.dtype(np.float32), np.dtype(np.float64)):
         fmt = exact.FORMATS[dtype]
         n = n_bytes // dtype.itemsize
         x = rng.standard_normal(n).astype(dtype)
         code = np.empty(n, fmt.code)
-        words = np.empty((fmt.words, n), np.int64)
+        words = np.empty((n, fmt.words), np.int64)
         out = np.empty(n, dtype)
         block = block_scratch(n)
         exact.codes(fmt, x, np, code, block)
@@ -112,12 +122,20 @@ def kernel_cases(n_bytes: int) -> list[tuple[str, int, Callable[[], object]]]:
             (
                 f"exact encode {dtype.name}",
                 x.nbytes + code.nbytes + wbytes,
-                lambda f=fmt, x=x, c=code, w=words, b=block: exact.encode(
-                    f, x, c, w, np, b, first=True, floats=True
+                lambda f=fmt, x=x, c=code, w=words, b=block: exact.encode(f, x, c, w, np, b, None, True),
+            )
+        )
+        exact.encode(fmt, x, code, words, np, block, None, True)
+        theirs = words.copy()
+        cases.append(
+            (
+                f"exact encode+add {dtype.name}",  # a reduction step: x converted as it is added
+                x.nbytes + code.nbytes + 2 * wbytes,
+                lambda f=fmt, x=x, c=code, w=words, t=theirs, b=block: exact.encode(
+                    f, x, c, w, np, b, t, floats=True
                 ),
             )
         )
-        exact.encode(fmt, x, code, words, np, block, first=True, floats=True)
         saved = words.copy()
 
         def decode(
@@ -127,11 +145,22 @@ def kernel_cases(n_bytes: int) -> list[tuple[str, int, Callable[[], object]]]:
             c: np.ndarray = code,
             o: np.ndarray = out,
             b: Any = block,
+            mine: np.ndarray | None = None,
         ) -> None:
             np.copyto(w, s)  # the NumPy path overwrites the words (in cache: a small part of the time)
-            exact.decode(f, w, c, o, 1, np, b, 2, floats=True)
+            exact.decode(f, w, c, o, 1, np, b, 2, True, mine)
 
         cases.append((f"exact decode {dtype.name}", wbytes + code.nbytes + out.nbytes, decode))
+        cases.append(
+            (
+                f"exact encode+decode {dtype.name}",  # the last step: x added as the sum is rounded
+                x.nbytes + wbytes + code.nbytes + out.nbytes,
+                lambda d=decode, x=x: d(mine=x),
+            )
+        )
+    x = rng.standard_normal(n_bytes // 4).astype(np.float32)
+    y = np.empty_like(x)
+    cases.append(("np.copyto (the bandwidth to compare)", 2 * x.nbytes, lambda x=x, y=y: np.copyto(y, x)))
     return cases
 
 

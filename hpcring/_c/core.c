@@ -28,6 +28,7 @@
 #include <time.h>
 
 #include "agree.h"
+#include "exact.h"
 #include "reduce.h"
 #include "wire.h"
 
@@ -46,7 +47,10 @@
 
 /* hpcring/program.py's row layout and kinds. */
 #define HR_WIDTH 12
-enum { R_SEND = 1, R_RECV, R_WAIT, R_COMBINE, R_COPY, R_NARROW, R_WIDEN, R_ROUND, R_STEP, R_COLLECTIVE };
+enum {
+    R_SEND = 1, R_RECV, R_WAIT, R_COMBINE, R_COPY, R_NARROW, R_WIDEN, R_ROUND, R_STEP, R_COLLECTIVE,
+    R_CODES, R_ENCODE, R_DECODE, R_WIDEN_ADD
+};
 enum { C_ALLREDUCE, C_REDUCE_SCATTER, C_ALLGATHER, C_BCAST, C_IGATHER, C_IBCAST };
 enum { B_SRC, B_DST, B_SCRATCH };
 
@@ -353,6 +357,7 @@ static void program_dealloc(Program *p) {
 static int row_check(Program *p, const int64_t *r, Py_ssize_t i) {
 #define BUF_OK(b) ((b) >= 0 && (b) < p->nbuf)
 #define COMM_OK(c) ((c) >= 0 && (c) < p->ncomm)
+#define FLOAT_OK(d) ((d) == HR_F16 || (d) == HR_BF16 || (d) == HR_F32 || (d) == HR_F64)
     switch (r[0]) {
     case R_SEND:
     case R_RECV:
@@ -372,9 +377,24 @@ static int row_check(Program *p, const int64_t *r, Py_ssize_t i) {
         return BUF_OK(r[1]) && BUF_OK(r[3]) && (r[7] == HR_F32 || r[7] == HR_F64) &&
                (r[6] == HR_BF16 || r[6] == HR_F16);
     case R_ROUND:
-        return BUF_OK(r[1]) && (r[4] == HR_F32 || r[4] == HR_F64) && (r[5] == HR_BF16 || r[5] == HR_F16);
+        return BUF_OK(r[1]) && (r[4] == HR_F32 || r[4] == HR_F64) && (r[5] == HR_BF16 || r[5] == HR_F16) &&
+               (r[6] < 0 || BUF_OK(r[6]));
     case R_STEP:
         return 1;
+    case R_CODES:
+        return BUF_OK(r[1]) && (r[3] < 0 || BUF_OK(r[3])) && BUF_OK(r[5]) && r[7] >= 0 && FLOAT_OK(r[8]);
+    case R_ENCODE:
+        return BUF_OK(r[1]) && BUF_OK(r[3]) && (r[5] < 0 || BUF_OK(r[5])) && BUF_OK(r[7]) && r[9] >= 0 &&
+               FLOAT_OK(r[10]) && (r[11] == 0 || r[11] == 1);
+    case R_DECODE:
+        return BUF_OK(r[1]) && (r[3] < 0 || BUF_OK(r[3])) && BUF_OK(r[5]) && BUF_OK(r[7]) && r[9] >= 0 &&
+               FLOAT_OK(r[10] & 0xff) && r[11] >= 1 && r[11] <= ((int64_t)1 << 53);
+    case R_WIDEN_ADD: {
+        int64_t wire = r[8] & 0xff, wide = r[8] >> 8;
+        return BUF_OK(r[1]) && BUF_OK(r[3]) && BUF_OK(r[5]) && r[7] >= 0 && (wire == HR_BF16 || wire == HR_F16) &&
+               (wide == HR_F32 || wide == HR_F64) && r[9] >= 0 && r[9] <= 15 && (r[10] < 0 || BUF_OK(r[10])) &&
+               (!(r[9] & (HR_WIDE_NARROW | HR_WIDE_ONLY)) || r[10] >= 0);
+    }
     case R_COLLECTIVE: {
         int which = (int)r[1];
         if (!COMM_OK(r[2]) || r[8] < 0 || r[8] > INT32_MAX || r[9] < 0 || r[9] >= HR_NDTYPES) return 0;
@@ -391,6 +411,7 @@ static int row_check(Program *p, const int64_t *r, Py_ssize_t i) {
     }
 #undef BUF_OK
 #undef COMM_OK
+#undef FLOAT_OK
 }
 
 PyDoc_STRVAR(program_doc, "Program(rows, buffers, channels, counts, sent, unknown, src_nbytes, dst_nbytes, align)\n\n"
@@ -626,6 +647,40 @@ static int add_to(PyObject *obj, PyObject *name, long long value) {
     return rc;
 }
 
+#define AT(b, o) ((b) < 0 ? NULL : base[b] + (o))
+
+/* The rows that convert (hpcring/exact.py's codes, encode, decode) and the wire's widening sum. */
+static void exact_row(const int64_t *r, char **base) {
+    hr_format f;
+    switch (r[0]) {
+    case R_CODES:
+        hr_format_of((int)r[8], &f);
+        hr_codes((int)r[8], &f, AT(r[1], r[2]), AT(r[3], r[4]), AT(r[5], r[6]), (size_t)r[7]);
+        break;
+    case R_ENCODE:
+        hr_format_of((int)r[10], &f);
+        hr_encode((int)r[10], &f, AT(r[1], r[2]), AT(r[3], r[4]), (const int64_t *)AT(r[5], r[6]),
+                  (int64_t *)AT(r[7], r[8]), (size_t)r[9], (int)r[11]);
+        break;
+    case R_DECODE: {
+        int dtype = (int)(r[10] & 0xff), floats = (int)(r[10] >> 8 & 1);
+        int64_t terms = (r[10] >> 16) - 1;
+        const int64_t *words = (const int64_t *)AT(r[1], r[2]);
+        const void *mine = AT(r[3], r[4]);
+        hr_format_of(dtype, &f);
+        int mode = hr_decode_mode(&f, mine ? NULL : words, (size_t)r[9], terms, floats);
+        hr_decode(dtype, &f, words, mine, AT(r[5], r[6]), AT(r[7], r[8]), (size_t)r[9], r[11], mode);
+        break;
+    }
+    case R_WIDEN_ADD:
+        hr_widen_add((int)(r[8] & 0xff), (int)(r[8] >> 8), AT(r[1], r[2]), AT(r[3], r[4]), AT(r[5], r[6]), (size_t)r[7],
+                     (int)r[9], (uint16_t *)AT(r[10], r[11]));
+        break;
+    }
+}
+
+#undef AT
+
 /* Run the rows on buffers 0 and 1 at ``src`` and ``dst``: 1 done, -1 raised (GIL held on entry
  * and exit). ``timeout`` is what the channels' bounded waits take (None: no limit). */
 static int program_exec(Program *p, char *src, char *dst, PyObject *src_obj, PyObject *dst_obj, PyObject *timeout) {
@@ -676,13 +731,17 @@ static int program_exec(Program *p, char *src, char *dst, PyObject *src_obj, PyO
             hr_widen((int)r[6], (int)r[7], base[r[1]] + r[2], base[r[3]] + r[4], (size_t)r[5]);
             break;
         case R_ROUND:
-            hr_round_trip((int)r[4], (int)r[5], base[r[1]] + r[2], (size_t)r[3]);
+            if (r[6] < 0) hr_round_trip((int)r[4], (int)r[5], base[r[1]] + r[2], (size_t)r[3]);
+            else hr_round_into((int)r[4], (int)r[5], base[r[1]] + r[2], (uint16_t *)(base[r[6]] + r[7]), (size_t)r[3]);
             break;
         case R_STEP:
             step = (int)r[1];
             break;
         case R_COLLECTIVE:
             rc = collective(p, r, base, &p->req[i]);
+            break;
+        default:
+            exact_row(r, base);
             break;
         }
     }

@@ -51,19 +51,35 @@ static inline int64_t hr_special_count(double v) {
 
 static inline double hr_f32_value(uint32_t u) { return (double)hr_float32(u); }
 
-/* codes: the biased exponent; zeros and subnormals 1, and -0 0. ``out``: uint8 (uint16 for float64). */
-HR_CLONES static void hr_codes(int dtype, const hr_format *f, const void *x, void *out, size_t n) {
+/* c ? x : y in the element's own width (narrow lanes vectorize wider). */
+#define HR_SEL_OF(T, c, x, y) (sizeof(T) == 8 ? (T)hr_sel64((c), (x), (y)) : (T)hr_sel32((c), (uint32_t)(x), (uint32_t)(y)))
+
+/* codes: the biased exponent; zeros and subnormals 1, and -0 0. ``out``: uint8 (uint16 for float64).
+ * With ``in`` (codes of the same type), out <- max(in, codes(x)): the MAX all-reduce's step with the
+ * codes of this rank's contribution computed as they are reduced. */
+HR_CLONES static void hr_codes(int dtype, const hr_format *f, const void *x, const void *in, void *out, size_t n) {
     int shift = f->mantissa;
     uint64_t mask = (uint64_t)f->exponent_mask;
 #define HR_CODES(D, T, C, VALUE)                                                                  \
     if (dtype == D) {                                                                             \
         const T *s = x;                                                                           \
+        const C *c = in;                                                                          \
         C *o = out;                                                                               \
         const T negative_zero = (T)((T)1 << (sizeof(T) * 8 - 1));                                 \
-        for (size_t i = 0; i < n; i++) {                                                          \
-            T u = s[i];                                                                           \
-            T e = (T)((u >> shift) & mask);                                                       \
-            o[i] = (C)hr_sel64(e == 0, u != negative_zero, e);                                    \
+        if (c == NULL) {                                                                          \
+            for (size_t i = 0; i < n; i++) {                                                      \
+                T u = s[i];                                                                       \
+                T e = (T)((u >> shift) & mask);                                                   \
+                o[i] = (C)HR_SEL_OF(T, e == 0, u != negative_zero, e);                            \
+            }                                                                                     \
+        } else {                                                                                  \
+            for (size_t i = 0; i < n; i++) {                                                      \
+                T u = s[i];                                                                       \
+                T e = (T)((u >> shift) & mask);                                                   \
+                C mine = (C)HR_SEL_OF(T, e == 0, u != negative_zero, e);                          \
+                C theirs = c[i];                                                                  \
+                o[i] = mine > theirs ? mine : theirs;                                             \
+            }                                                                                     \
         }                                                                                         \
         return;                                                                                   \
     }
@@ -71,67 +87,100 @@ HR_CLONES static void hr_codes(int dtype, const hr_format *f, const void *x, voi
 #undef HR_CODES
 }
 
-/* One format's main encode loop; ``first`` and ``floats`` are constants where it is inlined, so
- * each combination is its own branch-free loop. Returns whether some code is Inf/NaN's. */
+/* The words: ``f->words`` 8-byte words per element, side by side (element i's at 2i and 2i + 1 for
+ * float64). ``floats``: each word is a float64 holding an integer below 2^53 (sums of at most 2^10
+ * contributions: float64 adds them exactly, in any order); else an int64 (two's complement, wrapping
+ * adds: only the final sum must fit). */
+
+/* One element's fixed point on the grid its code sets, as float64 integers (exact.py's encode):
+ * one word, t = trunc(x 2^(P - top)); two (float64), T = trunc(x 2^(85 - top)) as hi 2^43 + lo from
+ * w = x 2^(42 - top): hi = trunc(w), lo = trunc((w - hi) 2^43), every step exact. */
+HR_INLINE void hr_fixed(double v, int64_t scale, int two, double *hi, double *lo) {
+    if (!two) { /* |scale| < 256: 2^scale is a normal float64 and the product exact */
+        *hi = hr_trunc(v * hr_pow2(scale));
+        *lo = 0.0;
+        return;
+    }
+    double w = hr_ldexp(v, scale);
+    double h = hr_trunc(w);
+    *hi = h;
+    *lo = hr_trunc((w - h) * 0x1p43);
+}
+
+/* ``a + b`` on two words, and a float64 integer as a word, in the words' arithmetic. */
+#define HR_ADD(floats, a, b)                                                                      \
+    ((floats) ? (int64_t)hr_bits64(hr_float64((uint64_t)(a)) + hr_float64((uint64_t)(b)))          \
+              : (int64_t)((uint64_t)(a) + (uint64_t)(b)))
+#define HR_WORD(floats, t) ((floats) ? (int64_t)hr_bits64(t) : hr_as_int(t))
+
+/* One format's encode loop; ``accumulate`` and ``floats`` are constants where it is inlined, so each
+ * combination is its own branch-free loop. out <- (in +) the fixed point of x. Returns whether some
+ * code is Inf/NaN's (those elements' words are left for a second pass). */
 #define HR_ENCODE_LOOP(D, T, C, VALUE)                                                            \
-    HR_INLINE uint64_t hr_encode_loop_##T##_##C##_##VALUE(const hr_format *f, const T *restrict s, \
-                                                         const C *restrict c, int64_t *restrict w0, \
-                                                         int64_t *restrict w1, size_t n, const int first, \
-                                                         const int floats) {                      \
+    HR_INLINE uint64_t hr_encode_##T##_##C##_##VALUE(const hr_format *f, const T *restrict s,      \
+                                                     const C *restrict c, const int64_t *in, \
+                                                     int64_t *out, size_t n, const int accumulate, \
+                                                     const int floats) {                          \
         const uint64_t special = (uint64_t)f->exponent_mask;                                      \
+        const int two = sizeof(T) == 8; /* float64: two words (a constant: one loop per format) */ \
+        const int64_t base = (two ? HR_TWO_WORDS - HR_TWO_WORDS_LOW : HR_ONE_WORD) + f->bias - 1; \
         uint64_t any_special = 0;                                                                 \
-        if (f->words == 1) {                                                                      \
-            const int64_t base = HR_ONE_WORD + f->bias - 1;                                       \
-            for (size_t i = 0; i < n; i++) {                                                      \
-                uint64_t sp = c[i] == special;                                                    \
-                any_special |= sp;                                                                \
-                double t = hr_trunc(hr_ldexp(VALUE(s[i]), base - (int64_t)c[i]));                 \
-                int64_t word = (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(t));                    \
-                w0[i] = first ? word : (int64_t)((uint64_t)w0[i] + (uint64_t)word);               \
-            }                                                                                     \
-            return any_special;                                                                   \
-        }                                                                                         \
-        /* T = trunc(x 2^(85 - top)) as hi 2^43 + lo, from w = x 2^(42 - top) (exact.py) */       \
-        const int64_t base = (HR_TWO_WORDS - HR_TWO_WORDS_LOW) + f->bias - 1;                     \
         for (size_t i = 0; i < n; i++) {                                                          \
             uint64_t sp = c[i] == special;                                                        \
             any_special |= sp;                                                                    \
-            double w = hr_ldexp(VALUE(s[i]), base - (int64_t)c[i]);                               \
-            double hi = hr_trunc(w);                                                              \
-            double lo = hr_trunc((w - hi) * 0x1p43);                                              \
-            int64_t a = (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(hi));                          \
-            int64_t b = (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(lo));                          \
-            w0[i] = first ? a : (int64_t)((uint64_t)w0[i] + (uint64_t)a);                         \
-            w1[i] = first ? b : (int64_t)((uint64_t)w1[i] + (uint64_t)b);                         \
+            double hi, lo;                                                                        \
+            hr_fixed(VALUE(s[i]), base - (int64_t)c[i], two, &hi, &lo);                           \
+            int64_t a = (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(floats, hi));                  \
+            /* accumulate 2: into ``out`` itself (one pointer: a second one equal to it would */ \
+            /* fail the compiler's overlap check, and the two-word loop run unvectorized) */      \
+            if (two) {                                                                            \
+                int64_t b = (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(floats, lo));              \
+                out[2 * i] = accumulate == 2 ? HR_ADD(floats, out[2 * i], a)                      \
+                             : accumulate ? HR_ADD(floats, in[2 * i], a) : a;                     \
+                out[2 * i + 1] = accumulate == 2 ? HR_ADD(floats, out[2 * i + 1], b)              \
+                                 : accumulate ? HR_ADD(floats, in[2 * i + 1], b) : b;             \
+            } else {                                                                              \
+                out[i] = accumulate == 2 ? HR_ADD(floats, out[i], a)                              \
+                         : accumulate ? HR_ADD(floats, in[i], a) : a;                             \
+            }                                                                                     \
         }                                                                                         \
         return any_special;                                                                       \
     }
-#define HR_WORD(t) (floats ? (int64_t)hr_bits64(t) : hr_as_int(t))
 HR_FORMATS(HR_ENCODE_LOOP)
-#undef HR_WORD
 
-/* encode: words (fmt.words rows of n int64) += (or = where ``first``) the fixed point of x on the
- * grid ``code`` sets; ``floats`` (with ``first``): the integers stay float64 in the words' bytes.
- * The caller (kernels.c) has checked that the words lie apart from x and code. */
-HR_CLONES static void hr_encode(int dtype, const hr_format *f, const void *x, const void *code,
-                                int64_t *words, size_t n, int first, int floats) {
-    int64_t *w0 = words, *w1 = f->words == 2 ? words + n : NULL;
+/* An Inf or NaN among the contributions is counted in the top word instead (exact.py's
+ * _special_words), the other words zero: where element i's code is Inf/NaN's, its words <- (in +)
+ * x[i]'s count. */
+#define HR_SPECIAL_WORDS(VALUE, s, c, in, out, words, accumulate, floats)                         \
+    for (size_t i = 0; i < n; i++) {                                                              \
+        if (c[i] != special) continue;                                                            \
+        int64_t count = hr_special_count(VALUE(s[i]));                                            \
+        int64_t word = HR_WORD(floats, (double)count);                                            \
+        out[words * i] = accumulate ? HR_ADD(floats, in[words * i], word) : word;                 \
+        if (words == 2) out[2 * i + 1] = accumulate ? in[2 * i + 1] : 0;                          \
+    }
+
+/* encode: out <- the fixed point of x on the grid ``code`` sets, plus ``in`` where given (the words
+ * received: a reduction step with this rank's contribution converted as it is added). ``out`` may be
+ * ``in``; both lie apart from x and code (the callers check). */
+HR_CLONES static void hr_encode(int dtype, const hr_format *f, const void *x, const void *code, const int64_t *in,
+                                int64_t *out, size_t n, int floats) {
 #define HR_ENCODE(D, T, C, VALUE)                                                                 \
     if (dtype == D) {                                                                             \
         const T *s = x;                                                                           \
         const C *c = code;                                                                        \
-        uint64_t any_special;                                                                     \
-        if (first && floats) any_special = hr_encode_loop_##T##_##C##_##VALUE(f, s, c, w0, w1, n, 1, 1); \
-        else if (first) any_special = hr_encode_loop_##T##_##C##_##VALUE(f, s, c, w0, w1, n, 1, 0); \
-        else any_special = hr_encode_loop_##T##_##C##_##VALUE(f, s, c, w0, w1, n, 0, 0);          \
-        if (any_special) { /* Inf and NaN: counted in the top word instead */                    \
-            const C special = (C)f->exponent_mask;                                                \
-            for (size_t i = 0; i < n; i++) {                                                      \
-                if (c[i] != special) continue;                                                    \
-                int64_t count = hr_special_count(VALUE(s[i]));                                    \
-                if (first) w0[i] = floats ? (int64_t)hr_bits64((double)count) : count;            \
-                else w0[i] = (int64_t)((uint64_t)w0[i] + (uint64_t)count);                        \
-            }                                                                                     \
+        const C special = (C)f->exponent_mask;                                                    \
+        const int words = f->words;                                                               \
+        uint64_t any;                                                                             \
+        if (in == NULL && floats) any = hr_encode_##T##_##C##_##VALUE(f, s, c, NULL, out, n, 0, 1); \
+        else if (in == NULL) any = hr_encode_##T##_##C##_##VALUE(f, s, c, NULL, out, n, 0, 0);     \
+        else if (in == out && floats) any = hr_encode_##T##_##C##_##VALUE(f, s, c, NULL, out, n, 2, 1); \
+        else if (in == out) any = hr_encode_##T##_##C##_##VALUE(f, s, c, NULL, out, n, 2, 0);      \
+        else if (floats) any = hr_encode_##T##_##C##_##VALUE(f, s, c, in, out, n, 1, 1);            \
+        else any = hr_encode_##T##_##C##_##VALUE(f, s, c, in, out, n, 1, 0);                       \
+        if (any) {                                                                                \
+            int accumulate = in != NULL;                                                          \
+            HR_SPECIAL_WORDS(VALUE, s, c, in, out, words, accumulate, floats)                     \
         }                                                                                         \
         return;                                                                                   \
     }
@@ -142,11 +191,13 @@ HR_CLONES static void hr_encode(int dtype, const hr_format *f, const void *x, co
 enum hr_decode_mode { HR_DECODE_FLOATS, HR_DECODE_SMALL, HR_DECODE_CAST, HR_DECODE_BIG };
 
 /* exact.py's decode chooses its path from ``terms`` (-1: unknown) and, for one word, from the
- * words themselves; the same choice here, so that the same roundings happen on every input. */
+ * words themselves; the same choice here, so that the same roundings happen on every input (every
+ * path rounds the exact integer once: they differ in speed, not in bits). */
 static inline int hr_decode_mode(const hr_format *f, const int64_t *words, size_t n, int64_t terms, int floats) {
     if (floats) return HR_DECODE_FLOATS;
     if (f->words == 1) {
         if ((terms < 0 || terms >= ((int64_t)1 << 11)) && n) { /* terms << 42 >= 2^53 */
+            if (words == NULL) return HR_DECODE_BIG;
             const int64_t limit = (int64_t)1 << 53;
             int64_t low = 0, high = 0;
             for (size_t i = 0; i < n; i++) {
@@ -162,7 +213,7 @@ static inline int hr_decode_mode(const hr_format *f, const int64_t *words, size_
 }
 
 /* The sum one element's words hold, as float64 (before the scaling back to the element's grid). */
-static inline double hr_sum_of(int mode, int two, int64_t a, int64_t b) {
+HR_INLINE double hr_sum_of(int mode, int two, int64_t a, int64_t b) {
     if (mode == HR_DECODE_BIG) {
         if (!two) {
             /* |a| >= 2^53: round to odd on a grid of 2^10 first, then the one rounding is exact
@@ -191,52 +242,78 @@ static inline double hr_sum_of(int mode, int two, int64_t a, int64_t b) {
     return two ? x * 0x1p43 + y : x;
 }
 
-/* out <- the summed words rounded once to out's dtype (divided by ``divisor`` first for a mean);
- * the words are only read (exact.py overwrites them). */
-HR_CLONES static void hr_decode(int dtype, const hr_format *f, const int64_t *words, const void *code,
+/* out <- the summed words rounded once to out's dtype (divided by ``divisor`` first for a mean).
+ * With ``x`` (the dtype of out), the words summed are ``words`` plus x's fixed point, never stored:
+ * a reduction's last step, that rounds as it adds this rank's contribution. The words are only read
+ * (exact.py overwrites them); ``mode``: hr_decode_mode's, for the summed words. */
+HR_CLONES static void hr_decode(int dtype, const hr_format *f, const int64_t *words, const void *x, const void *code,
                                 void *out, size_t n, int64_t divisor, int mode) {
-    const int64_t *w0 = words, *w1 = f->words == 2 ? words + n : words;
     const uint64_t special = (uint64_t)f->exponent_mask;
-    const int64_t base = (f->words == 1 ? HR_ONE_WORD : HR_TWO_WORDS) + f->bias - 1;
+    const int floats = mode == HR_DECODE_FLOATS;
+    const int64_t base1 = HR_ONE_WORD + f->bias - 1, base2 = HR_TWO_WORDS + f->bias - 1;
+    const int64_t scale1 = base1, scale2 = HR_TWO_WORDS - HR_TWO_WORDS_LOW + f->bias - 1;
     const double div = (double)divisor;
     uint64_t any_special = 0;
 #define HR_STORE(D, v) (D == HR_F16 ? hr_double_to_half(v) : D == HR_BF16 ? hr_double_to_bf16(v) : 0)
-#define HR_DECODE_LOOP(D, T, MODE)                                                                \
-    if (divisor == 1) {                                                                           \
-        HR_DECODE_EACH(D, MODE, 0)                                                                \
+#define HR_PUT(D, i, v)                                                                           \
+    if (D == HR_F32) ((float *)o)[i] = (float)(v);                                                \
+    else if (D == HR_F64) ((double *)o)[i] = (v);                                                 \
+    else ((uint16_t *)o)[i] = HR_STORE(D, v);
+#define HR_DECODE_LOOP(D, T, VALUE, MODE)                                                         \
+    if (divisor == 1 && s == NULL) {                                                              \
+        HR_DECODE_EACH(D, T, VALUE, MODE, 0, 0)                                                   \
+    } else if (s == NULL) {                                                                       \
+        HR_DECODE_EACH(D, T, VALUE, MODE, 1, 0)                                                   \
+    } else if (divisor == 1) {                                                                    \
+        HR_DECODE_EACH(D, T, VALUE, MODE, 0, 1)                                                   \
     } else {                                                                                      \
-        HR_DECODE_EACH(D, MODE, 1)                                                                \
+        HR_DECODE_EACH(D, T, VALUE, MODE, 1, 1)                                                   \
     }
-#define HR_DECODE_EACH(D, MODE, DIVIDE)                                                           \
+#define HR_DECODE_EACH(D, T, VALUE, MODE, DIVIDE, MINE)                                           \
     for (size_t i = 0; i < n; i++) {                                                              \
         uint64_t sp = c[i] == special;                                                            \
         any_special |= sp;                                                                        \
-        double v = hr_ldexp(hr_sum_of(MODE, D == HR_F64, w0[i], w1[i]), (int64_t)c[i] - base);    \
+        const int two = D == HR_F64; /* a constant: one loop per format */                       \
+        int64_t a = w[two ? 2 * i : i], b = two ? w[2 * i + 1] : 0;                               \
+        double value = 0.0;                                                                       \
+        if (MINE) {                                                                               \
+            double hi, lo;                                                                        \
+            value = VALUE(s[i]);                                                                  \
+            hr_fixed(value, (two ? scale2 : scale1) - (int64_t)c[i], two, &hi, &lo);              \
+            const int fl = MODE == HR_DECODE_FLOATS;                                              \
+            a = HR_ADD(fl, a, (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(fl, hi)));               \
+            if (two) b = HR_ADD(fl, b, (int64_t)hr_sel64(sp, 0, (uint64_t)HR_WORD(fl, lo)));       \
+        }                                                                                         \
+        double sum = hr_sum_of(MODE, two, a, b);                                                  \
+        /* one word: |code - base| < 256, so one exact multiplication scales back */              \
+        double v = two ? hr_ldexp(sum, (int64_t)c[i] - base2) : sum * hr_pow2((int64_t)c[i] - base1); \
         if (DIVIDE) v /= div;                                                                     \
         v = hr_seld(c[i] == 0, -0.0, v); /* every contribution was -0 */                          \
-        if (D == HR_F32) ((float *)o)[i] = (float)v;                                              \
-        else if (D == HR_F64) ((double *)o)[i] = v;                                               \
-        else ((uint16_t *)o)[i] = HR_STORE(D, v);                                                 \
+        /* Inf/NaN's: x's own value kept for the second pass (out may be x itself) */            \
+        if (MINE) v = hr_seld(sp, value, v);                                                      \
+        HR_PUT(D, i, v)                                                                           \
     }
 #define HR_DECODE(D, T, C, VALUE)                                                                 \
     if (dtype == D) {                                                                             \
         const C *c = code;                                                                        \
+        const T *s = x;                                                                           \
+        const int64_t *w = words;                                                                 \
         void *o = out;                                                                            \
         switch (mode) {                                                                           \
-        case HR_DECODE_FLOATS: HR_DECODE_LOOP(D, T, HR_DECODE_FLOATS) break;                      \
-        case HR_DECODE_SMALL: HR_DECODE_LOOP(D, T, HR_DECODE_SMALL) break;                        \
-        case HR_DECODE_CAST: HR_DECODE_LOOP(D, T, HR_DECODE_CAST) break;                          \
-        default: HR_DECODE_LOOP(D, T, HR_DECODE_BIG) break;                                       \
+        case HR_DECODE_FLOATS: HR_DECODE_LOOP(D, T, VALUE, HR_DECODE_FLOATS) break;               \
+        case HR_DECODE_SMALL: HR_DECODE_LOOP(D, T, VALUE, HR_DECODE_SMALL) break;                 \
+        case HR_DECODE_CAST: HR_DECODE_LOOP(D, T, VALUE, HR_DECODE_CAST) break;                   \
+        default: HR_DECODE_LOOP(D, T, VALUE, HR_DECODE_BIG) break;                                \
         }                                                                                         \
         if (any_special) {                                                                        \
             for (size_t i = 0; i < n; i++) {                                                      \
                 if (c[i] != special) continue;                                                    \
-                int64_t count = mode == HR_DECODE_FLOATS ? (int64_t)hr_float64((uint64_t)w0[i]) : w0[i]; \
+                int64_t word = w[D == HR_F64 ? 2 * i : i];                                        \
+                int64_t count = floats ? (int64_t)hr_float64((uint64_t)word) : word;              \
+                if (s != NULL) count += hr_special_count(VALUE(s[i]));                            \
                 int64_t pos = count & (HR_NEG_INF_COUNT - 1), neg = (count >> 21) & (HR_NEG_INF_COUNT - 1); \
                 double v = ((count >> 42) > 0 || (pos > 0 && neg > 0)) ? NAN : pos > 0 ? INFINITY : -INFINITY; \
-                if (D == HR_F32) ((float *)o)[i] = (float)v;                                      \
-                else if (D == HR_F64) ((double *)o)[i] = v;                                       \
-                else ((uint16_t *)o)[i] = HR_STORE(D, v);                                         \
+                HR_PUT(D, i, v)                                                                   \
             }                                                                                     \
         }                                                                                         \
         return;                                                                                   \
@@ -245,6 +322,7 @@ HR_CLONES static void hr_decode(int dtype, const hr_format *f, const int64_t *wo
 #undef HR_DECODE
 #undef HR_DECODE_LOOP
 #undef HR_DECODE_EACH
+#undef HR_PUT
 #undef HR_STORE
 }
 

@@ -210,87 +210,128 @@ static int exact_format(const arg *x, const arg *code, hr_format *f) {
     return code->dtype == (f->words == 1 ? HR_U8 : HR_U16) && code->n == x->n;
 }
 
-PyDoc_STRVAR(codes_doc, "codes(x, out) -> bool\n\nout <- exact.codes of x.");
-
-static PyObject *codes(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (argc != 2) {
-        PyErr_SetString(PyExc_TypeError, "codes(x, out) takes 2 arguments");
-        return NULL;
-    }
-    arg a[2] = {{0}};
-    hr_format f;
-    if (!take(argv[0], 0, &a[0]) || !take(argv[1], 1, &a[1]) || !exact_format(&a[0], &a[1], &f) ||
-        !apart_or_same(&a[1], &a[0]) || a[0].view.buf == a[1].view.buf)
-        return done(0, a, 2);
-    int dtype = a[0].dtype;
-    const void *x = a[0].view.buf;
-    void *o = a[1].view.buf;
-    size_t n = a[0].n;
-    NOGIL_IF(a[0].view.len, hr_codes(dtype, &f, x, o, n));
-    return done(1, a, 2);
+/* Words for ``n`` elements of format ``f``: int64 (or float64: the same 8 bytes) arrays of n x words,
+ * apart from the arrays in ``others`` (count of them). */
+static int words_of(const arg *w, const hr_format *f, size_t n, const arg *others, int count) {
+    if ((w->dtype != HR_I64 && w->dtype != HR_F64) || w->n != (size_t)f->words * n) return 0;
+    for (int k = 0; k < count; k++)
+        if (!apart_or_same(w, &others[k]) || (w->view.buf == others[k].view.buf && w->view.len && others[k].view.len))
+            return 0;
+    return 1;
 }
 
-PyDoc_STRVAR(encode_doc, "encode(x, code, words, first, floats) -> bool\n\nexact.encode: words (int64, rows of x.size) "
-                         "+= (first: =) x's fixed point on code's grid.");
+PyDoc_STRVAR(codes_doc, "codes(x, into, out) -> bool\n\nout <- exact.codes of x (max with ``into`` where not None).");
 
-static PyObject *encode(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (argc != 5) {
-        PyErr_SetString(PyExc_TypeError, "encode(x, code, words, first, floats) takes 5 arguments");
+static PyObject *codes(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 3) {
+        PyErr_SetString(PyExc_TypeError, "codes(x, into, out) takes 3 arguments");
         return NULL;
     }
     arg a[3] = {{0}};
     hr_format f;
-    int first = PyObject_IsTrue(argv[3]), floats = PyObject_IsTrue(argv[4]);
-    if (first < 0 || floats < 0) return NULL;
-    if (floats && !first) Py_RETURN_FALSE; /* not a combination exact.py makes */
-    if (!take(argv[0], 0, &a[0]) || !take(argv[1], 0, &a[1]) || !take(argv[2], 1, &a[2]) ||
-        !exact_format(&a[0], &a[1], &f) || a[2].dtype != HR_I64 || a[2].n != (size_t)f.words * a[0].n ||
-        !apart_or_same(&a[2], &a[0]) || !apart_or_same(&a[2], &a[1]) || a[2].view.buf == a[0].view.buf ||
-        a[2].view.buf == a[1].view.buf)
+    int into = argv[1] != Py_None;
+    if (!take(argv[0], 0, &a[0]) || !take(argv[2], 1, &a[2]) || !exact_format(&a[0], &a[2], &f) ||
+        !apart_or_same(&a[2], &a[0]) || a[0].view.buf == a[2].view.buf)
+        return done(0, a, 3);
+    if (into && (!take(argv[1], 0, &a[1]) || a[1].dtype != a[2].dtype || a[1].n != a[2].n ||
+                 !apart_or_same(&a[2], &a[1])))
         return done(0, a, 3);
     int dtype = a[0].dtype;
-    const void *x = a[0].view.buf, *c = a[1].view.buf;
-    int64_t *w = a[2].view.buf;
+    const void *x = a[0].view.buf, *in = into ? a[1].view.buf : NULL;
+    void *o = a[2].view.buf;
     size_t n = a[0].n;
-    NOGIL_IF(a[2].view.len, hr_encode(dtype, &f, x, c, w, n, first, floats));
+    NOGIL_IF(a[0].view.len, hr_codes(dtype, &f, x, in, o, n));
     return done(1, a, 3);
 }
 
-PyDoc_STRVAR(decode_doc, "decode(words, code, out, divisor, terms, floats) -> bool\n\nexact.decode (terms: None or an "
-                         "int); the words are only read.");
+PyDoc_STRVAR(encode_doc, "encode(x, code, into, words, floats) -> bool\n\nexact.encode: words (n x fmt.words 8-byte "
+                         "words) <- x's fixed point on code's grid, plus ``into``'s words where not None.");
 
-static PyObject *decode(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (argc != 6) {
-        PyErr_SetString(PyExc_TypeError, "decode(words, code, out, divisor, terms, floats) takes 6 arguments");
+static PyObject *encode(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 5) {
+        PyErr_SetString(PyExc_TypeError, "encode(x, code, into, words, floats) takes 5 arguments");
         return NULL;
     }
-    arg a[3] = {{0}};
+    arg a[4] = {{0}};
     hr_format f;
-    int floats = PyObject_IsTrue(argv[5]);
+    int floats = PyObject_IsTrue(argv[4]), into = argv[2] != Py_None;
+    if (floats < 0) return NULL;
+    if (!take(argv[0], 0, &a[0]) || !take(argv[1], 0, &a[1]) || !take(argv[3], 1, &a[3]) ||
+        !exact_format(&a[0], &a[1], &f) || !words_of(&a[3], &f, a[0].n, a, 2))
+        return done(0, a, 4);
+    if (into && (!take(argv[2], 0, &a[2]) || !words_of(&a[2], &f, a[0].n, a, 2) || !apart_or_same(&a[3], &a[2])))
+        return done(0, a, 4);
+    int dtype = a[0].dtype;
+    const void *x = a[0].view.buf, *c = a[1].view.buf;
+    const int64_t *in = into ? a[2].view.buf : NULL;
+    int64_t *w = a[3].view.buf;
+    size_t n = a[0].n;
+    NOGIL_IF(a[3].view.len, hr_encode(dtype, &f, x, c, in, w, n, floats));
+    return done(1, a, 4);
+}
+
+PyDoc_STRVAR(decode_doc, "decode(words, x, code, out, divisor, terms, floats) -> bool\n\nexact.decode (terms: None or "
+                         "an int): out <- the words (plus x's fixed point, where x is not None) rounded once; the "
+                         "words are only read.");
+
+static PyObject *decode(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 7) {
+        PyErr_SetString(PyExc_TypeError, "decode(words, x, code, out, divisor, terms, floats) takes 7 arguments");
+        return NULL;
+    }
+    arg a[4] = {{0}};
+    hr_format f;
+    int floats = PyObject_IsTrue(argv[6]), mine = argv[1] != Py_None;
     if (floats < 0) return NULL;
     int overflow = 0;
-    long long divisor = PyLong_Check(argv[3]) ? PyLong_AsLongLongAndOverflow(argv[3], &overflow) : 0;
+    long long divisor = PyLong_Check(argv[4]) ? PyLong_AsLongLongAndOverflow(argv[4], &overflow) : 0;
     if (divisor == -1 && PyErr_Occurred()) return NULL;
     long long terms = -1;
-    if (argv[4] != Py_None) {
-        terms = PyLong_Check(argv[4]) ? PyLong_AsLongLongAndOverflow(argv[4], &overflow) : -1;
+    if (argv[5] != Py_None) {
+        terms = PyLong_Check(argv[5]) ? PyLong_AsLongLongAndOverflow(argv[5], &overflow) : -1;
         if (terms == -1 && PyErr_Occurred()) return NULL;
         if (terms < 0) Py_RETURN_FALSE;
     }
     if (overflow || divisor < 1 || divisor > ((long long)1 << 53)) Py_RETURN_FALSE;
-    if (!take(argv[0], 0, &a[0]) || !take(argv[1], 0, &a[1]) || !take(argv[2], 1, &a[2]) ||
-        !exact_format(&a[2], &a[1], &f) || a[0].dtype != HR_I64 || a[0].n != (size_t)f.words * a[2].n ||
-        !apart_or_same(&a[2], &a[0]) || !apart_or_same(&a[2], &a[1]) || a[2].view.buf == a[0].view.buf ||
-        a[2].view.buf == a[1].view.buf)
-        return done(0, a, 3);
-    int dtype = a[2].dtype;
+    if (!take(argv[0], 0, &a[0]) || !take(argv[2], 0, &a[2]) || !take(argv[3], 1, &a[3]) ||
+        !exact_format(&a[3], &a[2], &f) || !words_of(&a[0], &f, a[3].n, a + 2, 2))
+        return done(0, a, 4);
+    if (mine && (!take(argv[1], 0, &a[1]) || a[1].dtype != a[3].dtype || a[1].n != a[3].n ||
+                 !apart_or_same(&a[3], &a[1])))
+        return done(0, a, 4);
+    if (!apart_or_same(&a[3], &a[2]) || a[3].view.buf == a[2].view.buf) return done(0, a, 4);
+    int dtype = a[3].dtype;
     const int64_t *w = a[0].view.buf;
-    const void *c = a[1].view.buf;
+    const void *x = mine ? a[1].view.buf : NULL, *c = a[2].view.buf;
+    void *o = a[3].view.buf;
+    size_t n = a[3].n;
+    int mode = hr_decode_mode(&f, mine ? NULL : w, n, (int64_t)terms, floats);
+    NOGIL_IF(a[0].view.len, hr_decode(dtype, &f, w, x, c, o, n, divisor, mode));
+    return done(1, a, 4);
+}
+
+PyDoc_STRVAR(widen_add_doc, "widen_add(wire, other, out, wire_left) -> bool\n\nout <- widen(wire) + other (wire_left) "
+                            "or other + widen(wire), bitwise wire.widen then the sum.");
+
+static PyObject *widen_add(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 4) {
+        PyErr_SetString(PyExc_TypeError, "widen_add(wire, other, out, wire_left) takes 4 arguments");
+        return NULL;
+    }
+    arg a[3] = {{0}};
+    int left = PyObject_IsTrue(argv[3]), rc = 0;
+    if (left < 0) return NULL;
+    if (!take(argv[0], 0, &a[0]) || !take(argv[1], 0, &a[1]) || !take(argv[2], 1, &a[2]) || a[0].n != a[2].n ||
+        a[1].n != a[2].n || a[1].dtype != a[2].dtype || !apart_or_same(&a[2], &a[1]) || !apart_or_same(&a[2], &a[0]) ||
+        a[2].view.buf == a[0].view.buf)
+        return done(0, a, 3);
+    int from = a[0].dtype, to = a[2].dtype;
+    if (!((from == HR_BF16 || from == HR_F16) && (to == HR_F32 || to == HR_F64))) return done(0, a, 3);
+    const void *s = a[0].view.buf, *other = a[1].view.buf;
     void *o = a[2].view.buf;
     size_t n = a[2].n;
-    NOGIL_IF(a[0].view.len, hr_decode(dtype, &f, w, c, o, n, divisor,
-                                      hr_decode_mode(&f, w, n, (int64_t)terms, floats)));
-    return done(1, a, 3);
+    NOGIL_IF(a[2].view.len, rc = hr_widen_add(from, to, s, other, o, n, left ? HR_WIDE_LEFT : 0, NULL));
+    return done(rc == 0, a, 3);
 }
 
 PyDoc_STRVAR(setup_doc, "setup(ndarray, dtypes, half_nan_right, bf16_nan_right, complex_fused, combine_off)\n\n"
@@ -341,6 +382,7 @@ static PyMethodDef methods[] = {
     {"codes", (PyCFunction)(void (*)(void))codes, METH_FASTCALL, codes_doc},
     {"encode", (PyCFunction)(void (*)(void))encode, METH_FASTCALL, encode_doc},
     {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL, decode_doc},
+    {"widen_add", (PyCFunction)(void (*)(void))widen_add, METH_FASTCALL, widen_add_doc},
     {NULL, NULL, 0, NULL},
 };
 

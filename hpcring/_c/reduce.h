@@ -26,10 +26,13 @@ enum hr_op { HR_SUM, HR_MAX, HR_MIN, HR_PROD, HR_NOPS };
 
 static const int hr_itemsize[HR_NDTYPES] = {2, 2, 4, 8, 4, 8, 8, 16, 1, 2};
 
-/* Each kernel's entry is compiled three times on x86-64 Linux with GCC (AVX-512, AVX2, baseline),
- * and the loader picks one (the same IEEE operations either way: no FMA is enabled). */
+/* Each kernel's entry is compiled three times on x86-64 Linux with GCC (x86-64-v4: AVX-512 with its
+ * byte, word, doubleword and quadword forms; AVX2; baseline), and the loader picks one (the same
+ * IEEE operations either way: -ffp-contract=off, so no FMA but the complex multiply's own). AVX-512F
+ * alone would leave the conversions between doubles and 64-bit integers, and the byte lanes of the
+ * reproducible sum's codes, to narrower vectors. */
 #if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define HR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#define HR_CLONES __attribute__((target_clones("arch=x86-64-v4", "avx2", "default")))
 #else
 #define HR_CLONES
 #endif

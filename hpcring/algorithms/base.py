@@ -68,6 +68,25 @@ class Phase:
     partial: bool = False
 
 
+@dataclass(frozen=True)
+class Split:
+    """An all-reduce as its two phases, for a caller that works between them: the reproducible
+    sum (`hpcring.exact`) reduces integer words and gathers the rounded results.
+
+    ``reduce_scatter(ch, src, dst, op)`` leaves ``dst`` holding, at ``owned``, the reduction over
+    every rank (elsewhere partial results); ``src`` and ``dst`` are apart and may differ in dtype
+    (``op`` combines them: one operand may be a piece of ``src``, the other of ``dst`` or of
+    scratch of ``dst``'s dtype). ``all_gather(ch, dst)`` passes every rank's ``owned`` part of
+    ``dst`` (another array than the reduce-scatter's, maybe) on until every rank has all of it.
+    ``once``: each element of ``owned`` is combined exactly once in the reduce-scatter, by its
+    last combination (the ring), so ``op`` may finish the element there."""
+
+    owned: slice
+    reduce_scatter: Callable[[Any, Any, Any, Any], None]
+    all_gather: Callable[[Any, Any], None]
+    once: bool = False
+
+
 @dataclass(frozen=True, slots=True)
 class Spec:
     """One algorithm of one collective, as its module declares it (module docstring).
@@ -120,6 +139,11 @@ class Spec:
     # hpcring.plan: persistent(ch, src, dst, op) -> a started-and-waited request on these
     # buffers (MPI-4's MPI_Allreduce_init), or None
     persistent: Callable[..., Any] | None = None
+    # reproducible=True: split(ch, count) -> the all-reduce of ``count`` elements on ``ch`` as its
+    # two phases (`Split`), or None: the reproducible sum then runs the whole all-reduce twice
+    split: Callable[[Any, int], Split] | None = None
+    # ... and split_sent(count, size, rank) -> the elements this rank sends in each phase
+    split_sent: Callable[[int, int, int], tuple[int, int]] | None = None
     # hpcring.viz: picture(index, steps, size) -> the title of traced step ``index``, or None
     picture: Callable[[int, int, int], str | None] | None = None
     # all-to-all: runs equal blocks only (MPI_Alltoall), so a call with send_splits= is refused
@@ -204,4 +228,4 @@ def _address(array: Any) -> int:
     return int(interface["data"][0])
 
 
-__all__ = ["Layout", "Phase", "Run", "Spec", "no_scratch", "same_memory"]
+__all__ = ["Layout", "Phase", "Run", "Spec", "Split", "no_scratch", "same_memory"]

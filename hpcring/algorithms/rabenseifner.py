@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..partition import segment_bounds
-from .base import Phase, Spec, no_scratch, same_memory
+from .base import Phase, Spec, Split, no_scratch, same_memory
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -102,7 +102,7 @@ def _halving(ch: Channel, plan: Schedule, src: Any, dst: Any, op: Op) -> None:
         ch.step += 1
         ch.send(src, plan.folded_into)
         return
-    xp, incoming = ch.xp, ch.scratch("rabenseifner", plan.scratch, src.dtype)
+    xp, incoming = ch.xp, ch.scratch("rabenseifner", plan.scratch, dst.dtype)
     # `current` holds this rank's partial result: src until the first reduction writes
     # dst, so an out-of-place call never copies src first. Until then, out of place, what
     # arrives lands straight in dst and is reduced there (as the ring does, and for the
@@ -153,6 +153,29 @@ def allreduce(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     if plan.folded_from is not None:
         ch.step += 1
         ch.send(dst, plan.folded_from)
+
+
+def split(ch: Channel, n: int) -> Split:
+    """The all-reduce of ``n`` elements as its two phases (`Split`): the halving, and the doubling
+    with the folds' hand-back (a folded even rank owns nothing and receives the whole result)."""
+    ch.step = 0
+    plan = build(ch.size, ch.rank, n)
+    folded = plan.folded_into is not None
+
+    def reduce_scatter(c: Channel, src: Any, dst: Any, op: Op) -> None:
+        _halving(c, plan, src, dst, op)
+
+    def all_gather(c: Channel, dst: Any) -> None:
+        if folded:
+            c.step += 1
+            c.recv(dst, plan.folded_into)
+            return
+        _doubling(c, plan, dst)
+        if plan.folded_from is not None:
+            c.step += 1
+            c.send(dst, plan.folded_from)
+
+    return Split(slice(0, 0) if folded else _segment(plan), reduce_scatter, all_gather)
 
 
 def reduce_scatter(ch: Channel, src: Any, dst: Any, op: Op) -> None:
@@ -209,6 +232,19 @@ def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> int:
         return count * itemsize
     moved = sum(step.give.stop - step.give.start + step.keep.stop - step.keep.start for step in plan.steps)
     return (moved + (count if plan.folded_from is not None else 0)) * itemsize
+
+
+def split_sent(count: int, size: int, rank: int) -> tuple[int, int]:
+    """The elements `bytes_sent` counts, by phase: (the halving's and a fold's hand-over, the
+    doubling's and a fold's hand-back)."""
+    if size == 1 or count == 0:
+        return 0, 0
+    plan = build(size, rank, count)
+    if plan.folded_into is not None:
+        return count, 0
+    given = sum(step.give.stop - step.give.start for step in plan.steps)
+    kept = sum(step.keep.stop - step.keep.start for step in plan.steps)
+    return given, kept + (count if plan.folded_from is not None else 0)
 
 
 def reduce_scatter_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
@@ -321,6 +357,8 @@ ALLREDUCE = Spec(
     phases=allreduce_steps,
     narrowings=narrowings,
     stepped=True,
+    split=split,
+    split_sent=split_sent,
     picture=picture,
 )
 REDUCE_SCATTER = Spec(

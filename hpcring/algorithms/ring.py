@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from .. import config
 from ..partition import chunk_bounds, segment_bounds
 from . import ring_staged
-from .base import Phase, Spec, no_scratch, same_memory
+from .base import Phase, Spec, Split, no_scratch, same_memory
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -360,6 +360,25 @@ def allreduce(
     all_gather_phase(ch, plan, dst, on_final)
 
 
+def split(ch: Channel, n: int) -> Split:
+    """The all-reduce of ``n`` elements as its two phases (`Split`): the owned segment is complete
+    after the reduce-scatter, whose last step reduces each of its elements once. Each phase is
+    scheduled for the dtype it moves (chunks are sized by bytes; the segments are the same)."""
+    ch.step = 0
+    wait_nap(ch.config)  # read (and refused if bad) before anything moves
+
+    def plan(itemsize: int) -> Schedule:
+        return schedule(ch, n, itemsize, own=False)
+
+    def reduce_scatter(c: Channel, src: Any, dst: Any, op: Op) -> None:
+        reduce_scatter_phase(c, plan(dst.dtype.itemsize), src, dst, op)
+
+    def all_gather(c: Channel, dst: Any) -> None:
+        all_gather_phase(c, plan(dst.dtype.itemsize), dst)
+
+    return Split(plan(1).segment(0), reduce_scatter, all_gather, once=True)
+
+
 def reduce_scatter(ch: Channel, src: Any, dst: Any, op: Op) -> None:
     """dst <- this rank's part of op over all ranks of src: phase 1 alone, ending with each rank
     owning its own part. In place (``dst`` is that part of ``src``) the rest of ``src`` holds
@@ -435,6 +454,15 @@ def bytes_sent(count: int, itemsize: int, size: int, rank: int) -> int:
     return (2 * count - skipped) * itemsize
 
 
+def split_sent(count: int, size: int, rank: int) -> tuple[int, int]:
+    """The elements `bytes_sent` counts, by phase: (the reduce-scatter's, the all-gather's)."""
+    if size == 1 or count == 0:
+        return 0, 0
+    bounds = segment_bounds(count, size)
+    (a, b), (c, d) = bounds[(rank + 1) % size], bounds[(rank + 2) % size]
+    return count - (b - a), count - (d - c)
+
+
 def scratch_bytes(count: int, itemsize: int, size: int, rank: int) -> int:
     """Scratch this rank needs in place: about one segment, n/G (a few chunks when pipelined);
     out of place it receives into the output and needs none, which this bound ignores."""
@@ -505,6 +533,8 @@ ALLREDUCE = Spec(
     narrowings=lambda size, per_node: size,  # G-1 hops of partial sums, then the owner's rounding
     stepped=True,
     ring_order=True,
+    split=split,
+    split_sent=split_sent,
     picture=picture,
 )
 REDUCE_SCATTER = Spec(

@@ -219,8 +219,9 @@ def wire_of(label: str) -> str | None:
     return next((wire for wire, tag in WIRE_TAGS.items() if label.endswith(tag)), None)
 
 
-def exact_bytes_sent(dtype: np.dtype) -> Any:
-    """The formula of a reproducible row (`hpcring.exact.bytes_sent`), shaped as expected_bytes_sent."""
+def exact_bytes_sent(dtype: np.dtype, host: bool = True) -> Any:
+    """The formula of a reproducible row (`hpcring.exact.bytes_sent`), shaped as expected_bytes_sent;
+    on the host, an algorithm that comes in two phases runs the sum inside them (`exact.fused`)."""
 
     def formula(
         algorithm: str, nbytes: int, size: int, rank: int, itemsize: int = 1, per_node: int = 1
@@ -228,7 +229,9 @@ def exact_bytes_sent(dtype: np.dtype) -> Any:
         def sent(count: int, wordsize: int) -> int | None:
             return algorithms.bytes_sent(algorithm, count, wordsize, size, rank, per_node)
 
-        return exact.bytes_sent(sent, nbytes // itemsize, dtype)
+        count = nbytes // itemsize
+        split = algorithms.spec(algorithms.ALLREDUCE, algorithm).split_sent if host else None
+        return exact.bytes_sent(sent, count, dtype, split(count, size, rank) if split else None)
 
     return formula
 
@@ -338,7 +341,7 @@ def measure_row(
     # The reproducible rows' formula is exact.bytes_sent's; auto's may choose again for the sizes
     # that travel there (codes and words), so that row is not counted against one.
     if reproducible:
-        formula_of = exact_bytes_sent(dtype)
+        formula_of = exact_bytes_sent(dtype, host=dev.name != "gpu")
     if kind.uneven:
 
         def formula_of(ran: str, nbytes: int, size: int, rank: int, itemsize: int, per_node: int = 1) -> Any:
