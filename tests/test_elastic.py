@@ -15,12 +15,11 @@ The whole file takes about 3.5 minutes on 2 busy cores; by default (CI) it runs 
 part in about 2.5: detection on every algorithm, the bad launches, rank 0 killed mid-training at
 4 ranks, the middle rank at 3, and two ranks killed in one run (the digests compared with the
 one-rank run). The longer training runs (`LONG`: 17-30 s each) run with
-``HPCRING_ELASTIC_ALL=1 python -m pytest -q tests/test_elastic.py``.
+``bash tests/run.sh --full`` (or ``HPCRING_TEST_FULL=1 python -m pytest -q tests/test_elastic.py``).
 """
 
 from __future__ import annotations
 
-import os
 import re
 import statistics
 import sys
@@ -50,10 +49,7 @@ TRAIN = [
 JOB_SECONDS = 300  # a job's bound: ranks start slowly on 2 shared cores (10-20 s each under load)
 # A survivor stuck inside MPI (never seen but once, an Open MPI deadlock) fails the recovery after this
 TIMEOUT = {"HPCRING_TIMEOUT": "60"}
-LONG = pytest.mark.skipif(
-    os.environ.get("HPCRING_ELASTIC_ALL") != "1",
-    reason="a longer kill run (17-30 s on 2 cores); HPCRING_ELASTIC_ALL=1 runs it",
-)
+LONG = pytest.mark.full  # a longer kill run (17-30 s on 2 cores): tests/run.sh --full
 DETECTED_WITHIN = 1.5  # seconds from a death to RankFailedError on every survivor ("about 1 s")
 
 
@@ -66,16 +62,24 @@ def one_rank() -> str:
 
 def run(ranks: int, kills: list[tuple[int, int]], command: list[str] = TRAIN) -> list[str]:
     """``command`` on ``ranks`` ranks; for each (r, s) of ``kills`` world rank r is SIGKILLed right
-    after it applied step s. The rank kills itself there (tests/elastic_job.py's boundary kill,
-    where the example's own run is ``command``): a kill sent from here once the step's line
-    showed could come after the job's remaining steps had ended, on two busy cores."""
+    after it applied step s. Where ``command`` is TRAIN or tests/elastic_job.py the rank kills
+    itself there (elastic_job.py's boundary kill): a kill sent from here once the step's line
+    showed could come after the job's remaining steps had ended, on two busy cores. Another
+    command (the example with flags of its own) is killed from here: give it steps enough."""
     if kills and command is TRAIN:
         command = [PYTHON, str(HERE / "elastic_job.py"), "--reproducible", "--max-steps", str(STEPS)]
+    itself = str(HERE / "elastic_job.py") in command
     gone: list[int] = []
-    for rank, step in kills:  # the loop's rank of world rank ``rank`` once the earlier kills shrank it
+    for rank, step in kills if itself else []:  # the loop's rank of world rank ``rank`` then
         command = [*command, "--kill", f"{step}:{rank - sum(g < rank for g in gone)}:boundary"]
         gone.append(rank)
     job = Job([*ulfm_launch(ranks), *command], JOB_SECONDS, env=TIMEOUT)
+    if kills and not itself:
+        job.wait_for(r"^step 1/")  # every rank runs: find them now, kill them at once later
+        job.find(ranks)
+        for rank, step in kills:
+            job.wait_for(rf"^step {step}/")
+            job.kill(rank)
     lines = job.finish()
     assert any(line.startswith("step ") for line in lines), job.output()
     return lines
