@@ -331,6 +331,22 @@ class Config:
         must_agree=False,  # each call's algorithm is agreed on anyway
         canonical=lambda value: ",".join(f"{k}={v}" for k, v in sorted(value.items())),
     )
+    elastic_join = Variable(
+        "HPCRING_ELASTIC_JOIN",
+        path,
+        kind="path",
+        default="unset",
+        meaning="elastic: a process started later joins the job at this rendezvous file (set for it)",
+        must_agree=False,  # only the processes that join have it
+    )
+    elastic_rendezvous = Variable(
+        "HPCRING_ELASTIC_RENDEZVOUS",
+        path,
+        kind="path",
+        default="unset",
+        meaning="elastic replace-when-available: the rendezvous file where waiting processes are invited",
+        must_agree=False,  # rank 0 of the survivors opens it
+    )
     bench_corrupt = Variable(
         "HPCRING_BENCH_CORRUPT",
         integer,

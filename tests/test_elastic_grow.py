@@ -142,10 +142,13 @@ def test_a_rank_waiting_at_the_rendezvous_joins_when_the_job_has_lost_one(tmp_pa
     waits at the rendezvous file, as a rank started later would, and connects only when
     invited). Rank 1 is SIGKILLed from outside after step 20; the 3 survivors invite the waiting
     rank before their next step (MPI_Comm_accept / MPI_Comm_connect), merge it, send it the state
-    and end at 4 with the digest; the rendezvous says the job ended."""
+    and end at 4 with the digest; the rendezvous says the job ended. 300 steps: the kill, sent
+    once step 20's line shows, must land before the run ends, on two busy cores."""
+    steps = 300
     command = [PYTHON, "-m", "hpcring.examples.train", "--reproducible", "--elastic", "--digest"]
     command += ["--policy", "replace-when-available", "--rendezvous", str(tmp_path / "job.port")]
-    run = Job([*ulfm_launch(5), *command, "--spares", "1", "--max-steps", "60"], JOB_SECONDS, env=TIMEOUT)
+    command += ["--spares", "1", "--max-steps", str(steps)]
+    run = Job([*ulfm_launch(5), *command], JOB_SECONDS, env=TIMEOUT)
     run.wait_for(r"^step 1/")
     run.find(5)
     run.wait_for(r"^step 20/")
@@ -154,8 +157,8 @@ def test_a_rank_waiting_at_the_rendezvous_joins_when_the_job_has_lost_one(tmp_pa
     assert any(line.startswith("# lost rank 1 (of 4): 4 -> 3 ranks") for line in lines), run.output()
     grown = [line for line in lines if line.startswith("# grown: 3 -> 4 ranks (1 joined), connect ")]
     assert grown, run.output()
-    assert steps_of(lines)[-1] == (60, 60, 4), run.output()  # it joined at the next step
-    assert digest_of(lines) == digests_for(60)
+    assert steps_of(lines)[-1] == (steps, steps, 4), run.output()  # it joined at the next step
+    assert digest_of(lines) == digests_for(steps)
     assert (tmp_path / "job.port.closed").exists() and not (tmp_path / "job.port").exists()
 
 
