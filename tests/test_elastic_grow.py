@@ -119,22 +119,24 @@ def test_a_failure_during_the_join_is_survived(digests: dict[int, str]) -> None:
 
 
 def test_the_example_grows_back_after_a_kill_from_outside(digests: dict[int, str]) -> None:
-    """``python -m hpcring.examples.train --reproducible --elastic --grow --max-steps 60 --digest``:
-    a rank SIGKILLed after step 20 is replaced; progress lines, then the digest last."""
+    """``python -m hpcring.examples.train --reproducible --elastic --grow --max-steps 300 --digest``:
+    a rank SIGKILLed after step 20 is replaced; progress lines, then the digest last. 300 steps:
+    the kill, sent once step 20's line shows, must land before the run ends, on two busy cores."""
+    steps = 300
     command = [PYTHON, "-m", "hpcring.examples.train", "--reproducible", "--elastic", "--grow"]
-    run = Job([*ulfm_launch(3), *command, "--max-steps", "60", "--digest"], JOB_SECONDS, env=TIMEOUT)
+    run = Job([*ulfm_launch(3), *command, "--max-steps", str(steps), "--digest"], JOB_SECONDS, env=TIMEOUT)
     run.wait_for(r"^step 1/")
     run.find(3)
     run.wait_for(r"^step 20/")
     run.kill(1)
     lines = run.finish()
-    assert steps_of(lines)[-1] == (60, 60, 3), run.output()
+    assert steps_of(lines)[-1] == (steps, steps, 3), run.output()
     assert any(line.startswith("# lost rank 1 (of 3): 3 -> 2 ranks") for line in lines), run.output()
     assert any(
         re.match(r"# grown: 2 -> 3 ranks \(1 joined\), spawn .* topology 1 node x 3 ranks", line)
         for line in lines
     )
-    assert digest_of(lines) == digests_for(60)
+    assert digest_of(lines) == digests_for(steps)
 
 
 def test_a_rank_waiting_at_the_rendezvous_joins_when_the_job_has_lost_one(tmp_path: Path) -> None:
