@@ -47,8 +47,8 @@ _LOCAL_SIZE = ("OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "PMIX_LOCAL_SIZE
 def sharing() -> bool:
     """Whether waits give their core away early: HPCRING_WAIT=share, or (auto) where the launcher
     says this node runs more ranks than it has cores (Open MPI's runtime says so itself,
-    ``OMPI_MCA_mpi_oversubscribe``). A node shared with other processes is found at run time: the
-    compiled core's waits share their core while they find this rank preempted (`hpcring.core`)."""
+    ``OMPI_MCA_mpi_oversubscribe``). Not where another program preempts a rank that has a core of
+    its own: a yield would hand that program the core for its whole time slice."""
     policy = config.current().wait
     if policy in ("share", "spin"):
         return policy == "share"
