@@ -147,6 +147,8 @@ if not open_mpi():  # MPI's fault tolerance (ULFM) is Open MPI's
     NOT_RUN += ((r"--with-ft\b", "an Open MPI fault-tolerant launch; MPICH's Hydra has none"),)
 if importlib.util.find_spec("jax") is None:  # CI's MPICH leg has no JAX
     NOT_RUN += ((r"--framework jax\b", "needs JAX, not installed here"),)
+if importlib.util.find_spec("torch") is None:  # nor PyTorch
+    NOT_RUN += ((r"--framework torch\b", "needs PyTorch, not installed here"),)
 BENCH_TOP = 4 << 10  # the bench's largest size here: all its rows to 4 KiB, a few seconds at 2 ranks
 TIMEOUT = 120  # s, per command; the slowest takes about 15 s on 2 shared cores
 STEPS = {  # the examples' step knobs, so a training run is seconds

@@ -304,13 +304,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.plot and importlib.util.find_spec("matplotlib") is None:
         parser.error("--plot needs matplotlib (pip install -e '.[bench]' in hpcring's clone)")
     if args.framework == "torch":
-        if importlib.util.find_spec("torch") is None:
-            parser.error("--framework torch needs PyTorch (pip install -e '.[torch]' in hpcring's clone)")
         if args.dtype.name not in TORCH_DTYPES:
             parser.error(f"--framework torch: dtype one of {', '.join(TORCH_DTYPES)}")
         for option in ("json", "plot", "tune", "reproducible", "wire", "in_place", "no_agree"):
             if getattr(args, option):
                 parser.error(f"--framework torch prints its own table: no --{option.replace('_', '-')}")
+        # last: a command that is wrong anyway says so, here or on a machine with PyTorch alike
+        if importlib.util.find_spec("torch") is None:
+            parser.error("--framework torch needs PyTorch (pip install -e '.[torch]' in hpcring's clone)")
     return args
 
 
