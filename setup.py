@@ -132,6 +132,13 @@ def relocate_rpaths(link_flags: list[str], temporary: Path | None) -> list[str]:
 class BuildExt(build_ext):
     """Each extension is optional: a failure says why and the build goes on without it."""
 
+    def finalize_options(self) -> None:
+        """The extensions compile side by side (``-j``), one per core unless told otherwise: the
+        kernels and the MPI core take tens of seconds each at -O3, most of an install's time."""
+        super().finalize_options()
+        if not self.parallel:
+            self.parallel = True
+
     def build_extension(self, ext: Extension) -> None:
         unix = self.compiler.compiler_type == "unix"
         jax_target = ext.name.startswith("hpcring._jax_ffi")
