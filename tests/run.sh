@@ -20,7 +20,7 @@ export PYTHONUNBUFFERED=1
 workers=${HPCRING_TEST_WORKERS:-2}
 parallel=()
 if [ "$workers" != 0 ] && python -c "import xdist" 2>/dev/null; then
-  parallel=(-n "$workers")
+  parallel=(-n "$workers" --dist worksteal)  # an idle worker takes from a busy one: no long tail
 fi
 started=$SECONDS
 phase() {  # phase NAME COMMAND...: runs it, then says how long it took (a failure still stops the run)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The tests that meet CuPy, on a machine where CuPy is installed but sees no GPU: the serial
-# suite, then the device, bench and staging tests at 2 ranks. Refuses to run where CuPy is
+# tests of the files that name CuPy or the GPU, then the device, bench and staging tests at 2
+# ranks. Refuses to run where CuPy is
 # missing or a GPU is visible, so a green run means this case was really tested.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,13 +16,14 @@ if cupy is None or not gpu_problem().startswith("CuPy sees no GPU"):
     sys.exit(f"tests/run_no_gpu.sh needs CuPy installed and no GPU; here: {gpu_problem() or 'a GPU'}")
 print("CuPy", cupy.__version__, "installed;", gpu_problem())
 PY
-# The framework examples are not GPU-path tests, and the main suite has run them (there torch's
-# abort at exit, a gloo thread needing the GIL as the interpreter ends, is what
-# hpcring.torch.destroy_process_group's pause prevents).
-# The docs' commands, and the stall and flight-recorder jobs (mpiexec runs of NumPy arrays, about
-# two minutes together), are not GPU-path tests either: the main suite runs them.
-# Two pytest-xdist workers, as tests/run.sh runs the serial tests.
-python -m pytest -q -n 2 --ignore=tests/test_framework_examples.py --ignore=tests/test_docs_commands.py \
-  --ignore=tests/test_stall.py --ignore=tests/test_flight.py "$@"
+# The test files that meet CuPy or the GPU path (they name it), on two pytest-xdist workers as
+# tests/run.sh runs the serial tests; the rest of the suite does not change with CuPy installed,
+# and the main suite has run it. Not here either, though they name the GPU: the framework
+# examples and the docs' commands (no GPU-path test; torch and the examples are run by the main
+# suite), and the stall and flight-recorder jobs (mpiexec runs of NumPy arrays, about two
+# minutes together).
+mapfile -t files < <(grep -liE 'cupy|gpu' tests/test_*.py \
+  | grep -vE 'test_(framework_examples|docs_commands|stall|flight)\.py$')
+python -m pytest -q -n 2 --dist worksteal "${files[@]}" "$@"
 timeout --signal=KILL 600 "${MPIEXEC[@]}" -n 2 python -m pytest -q --with-mpi -m mpi \
   tests/test_device.py tests/test_bench.py tests/test_staging.py "$@"
