@@ -125,7 +125,8 @@ def broadcast(
     sends to each rank in turn, as the parameter server's second half does), mpi (MPI_Bcast),
     auto.
     """
-    return call(BROADCAST, x, None, None, algorithm, comm, check, timeout, root)
+    # every argument given: the compiled core's front door takes a warm call only so
+    return call(BROADCAST, x, None, None, algorithm, comm, check, timeout, root, False, None)
 
 
 def alltoall(
