@@ -77,7 +77,9 @@ def kernel_cases(channel: object, n: int) -> list[tuple[str, int, Callable[[], o
     rng = np.random.default_rng(0)
     # src: the segment (n float32), then a received wire segment (n bfloat16); dst: the output
     # segment, then a narrowed one
-    seg, wire = 0, 4 * n + 4096 + 192  # byte offsets of the wide and the wire parts in either buffer
+    # byte offsets of the wide and the wire parts in either buffer (the wire part a page and three
+    # cache lines past the wide one, not at its page offset, as apart allocations would rarely be)
+    seg, wire = 0, 4 * n + 4096 + 192
     src = np.empty(n + n // 2 + 2048, np.float32)
     dst = np.empty_like(src)
     src[:n] = rng.standard_normal(n).astype(np.float32)
@@ -104,7 +106,7 @@ def kernel_cases(channel: object, n: int) -> list[tuple[str, int, Callable[[], o
 def kernels_main(args: argparse.Namespace) -> None:
     channel = channel_for(MPI.COMM_SELF, adapter_for(np.empty(0)))
     for mib in map(float, args.mib.split(",")):
-        n = int(mib * (1 << 20)) // 4
+        n = int(mib * (1 << 20)) // 8 * 2  # even: the wire part is n // 2 float32s
         cases = kernel_cases(channel, n)
         repeat = max(5, int((256 << 20) / (8 * n)))
         rates: dict[str, list[float]] = {name: [] for name, _, _ in cases}
