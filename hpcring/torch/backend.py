@@ -7,7 +7,10 @@ with no hook. Each asynchronous collective is one of hpcring's non-blocking ones
 (`hpcring.nonblocking`) on the group's communicator, so it runs on hpcring's progress thread, in
 the order issued, and ``async_op=True`` returns at once while the data moves; the torch Work
 completes when the data is there (`hpcring.torch.work`). One torch waits for at once
-(``opts.asyncOp`` False) runs in the caller as hpcring's blocking call instead (`_submit`).
+(``opts.asyncOp`` False) runs in the caller as hpcring's blocking call instead (`_submit`), on
+NumPy views of its CPU tensors where NumPy has their dtype (all but bfloat16), so it is
+hpcring's compiled warm call; a single contiguous tensor (``dist.all_reduce``,
+``dist.broadcast``, ``all_to_all_single``) goes straight there (`_run_now`).
 hpcring's guarantees come along:
 the ranks agree on each call before data moves (a mismatch raises on every rank), and a rank
 that does not arrive within the group's timeout is a `hpcring.StallError` naming it.
