@@ -124,6 +124,15 @@ def caller(fallback: Callable[..., Any]) -> Callable[..., Any]:
     return _CALLER[0]
 
 
+def exchange_caller(run: Callable[..., Any]) -> Callable[..., Any]:
+    """``run`` (hpcring.exchange's Python run) with its warm NumPy all-to-alls of equal blocks run
+    in C in front of it, where the MPI-linked core runs here; else ``run`` itself."""
+    module, _ = mpi_core()
+    if module is None or not _CALLER or not _CALLER[1]:
+        return run
+    return module.exchange_caller(run)
+
+
 def active() -> bool:
     """Whether the compiled core runs step loops and warm calls now (HPCRING_CORE, the kernels'
     selection, and the MPI-linked part loaded)."""

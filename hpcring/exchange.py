@@ -31,7 +31,8 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms, config, core, kernels, tracing
-from .agreement import Row
+from .agreement import NO_PAYLOAD, Row
+from .agreement import collective as agreement_collective
 from .algorithms import ALLTOALL, Layout, Spec
 from .arrays import NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
@@ -250,6 +251,41 @@ class Exchange(Call):
             tracer.end()
         return dst, out
 
+    # -- the warm call in C (`hpcring.core.exchange_caller`) ---------------------------------------
+
+    def _warmable(self, x: Any) -> bool:
+        """Whether a warm call in C can run this call on ``x`` whole: equal blocks of a NumPy array,
+        under MPI_THREAD_MULTIPLE (or the main thread alone)."""
+        return not (
+            self.uneven or self.serial is not None or self.adapter is not NUMPY or type(x) is not np.ndarray
+        )
+
+    def _warm(self, key: tuple[Any, ...], program: Any) -> Any:
+        """The C warm call of `run`'s ``key`` moving its data by ``program``; its output, where no
+        out= is given, made by numpy.empty_like (x's shape, dtype and layout: C order)."""
+        _, _, shape, dtype, algorithm, out_none, _, _ = key
+        agreement_collective(compiled=True)  # the compiled agreement's datatype and op, made once
+        return core.warm(
+            self,
+            (ALLTOALL, None, algorithm, 0, False, None, out_none, dtype),
+            tuple(shape),
+            dtype.itemsize,
+            self.state,
+            self.flight,
+            self.state.busy,
+            self.channel,
+            self.timeout,
+            self.state.comm,
+            tuple(self.words),
+            self.single,
+            False,
+            self.spec.blocking,
+            -1,
+            NO_PAYLOAD,
+            program,
+            np.empty_like,
+        )
+
     def settle(self, nbytes: int) -> Spec:
         """auto's choice, made once for this signature: by the size of equal blocks; for uneven
         ones (``nbytes`` < 0) among the algorithms that run them, one for every size."""
@@ -422,7 +458,10 @@ def run(
         except Exception:
             key, ready = None, False
         if ready:
-            return made(x, out, check, timeout, made.plan(x, out, sends, recvs, check))
+            result = made(x, out, check, timeout, made.plan(x, out, sends, recvs, check))
+            if made.fast is None and made.compiled:  # from now on in C, where the compiled core takes it
+                made.fast = made.compiled_warm(_WORLD if comm is None else comm, key, x)
+            return result
     return first(x, out, algorithm, comm, check, timeout, sends, recvs, key)
 
 
@@ -450,8 +489,11 @@ def first(
     result = made(x, out, check, timeout, problem)
     if key is not None and problem is None and (made.settled or made.channel.size == 1):
         warm = made.state.warm
-        if len(warm) >= WARM_CALLS:
+        if len(warm) >= WARM_CALLS:  # as the engine's: the warm calls in C go with them
             warm.clear()
+            compiled = made.state.made.get("compiled-warm-calls")
+            if compiled is not None:
+                compiled.clear()
         warm[key] = made
     return result
 
@@ -530,5 +572,9 @@ def prepare(
             raise problem
     return made, problem
 
+
+# What the front ends call: `run`, with its warm NumPy all-to-alls of equal blocks run in C in
+# front of it where the compiled core runs (`hpcring.core.exchange_caller`); `run` itself where not.
+run = core.exchange_caller(run)
 
 __all__ = ["CALLER", "Exchange", "ExchangeRow", "first", "prepare", "run", "splits"]

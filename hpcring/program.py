@@ -57,8 +57,9 @@ WIDEN_ADD = 14  # sbuf, soff, bbuf, boff, obuf, ooff, count, from | to << 8, fla
 # out <- widen(s) + b (flags WIDE_LEFT: widen(s) the left operand); WIDE_ROUND: then rounded as
 # ROUND, its narrowed values stored at (nbuf, noff) where nbuf >= 0; WIDE_NARROW: the sum's
 # narrowed values stored at (nbuf, noff), and with WIDE_ONLY the wide sum not stored
-# `which` of a COLLECTIVE: the library's blocking ones (`mpi`), and ps's non-blocking ones
-ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BCAST, IGATHER, IBCAST = range(6)
+# `which` of a COLLECTIVE: the library's blocking ones (`mpi`), and ps's non-blocking ones; then
+# the all-to-all's (`mpi`'s MPI_Alltoall of equal blocks, count: the bytes of one block)
+ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BCAST, IGATHER, IBCAST, ALLTOALL = range(7)
 KINDS = {
     SEND: "send",
     RECV: "recv",
@@ -842,6 +843,13 @@ class Tape:
         self.program.unknown = True
         self._collective(BCAST, root, None, _flat(buf).view(np.uint8), buf.nbytes)
 
+    def alltoall(self, src: Sym, dst: Sym) -> None:
+        """`Channel.alltoall`: MPI_Alltoall of equal blocks, as bytes (an uneven one, `alltoallv`,
+        keeps the Python path: its counts change from call to call)."""
+        self.program.unknown = True
+        block = dst.nbytes // self.size
+        self._collective(ALLTOALL, 0, _flat(src).view(np.uint8), _flat(dst).view(np.uint8), block)
+
 
 class _ConvertingTape(Tape):
     """`Tape.converting`'s twin: the same rows and channel, sends converted by ``op``, and the
@@ -1113,7 +1121,12 @@ def _collective(program: Program, a: list[int], typed: Any, mpi_ops: list[Any]) 
         else:
             comm.Reduce_scatter(send, recv, parts, mpi_ops[op])
         return None
-    whole = count * size if which in (ALLGATHER, IGATHER) else count  # elements: per rank, or all
+    whole = count * size if which in (ALLGATHER, IGATHER, ALLTOALL) else count  # per rank, or all
+    if which == ALLTOALL:
+        comm.Alltoall(
+            typed(sbuf, soff, whole, code).view(np.uint8), typed(rbuf, roff, whole, code).view(np.uint8)
+        )
+        return None
     send = MPI.IN_PLACE if sbuf < 0 else typed(sbuf, soff, count, code).view(np.uint8)
     recv = None if rbuf < 0 else typed(rbuf, roff, whole, code).view(np.uint8)
     if which == ALLGATHER:

@@ -134,6 +134,33 @@ def test_all_reduce_every_op(group: None) -> None:
 
 
 @pytest.mark.mpi
+def test_calls_waited_for_at_once_on_numpy_views_and_on_tensors_alike(group: None) -> None:
+    """A call torch waits for at once runs on NumPy views of its tensors where NumPy has the
+    dtype, on the tensors where not (bfloat16) or where autograd holds them: the same values."""
+    stacked = torch.stack(ranks_values((6,)))
+    for dtype in (torch.float32, torch.bfloat16, torch.complex64, torch.int64):
+        x = ranks_values((6,))[RANK].to(dtype)
+        dist.all_reduce(x)
+        assert everywhere(WORLD, torch.equal(x, stacked.sum(0).to(dtype))), dtype
+        rows = torch.arange(2 * G, dtype=torch.float64).to(dtype) + 100 * RANK
+        out = torch.empty_like(rows)
+        dist.all_to_all_single(out, rows)
+        want = torch.cat(
+            [torch.arange(2 * RANK, 2 * RANK + 2, dtype=torch.float64) + 100 * r for r in range(G)]
+        )
+        assert everywhere(WORLD, torch.equal(out, want.to(dtype))), dtype
+    leaf = torch.full((3,), float(RANK + 1), requires_grad=True)
+    with torch.no_grad():
+        dist.all_reduce(leaf)
+        dist.broadcast(leaf, src=0)
+    assert everywhere(WORLD, torch.equal(leaf.detach(), torch.full((3,), G * (G + 1) / 2)))
+    if G > 1:  # a NumPy view on one rank, a tensor on another: the dtypes still named on every rank
+        mixed = torch.ones(4, dtype=torch.bfloat16 if RANK == 0 else torch.float32)
+        raises_everywhere(ValueError, "dtype", lambda: dist.all_reduce(mixed))
+        dist.all_reduce(torch.ones(4))  # the group goes on
+
+
+@pytest.mark.mpi
 def test_broadcast_from_every_root(group: None) -> None:
     for root in range(G):
         x = torch.full((11,), float(RANK))

@@ -50,7 +50,7 @@ enum {
     R_SEND = 1, R_RECV, R_WAIT, R_COMBINE, R_COPY, R_NARROW, R_WIDEN, R_ROUND, R_STEP, R_COLLECTIVE,
     R_CODES, R_ENCODE, R_DECODE, R_WIDEN_ADD
 };
-enum { C_ALLREDUCE, C_REDUCE_SCATTER, C_ALLGATHER, C_BCAST, C_IGATHER, C_IBCAST };
+enum { C_ALLREDUCE, C_REDUCE_SCATTER, C_ALLGATHER, C_BCAST, C_IGATHER, C_IBCAST, C_ALLTOALL };
 enum { B_SRC, B_DST, B_SCRATCH };
 
 /* A wait tests this long with the GIL released before Python's bounded wait takes over (which
@@ -393,7 +393,8 @@ static int row_check(Program *p, const int64_t *r, Py_ssize_t i) {
             (mpi_type((int)r[9]) == MPI_DATATYPE_NULL || r[10] < 0 || r[10] >= HR_NOPS))
             return 0;
         if (which == C_REDUCE_SCATTER && (r[11] < 0 || r[11] >= p->ncounts)) return 0;
-        return which >= C_ALLREDUCE && which <= C_IBCAST;
+        if (which == C_ALLTOALL && (r[4] < 0 || r[6] < 0)) return 0; /* no MPI_IN_PLACE here */
+        return which >= C_ALLREDUCE && which <= C_ALLTOALL;
     }
     default:
         return 0;
@@ -618,6 +619,7 @@ static int collective(Program *p, const int64_t *r, char **base, MPI_Request *re
         if (r[4] < 0) return MPI_Igather(MPI_IN_PLACE, 0, MPI_BYTE, recv, bytes, MPI_BYTE, root, comm, req);
         return MPI_Igather(send, bytes, MPI_BYTE, NULL, 0, MPI_BYTE, root, comm, req);
     case C_IBCAST: return MPI_Ibcast(recv, bytes, MPI_BYTE, root, comm, req);
+    case C_ALLTOALL: return MPI_Alltoall(send, bytes, MPI_BYTE, recv, bytes, MPI_BYTE, comm);
     }
     return MPI_ERR_OTHER;
 }
@@ -880,6 +882,8 @@ typedef struct {
     Py_ssize_t nbytes;  /* the array's bytes */
     Program *program;   /* the data movement; NULL where a persistent request moves it (a plan) */
     PyObject *prequest; /* that request (mpi4py's Prequest, on the plan's buffers) */
+    PyObject *allocate; /* an all-to-all's (hpcring.exchange): numpy.empty_like, the output where no
+                           out= is given; NULL for every other collective */
 } Warm;
 
 static void warm_dealloc(Warm *w) {
@@ -900,13 +904,16 @@ static void warm_dealloc(Warm *w) {
     Py_XDECREF(w->timeout);
     Py_XDECREF((PyObject *)w->program);
     Py_XDECREF(w->prequest);
+    Py_XDECREF(w->allocate);
     PyMem_Free(w->words);
     PyMem_Free(w->agree);
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
 
 PyDoc_STRVAR(warm_doc, "Warm(call, key, shape, itemsize, state, flight, busy, channel, timeout, comm, words, single, "
-                       "returns_x, blocking, mean, payload, program)\n\nA plan's run has a persistent request instead "
+                       "returns_x, blocking, mean, payload, program[, allocate])\n\nAn all-to-all's (hpcring.exchange, "
+                       "found by `exchange_caller`) has ``allocate``: numpy.empty_like, called where no out= is given "
+                       "(its x is only read).\n\nA plan's run has a persistent request instead "
                        "of a program (program=mpi4py's Prequest on the plan's buffers: started, then waited for).\n\n"
                        "One kind of NumPy call, run in C: ``key`` (collective, op, algorithm, root, reproducible, "
                        "wire, out is None, dtype) and ``shape`` what engine.call's warm key compares; the rest what a "
@@ -914,13 +921,20 @@ PyDoc_STRVAR(warm_doc, "Warm(call, key, shape, itemsize, state, flight, busy, ch
 
 static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *call, *key, *shape, *state, *flight, *busy, *channel, *timeout, *comm, *words, *program;
+    PyObject *allocate = NULL;
     Py_ssize_t itemsize;
     int single, returns_x, blocking, mean;
     long long pdtype, pop, pcount;
-    if (!PyArg_ParseTuple(args, "OO!O!nOOOOOOO!pppi(LLL)O", &call, &PyTuple_Type, &key, &PyTuple_Type, &shape,
+    if (!PyArg_ParseTuple(args, "OO!O!nOOOOOOO!pppi(LLL)O|O", &call, &PyTuple_Type, &key, &PyTuple_Type, &shape,
                           &itemsize, &state, &flight, &busy, &channel, &timeout, &comm, &PyTuple_Type, &words, &single,
-                          &returns_x, &blocking, &mean, &pdtype, &pop, &pcount, &program))
+                          &returns_x, &blocking, &mean, &pdtype, &pop, &pcount, &program, &allocate))
         return NULL;
+    if (allocate == Py_None) allocate = NULL;
+    if (allocate != NULL && (!PyCallable_Check(allocate) || returns_x || mean >= 0 || pdtype >= 0)) {
+        PyErr_SetString(PyExc_ValueError, "Warm: allocate is an all-to-all's: a callable, out of place, no mean, "
+                                          "no payload");
+        return NULL;
+    }
     int persistent = Py_TYPE(program) != &ProgramType;
     if (persistent && (!PyObject_TypeCheck(program, &PyMPIRequest_Type) || PyMPIRequest_Get(program) == NULL)) {
         PyErr_Clear();
@@ -1011,6 +1025,8 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     Py_INCREF(program);
     if (persistent) w->prequest = program;
     else w->program = (Program *)program;
+    Py_XINCREF(allocate);
+    w->allocate = allocate;
     return (PyObject *)w;
 fail:
     Py_DECREF(w);
@@ -1491,6 +1507,56 @@ static PyObject *caller(PyObject *self, PyObject *const *args, size_t nargsf, Py
 static PyMethodDef caller_def = {"call", (PyCFunction)(void (*)(void))caller, METH_FASTCALL | METH_KEYWORDS,
                                  "hpcring.engine.call, with its warm NumPy calls run in C."};
 
+/* ---- the all-to-all's warm call (hpcring.exchange) ------------------------------------------ */
+
+static PyObject *s_alltoall, *zero;
+
+/* exchange.run(x, out, algorithm, comm, check, timeout, send_splits, recv_splits): an all-to-all of
+ * equal blocks (no splits) on NumPy arrays whose kind has a warm call here runs it, the output
+ * made by its ``allocate`` where no out= is given; anything else is ``fallback``'s, exchange's
+ * Python run. Its Warm is listed in the communicator's table beside the all-reduce's, under
+ * engine.call's key with the all-to-all's constants (no op, root 0, no wire, not reproducible). */
+static PyObject *exchange_call(PyObject *fallback, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (enabled && kwnames == NULL && nargs == 8 && args[6] == Py_None && args[7] == Py_None && tracing_off()) {
+        PyObject *key[11] = {s_alltoall, args[0], args[1], Py_None, args[2], args[3],
+                             args[4],    args[5], zero,    Py_False, Py_None};
+        hr_ndarray *x = NULL;
+        Warm *w = lookup(key, &x);
+        if (w != NULL && w->allocate != NULL && (x->flags & NPY_C_CONTIGUOUS)) {
+            PyObject *out = args[1], *made = NULL;
+            if (out == Py_None && (out = made = PyObject_CallOneArg(w->allocate, args[0])) == NULL) return NULL;
+            char *src, *dst;
+            if (!ready(w, x, out, &src, &dst)) {
+                Py_INCREF(w);
+                PyObject *result = warm_run(w, args[0], out, args[4], args[5], src, dst);
+                Py_DECREF(w);
+                Py_XDECREF(made);
+                if (result != Py_NotImplemented) return result;
+                Py_DECREF(result);
+            } else {
+                Py_XDECREF(made);
+            }
+        }
+        if (PyErr_Occurred()) return NULL;
+    }
+    return PyObject_Vectorcall(fallback, args, nargsf, kwnames);
+}
+
+static PyMethodDef exchange_def = {"run", (PyCFunction)(void (*)(void))exchange_call, METH_FASTCALL | METH_KEYWORDS,
+                                   "hpcring.exchange.run, with its warm NumPy all-to-alls of equal blocks run in C."};
+
+PyDoc_STRVAR(exchange_caller_doc, "exchange_caller(run) -> run\n\nhpcring.exchange's ``run`` with its warm NumPy "
+                                  "all-to-alls of equal blocks run in C in front of it (Warm's ``allocate``).");
+
+static PyObject *exchange_caller(PyObject *self, PyObject *run) {
+    if (!PyCallable_Check(run)) {
+        PyErr_SetString(PyExc_TypeError, "exchange_caller takes the Python run");
+        return NULL;
+    }
+    return PyCFunction_New(&exchange_def, run);
+}
+
 /* ---- module functions ---------------------------------------------------------------------- */
 
 PyDoc_STRVAR(comm_world_doc, "comm_world() -> int\n\nMPI_COMM_WORLD's handle as this build sees it (an address in "
@@ -1693,6 +1759,7 @@ static PyMethodDef methods[] = {
     {"combine_payload", combine_payload, METH_VARARGS, combine_payload_doc},
     {"enable", enable, METH_O, enable_doc},
     {"set_fallback", set_fallback, METH_O, set_fallback_doc},
+    {"exchange_caller", exchange_caller, METH_O, exchange_caller_doc},
     {"clock", clock_, METH_NOARGS, clock_doc},
     {"comm_world", comm_world, METH_NOARGS, comm_world_doc},
     {"library_version", library_version, METH_NOARGS, library_version_doc},
@@ -1726,8 +1793,9 @@ PyMODINIT_FUNC HR_CAT(PyInit_, HR_CORE_NAME)(void) {
         intern(&s_end, "end") || intern(&s_scratch, "scratch") || intern(&s_tracer, "TRACER") ||
         intern(&s_on, "on") || intern(&s_stalled, "compiled_stalled") || intern(&s_disagreed, "compiled_disagreed") ||
         intern(&s_failed, "compiled_failed") || intern(&s_divide, "divide") || intern(&s_resolve, "resolve_timeout") ||
-        intern(&s_plan_waited, "plan_waited"))
+        intern(&s_plan_waited, "plan_waited") || intern(&s_alltoall, "alltoall"))
         return NULL;
+    if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL) return NULL;
     WarmType.tp_methods = warm_methods;
     if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&WarmType) < 0 || PyType_Ready(&TableType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);

@@ -7,7 +7,10 @@ with no hook. Each asynchronous collective is one of hpcring's non-blocking ones
 (`hpcring.nonblocking`) on the group's communicator, so it runs on hpcring's progress thread, in
 the order issued, and ``async_op=True`` returns at once while the data moves; the torch Work
 completes when the data is there (`hpcring.torch.work`). One torch waits for at once
-(``opts.asyncOp`` False) runs in the caller as hpcring's blocking call instead (`_submit`).
+(``opts.asyncOp`` False) runs in the caller as hpcring's blocking call instead (`_submit`), on
+NumPy views of its CPU tensors where NumPy has their dtype (all but bfloat16), so it is
+hpcring's compiled warm call; a single contiguous tensor (``dist.all_reduce``,
+``dist.broadcast``, ``all_to_all_single``) goes straight there (`_run_now`).
 hpcring's guarantees come along:
 the ranks agree on each call before data moves (a mismatch raises on every rank), and a rank
 that does not arrive within the group's timeout is a `hpcring.StallError` naming it.
@@ -51,6 +54,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 from mpi4py import MPI
@@ -138,14 +142,57 @@ _MODE = _Mode()
 
 
 def _started(nonblocking_call: Callable[..., Any], blocking_call: Callable[..., Any]) -> Callable[..., Any]:
-    """hpcring's non-blocking call, or, where the submission runs in the caller, its blocking one."""
+    """hpcring's non-blocking call, or, where the submission runs in the caller, its blocking one
+    (on NumPy views of CPU tensors, `_inline`)."""
 
-    def start(*args: Any, **kwargs: Any) -> Any:
+    def start(x: Any, **kwargs: Any) -> Any:
         if _MODE.inline:
-            return Finished(blocking_call, *args, **kwargs)
-        return nonblocking_call(*args, **kwargs)
+            return Finished(_inline, blocking_call, x, kwargs)
+        return nonblocking_call(x, **kwargs)
 
     return start
+
+
+# CPU tensors of these dtypes have a NumPy view (bfloat16 has no NumPy dtype)
+VIEWABLE = {
+    torch.float16,
+    torch.float32,
+    torch.float64,
+    torch.int32,
+    torch.int64,
+    torch.complex64,
+    torch.complex128,
+}
+
+
+def _host_view(t: Any) -> Any:
+    """``t`` as a NumPy array over its own memory where NumPy has its dtype (a plain CPU tensor
+    outside autograd), else None."""
+    if type(t) is torch.Tensor and t.is_cpu and t.dtype in VIEWABLE and not t.requires_grad:
+        try:
+            return t.numpy()
+        except (RuntimeError, TypeError):  # a conjugate or negative view: torch's own path
+            return None
+    return None
+
+
+def _inline(call: Callable[..., Any], x: Any, kwargs: dict[str, Any]) -> Any:
+    """hpcring's blocking ``call`` on ``x`` (and ``out=``) as NumPy views of the tensors' memory
+    where both have one, so the call is hpcring's compiled warm one (the NumPy calls run in C:
+    a small all-reduce costs a quarter of the same call on the tensor); the result as tensors.
+    Every rank views the same way: the tensors of one call have the same dtype on every rank."""
+    view = _host_view(x)
+    out = kwargs.get("out")
+    if view is None or (out is not None and (out_view := _host_view(out)) is None):
+        return call(x, **kwargs)
+    if out is not None:
+        kwargs["out"] = out_view
+    result = call(view, **kwargs)
+    if result is view:
+        return x
+    if out is not None and result is out_view:
+        return out
+    return torch.from_numpy(result) if isinstance(result, np.ndarray) else result
 
 
 iallreduce = _started(nonblocking.iallreduce, collectives.allreduce)
@@ -237,10 +284,43 @@ class ProcessGroupHpcring(dist.ProcessGroup):
     def _common(self) -> dict[str, Any]:
         return {"comm": self.comm, "check": self.options.check, "timeout": self.timeout}
 
+    def _now(self, tensors: list[torch.Tensor], opts: Any) -> Any:
+        """The NumPy view of a single tensor that a collective torch waits for at once can run on,
+        in place, as it is (contiguous: no staging, nothing to copy back), else None: the short
+        way of `_submit` for the calls a training loop makes most (`_run_now`)."""
+        if len(tensors) != 1 or opts is None or getattr(opts, "asyncOp", True) is not False:
+            return None
+        t = tensors[0]
+        if not t.is_contiguous():
+            return None
+        return _host_view(t.detach() if t.requires_grad else t)
+
+    def _run_now(
+        self, name: str, tensors: list[torch.Tensor], call: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Work:
+        """hpcring's blocking ``call`` here, in the caller's thread (as `_submit` runs it for a
+        collective torch waits for at once), and its Work done: its error, if any, raised by
+        ``wait()`` on every rank alike, as the Work of `_submit` raises it."""
+        work = Work(tensors, name)
+        error: BaseException | None = None
+        with self._lock:
+            try:
+                call(*args, comm=self.comm, check=self.options.check, timeout=self.timeout, **kwargs)
+            except BaseException as failed:
+                error = failed
+        work.finish(error)
+        return work
+
     # -- all-reduce -------------------------------------------------------------------------------
 
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         op = _op(opts, "allreduce")
+        view = self._now(tensors, opts)
+        if view is not None:
+            algorithm = self.algorithm[algorithms.ALLREDUCE]
+            return self._run_now(
+                "allreduce", tensors, collectives.allreduce, view, op=op, algorithm=algorithm
+            )
         staged = [_Staged(t, "allreduce") for t in tensors]
         algorithm = self.algorithm[algorithms.ALLREDUCE]
         return self._submit(
@@ -258,6 +338,12 @@ class ProcessGroupHpcring(dist.ProcessGroup):
 
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> Work:
         root = int(getattr(opts, "rootRank", 0))
+        view = self._now(tensors, opts)
+        if view is not None:
+            algorithm = self.algorithm[algorithms.BROADCAST]
+            return self._run_now(
+                "broadcast", tensors, collectives.broadcast, view, root=root, algorithm=algorithm
+            )
         staged = [_Staged(t, "broadcast", words=True) for t in tensors]
         algorithm = self.algorithm[algorithms.BROADCAST]
         return self._submit(
@@ -513,6 +599,19 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             equal = sends is None and recvs is None
             return self._blocks("all_to_all_single", ins, outs, [output], equal=equal, opts=opts)
         algorithm = self.algorithm[algorithms.ALLTOALL]
+        if getattr(opts, "asyncOp", True) is False:
+            views = _host_view(input.detach()), _host_view(output.detach())
+            if views[0] is not None and views[1] is not None:
+                return self._run_now(
+                    "all_to_all_single",
+                    [output],
+                    collectives.alltoall,
+                    views[0],
+                    out=views[1],
+                    send_splits=sends,
+                    recv_splits=recvs,
+                    algorithm=algorithm,
+                )
         return self._submit(
             "all_to_all_single",
             [output],
