@@ -136,7 +136,8 @@ def test_all_reduce_every_op(group: None) -> None:
 @pytest.mark.mpi
 def test_calls_waited_for_at_once_on_numpy_views_and_on_tensors_alike(group: None) -> None:
     """A call torch waits for at once runs on NumPy views of its tensors where NumPy has the
-    dtype, on the tensors where not (bfloat16) or where autograd holds them: the same values."""
+    dtype, on the tensors where not (bfloat16): the same values, with autograd's tensors too, and
+    with a tensor that requires grad on one rank only (the ranks choose by dtype alone)."""
     stacked = torch.stack(ranks_values((6,)))
     for dtype in (torch.float32, torch.bfloat16, torch.complex64, torch.int64):
         x = ranks_values((6,))[RANK].to(dtype)
@@ -154,6 +155,10 @@ def test_calls_waited_for_at_once_on_numpy_views_and_on_tensors_alike(group: Non
         dist.all_reduce(leaf)
         dist.broadcast(leaf, src=0)
     assert everywhere(WORLD, torch.equal(leaf.detach(), torch.full((3,), G * (G + 1) / 2)))
+    one = torch.ones(3, requires_grad=RANK == 0)
+    with torch.no_grad():
+        dist.all_reduce(one)
+    assert everywhere(WORLD, torch.equal(one.detach(), torch.full((3,), float(G))))
     if G > 1:  # a NumPy view on one rank, a tensor on another: the dtypes still named on every rank
         mixed = torch.ones(4, dtype=torch.bfloat16 if RANK == 0 else torch.float32)
         raises_everywhere(ValueError, "dtype", lambda: dist.all_reduce(mixed))

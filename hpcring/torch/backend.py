@@ -166,11 +166,13 @@ VIEWABLE = {
 
 
 def _host_view(t: Any) -> Any:
-    """``t`` as a NumPy array over its own memory where NumPy has its dtype (a plain CPU tensor
-    outside autograd), else None."""
-    if type(t) is torch.Tensor and t.is_cpu and t.dtype in VIEWABLE and not t.requires_grad:
+    """``t`` as a NumPy array over its own memory where NumPy has its dtype (a CPU tensor), else
+    None. Whether a tensor takes part in autograd does not matter (c10d's collectives write
+    tensors in place outside autograd), so ranks choose alike by dtype and device, which the call
+    agrees on: a view on some ranks and a tensor on others would be a mismatch of array kinds."""
+    if type(t) is torch.Tensor and t.is_cpu and t.dtype in VIEWABLE:
         try:
-            return t.numpy()
+            return t.detach().numpy()
         except (RuntimeError, TypeError):  # a conjugate or negative view: torch's own path
             return None
     return None
@@ -293,7 +295,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
         t = tensors[0]
         if not t.is_contiguous():
             return None
-        return _host_view(t.detach() if t.requires_grad else t)
+        return _host_view(t)
 
     def _run_now(
         self, name: str, tensors: list[torch.Tensor], call: Callable[..., Any], *args: Any, **kwargs: Any
@@ -600,7 +602,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             return self._blocks("all_to_all_single", ins, outs, [output], equal=equal, opts=opts)
         algorithm = self.algorithm[algorithms.ALLTOALL]
         if getattr(opts, "asyncOp", True) is False:
-            views = _host_view(input.detach()), _host_view(output.detach())
+            views = _host_view(input), _host_view(output)
             if views[0] is not None and views[1] is not None:
                 return self._run_now(
                     "all_to_all_single",
