@@ -221,7 +221,7 @@ class Call:
             or self.row.dtype is None
         ):
             return NO_PAYLOAD
-        return payload_descriptor(self.row.dtype, reduction.ufunc, self.row.count)
+        return payload_descriptor(self.row.dtype, reduction.ufunc, self.row.count, self.channel.size)
 
     def agree(
         self, timeout: float | None, problem: Exception | None = None, nbytes: int | None = None
