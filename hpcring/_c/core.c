@@ -897,7 +897,8 @@ typedef struct {
     int64_t payload[3]; /* its dtype, op and count (the kernels' codes) */
     Py_ssize_t nbytes;  /* the array's bytes */
     Program *program;   /* the data movement; NULL where a persistent request moves it (a plan) */
-    PyObject *prequest; /* that request (mpi4py's Prequest, on the plan's buffers) */
+    PyObject *prequest; /* that request (mpi4py's Prequest, on the plan's buffers), or a pair's tuple */
+    char *pair_scratch; /* a two-rank plan: where the other's input comes (``prequest`` is the tuple) */
 } Warm;
 
 static void warm_dealloc(Warm *w) {
@@ -941,7 +942,18 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
                           &returns_x, &blocking, &mean, &pdtype, &pop, &pcount, &program))
         return NULL;
     int persistent = Py_TYPE(program) != &ProgramType;
-    if (persistent && (!PyObject_TypeCheck(program, &PyMPIRequest_Type) || PyMPIRequest_Get(program) == NULL)) {
+    /* a two-rank plan (hpcring.persistent.Pair): (receive, send, scratch), the op applied here */
+    int paired = PyTuple_Check(program) && PyTuple_GET_SIZE(program) == 3;
+    char *pair_scratch = NULL;
+    Py_ssize_t pair_bytes = 0;
+    if (paired && (!PyObject_TypeCheck(PyTuple_GET_ITEM(program, 0), &PyMPIRequest_Type) ||
+                   !PyObject_TypeCheck(PyTuple_GET_ITEM(program, 1), &PyMPIRequest_Type) ||
+                   array_bytes(PyTuple_GET_ITEM(program, 2), 1, &pair_scratch, &pair_bytes) < 0 || pdtype < 0)) {
+        PyErr_SetString(PyExc_TypeError, "Warm: a pair's program is (receive, send, scratch) of a payload's call");
+        return NULL;
+    }
+    if (persistent && !paired &&
+        (!PyObject_TypeCheck(program, &PyMPIRequest_Type) || PyMPIRequest_Get(program) == NULL)) {
         PyErr_Clear();
         PyErr_SetString(PyExc_TypeError, "Warm: program must be a Program or a persistent MPI request");
         return NULL;
@@ -1031,6 +1043,11 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     Py_INCREF(program);
     if (persistent) w->prequest = program;
     else w->program = (Program *)program;
+    if (paired && (pair_bytes != w->nbytes || !w->fused)) {
+        PyErr_SetString(PyExc_ValueError, "Warm: a pair's scratch must hold the call's bytes");
+        goto fail;
+    }
+    w->pair_scratch = paired ? pair_scratch : NULL;
     return (PyObject *)w;
 fail:
     Py_DECREF(w);
@@ -1398,9 +1415,9 @@ static int agree(Warm *w, long long number, PyObject *timeout, const char *src, 
         memcpy(dst, b + 2 * width, nbytes);
         return 1;
     }
-    if (dst != src) memcpy(dst, src, nbytes); /* then the other's payload combined in: the same bits on both */
-    hr_payload_combine((int)w->payload[0], (int)w->payload[1], (char *)w->agree_in + head, dst, (size_t)w->payload[2],
-                       &quirks);
+    /* this rank's payload (op) the other's: the same bits on both */
+    hr_payload_combine3((int)w->payload[0], (int)w->payload[1], (char *)w->agree_in + head, src, dst,
+                        (size_t)w->payload[2], &quirks);
     return 1;
 }
 
@@ -1410,13 +1427,24 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
 /* A plan's run: its persistent request started, and tested until done (the GIL released), then,
  * past SPIN_SECONDS, waited for in Python within the timeout (hpcring.engine.Call.plan_waited:
  * a StallError naming the ranks that never started theirs). 1 done, -1 raised. */
-static int run_persistent(Warm *w, PyObject *timeout) {
-    MPI_Request *req = PyMPIRequest_Get(w->prequest);
-    if (req == NULL) return -1;
-    int rc = MPI_Start(req), done = 0;
+static int run_persistent(Warm *w, PyObject *timeout, const char *src, char *dst) {
+    MPI_Request pair[2], *req;
+    int n = 1;
+    if (w->pair_scratch != NULL) { /* a two-rank plan: its receive and send (persistent handles stay put) */
+        MPI_Request *recv = PyMPIRequest_Get(PyTuple_GET_ITEM(w->prequest, 0));
+        MPI_Request *send = PyMPIRequest_Get(PyTuple_GET_ITEM(w->prequest, 1));
+        if (recv == NULL || send == NULL) return -1;
+        pair[0] = *recv;
+        pair[1] = *send;
+        req = pair;
+        n = 2;
+    } else if ((req = PyMPIRequest_Get(w->prequest)) == NULL) {
+        return -1;
+    }
+    int rc = n == 1 ? MPI_Start(req) : MPI_Startall(n, req), done = 0;
     if (rc == MPI_SUCCESS) {
         Py_BEGIN_ALLOW_THREADS
-        done = spin(req, SPIN_SECONDS, 0, &rc);
+        done = spin_n(n, req, SPIN_SECONDS, 0, &rc);
         Py_END_ALLOW_THREADS
     }
     if (rc != MPI_SUCCESS) {
@@ -1427,6 +1455,10 @@ static int run_persistent(Warm *w, PyObject *timeout) {
         PyObject *r = PyObject_CallMethodObjArgs(w->call, s_plan_waited, w->prequest, timeout, NULL);
         if (r == NULL) return -1;
         Py_DECREF(r);
+    }
+    if (w->pair_scratch != NULL) { /* this rank's input (op) the other's: the same bits on both */
+        hr_payload_combine3((int)w->payload[0], (int)w->payload[1], w->pair_scratch, src, dst, (size_t)w->payload[2],
+                            &quirks);
     }
     return 1;
 }
@@ -1519,7 +1551,7 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
     if (store_long(&m_number, slot, number) < 0 || store_long(&m_phase, slot, 2) < 0) goto fail;
     /* the data, where it did not ride with the agreement */
     if (!carried) {
-        int moved = w->prequest ? run_persistent(w, wait_for) : program_exec(w->program, src, dst, x,
+        int moved = w->prequest ? run_persistent(w, wait_for, src, dst) : program_exec(w->program, src, dst, x,
                                                                              w->returns_x ? x : out, wait_for);
         if (moved < 0) goto fail;
     }
