@@ -21,6 +21,13 @@ always sends the header and the slot), and the user's output is written only onc
 agreement has passed. The payload's reductions are bitwise commutative, so every rank gets the
 same bits whatever tree MPI takes.
 
+Two ranks need no collective (`Agreement._pair`): each sends the other its header, with up to
+`PAIR_INLINE` bytes of payload in the same message and a larger one (up to `PAIR_SLOT`) apart,
+straight from its buffer; each applies the same op to the two contributions. Both see the same
+two, so both agree or both raise, with the same bits; a message each way is what a checked call
+of up to 64 KiB then costs (under Open MPI 5 the non-blocking all-reduce of the header and a slot
+cost 1.8 us in C at 2 ranks, where the blocking MPI_Allreduce of 8 bytes cost 0.3 us).
+
 A rank that does not arrive leaves the collective pending: each waiting rank waits for
 it until its deadline (`hpcring.polling.Waiter`: a test loop, as MPI's own wait is),
 then tells every other rank that it stopped waiting (one tiny message each), listens a
