@@ -37,7 +37,7 @@ from mpi4py import MPI
 
 from . import algorithms, config, core, kernels, tracing
 from . import wire as wires
-from .agreement import NO_PAYLOAD, REPRODUCIBLE, Payload, Row, payload_descriptor
+from .agreement import NO_PAYLOAD, REPRODUCIBLE, Both, Payload, Row, payload_descriptor
 from .agreement import collective as agreement_collective
 from .algorithms import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCE_SCATTER, Spec
 from .arrays import NUMPY, Adapter, adapter_for, known_adapter
@@ -221,7 +221,7 @@ class Call:
             or self.row.dtype is None
         ):
             return NO_PAYLOAD
-        return payload_descriptor(self.row.dtype, reduction.ufunc, self.row.count)
+        return payload_descriptor(self.row.dtype, reduction.ufunc, self.row.count, self.channel.size)
 
     def agree(
         self, timeout: float | None, problem: Exception | None = None, nbytes: int | None = None
@@ -481,7 +481,7 @@ class Call:
         table.add(made)
         return made
 
-    def planned(self, x: Any, out: Any, request: MPI.Prequest, op: Any, timeout: float | None) -> Any:
+    def planned(self, x: Any, out: Any, request: Any, op: Any, timeout: float | None) -> Any:
         """A plan's run in C (`hpcring.plan`): its persistent request started and waited for
         within the timeout, with this call's exclusion and flight record, and no agreement; a
         callable of no arguments, or None where the compiled core cannot take it."""
@@ -494,6 +494,8 @@ class Call:
         run.spec = dataclasses.replace(self.spec, blocking=False)
         run.planning = True
         key = (ALLREDUCE, self.adapter, self.adapter.shape(x), x.dtype, op, self.ran, out is None)
+        if not isinstance(request, MPI.Request):  # a two-rank plan (`hpcring.persistent.Pair`)
+            request = (*request.requests, request.scratch)
         made = run._warm((*key, None, 0, None, False), request)
         return functools.partial(made.run, x, out, timeout)
 
@@ -540,6 +542,8 @@ class Call:
         """A plan's run in C went on past its spinning: wait within ``timeout`` (None: no limit),
         or raise StallError naming the ranks that never started theirs."""
         waiter = self.state.agreement.waiter
+        if isinstance(request, tuple):  # a two-rank plan's (receive, send, scratch)
+            request = Both(*request[:2])
         woke = waiter.bounded(request, timeout)
         if woke is not None:
             raise waiter.stall(woke, f"{self.what} plan", timeout or 0.0, self.state.calls)

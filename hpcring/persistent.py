@@ -16,14 +16,57 @@ import contextlib
 import functools
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
-from . import core, engine
+from . import core, engine, kernels
+from .agreement import NO_PAYLOAD, Both, combine_payload
 from .algorithms import ALLREDUCE
 from .arrays import NUMPY
 from .comm import intracomm
 from .engine import Call, Options, prepare, resolve_timeout
 from .ulfm import rank_failed
+
+PAIR_TAGS = 32100, 668  # a two-rank plan's tag: the first, and how many (by the plan's agreed call number)
+
+
+class Pair:
+    """A two-rank plan of an `mpi` all-reduce small enough to ride with the agreement
+    (`hpcring.agreement.PAIR_SLOT`): a persistent send of the input and receive of the other's,
+    and the agreement's own op applied here (bitwise commutative: both ranks get the same bits,
+    the bits a checked call gets). Under Open MPI 5 the persistent all-reduce cost 1.1-1.2x the
+    blocking call at 8 B-4 KiB on two ranks; this one message each way costs less."""
+
+    def __init__(
+        self, comm: MPI.Intracomm, src: Any, dst: Any, descriptor: tuple[int, int, int], tag: int
+    ) -> None:
+        self.src, self.dst, self.descriptor = src, dst, descriptor
+        self.scratch = np.empty(src.nbytes, np.uint8)
+        peer = 1 - comm.Get_rank()
+        self.requests = [
+            comm.Recv_init([self.scratch, MPI.BYTE], peer, tag),
+            comm.Send_init([src, MPI.BYTE], peer, tag),
+        ]
+        self._both = Both(*self.requests)
+
+    def Start(self) -> None:  # MPI.Prequest's names, which the plan and its waits call
+        MPI.Prequest.Startall(self.requests)
+
+    def Test(self) -> bool:
+        return self._both.Test()
+
+    def Free(self) -> None:
+        for request in self.requests:
+            request.Free()
+
+    def finish(self) -> None:
+        """The result, once both requests are done: this rank's input (op) the other's."""
+        code, op, _ = self.descriptor
+        dtype = kernels.DTYPES[code]
+        dst = self.dst.view(dtype)
+        if self.dst is not self.src:
+            dst[...] = self.src.view(dtype)
+        combine_payload(code, op, self.scratch.view(dtype), dst)
 
 
 class Plan:
@@ -35,14 +78,19 @@ class Plan:
         self._call, self._x, self._out, self._timeout = call, x, out, timeout
         self.algorithm = call.ran  # what runs (`auto`'s choice)
         self._where = self._buffers()  # what the buffers were: a plan on changed ones is refused
-        self._request: MPI.Prequest | None = None
+        self._request: Any = None  # an MPI.Prequest, or a Pair
         self._started = self._freed = False
         self._active = False  # the persistent request is started and not yet seen complete
         adapter, spec = call.adapter, call.spec
         if spec.persistent is not None and call.channel.size > 1 and adapter.size(x) > 0:
             src = adapter.flat(x)
             dst = src if call.in_place else adapter.flat(out)
-            self._request = spec.persistent(call.channel, src, dst, call.reduction)
+            if call.channel.size == 2 and call.fuse is not NO_PAYLOAD and adapter is NUMPY:
+                # the tag from the plan's agreed call number: the same on both ranks
+                tag = PAIR_TAGS[0] + call.state.calls % PAIR_TAGS[1]
+                self._request = Pair(call.state.comm, src, dst, call.fuse, tag)
+            else:
+                self._request = spec.persistent(call.channel, src, dst, call.reduction)
         # p() on NumPy arrays, where the compiled core runs: with a persistent request (`mpi`), its
         # start and bounded wait in C; on hpcring's own algorithms the engine's warm call without
         # the agreement, run in C from its second time on (start() and the Python path are a few
@@ -121,6 +169,8 @@ class Plan:
             if woke is not None:  # the request stays active inside MPI: `free` leaves it be
                 raise waiter.stall(woke, f"{call.what} plan", timeout, call.state.calls)
             self._active = False
+            if isinstance(self._request, Pair):
+                self._request.finish()
             if call.mean:
                 dst = call.adapter.flat(self._x if call.in_place else self._out)
                 call.channel.xp.true_divide(dst, call.channel.size, out=dst)

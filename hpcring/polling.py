@@ -266,6 +266,8 @@ def abandon(error: BaseException) -> None:
     while tb is not None:
         for value in tb.tb_frame.f_locals.values():
             found = [value] if isinstance(value, MPI.Request) else []
+            if not found and isinstance(getattr(value, "requests", None), list):  # agreement.Both
+                value = value.requests
             if isinstance(value, (list, tuple, deque)):  # the ring's requests in flight
                 found = [item for item in value if isinstance(item, MPI.Request)]
             for request in found:

@@ -10,6 +10,8 @@ payloads, subnormals, extremes) and random bit patterns, for every pair a payloa
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 
@@ -75,6 +77,30 @@ def test_compiled_payload_reductions_are_the_references(name: str, op: str) -> N
     )
 
 
+@pytest.mark.parametrize("name", ["float32", "float64", "complex64"])
+@pytest.mark.parametrize("op", ["sum", "prod"])
+def test_compiled_sums_in_blocks_without_two_nans_are_the_references(name: str, op: str) -> None:
+    """The compiled sums and products run blocks with no place where both operands are NaN as
+    a vector loop: the same bits as the reference, next to blocks that have such a place."""
+    if not core.active():
+        pytest.skip(f"no compiled core here: {core.describe()[1]}")
+    dtype = np.dtype(name)
+    if dtype.kind == "c" and op == "prod":
+        pytest.skip("complex payloads are sums")
+    code = kernels.DTYPE_CODES[dtype]
+    rng = np.random.default_rng(9)
+    a = (rng.standard_normal(3001) * 10.0 ** rng.integers(-30, 30, 3001)).astype(dtype)
+    b = (rng.standard_normal(3001) * 10.0 ** rng.integers(-30, 30, 3001)).astype(dtype)
+    a[::7], b[::11] = np.nan, np.inf  # one-sided NaNs and Infs everywhere
+    b[5] = -a[5]  # exact cancellation
+    a[700], b[700] = values(dtype, 2, 5)[:1].repeat(2)  # one block with edge values and two NaNs
+    a[701], b[701] = np.nan, np.nan
+    np.testing.assert_array_equal(
+        bits(combined(code, OPS[op], a, b, compiled=True)),
+        bits(combined(code, OPS[op], a, b, compiled=False)),
+    )
+
+
 @pytest.mark.parametrize("name", ["float32", "float64"])
 @pytest.mark.parametrize("op", ["max", "min"])
 def test_max_and_min_are_associative_and_let_nan_win(name: str, op: str) -> None:
@@ -108,3 +134,127 @@ def test_max_and_min_are_associative_and_let_nan_win(name: str, op: str) -> None
 def test_what_may_ride(dtype: str, ufunc: str, count: int, rides: bool) -> None:
     got = agreement.payload_descriptor(np.dtype(dtype), ufunc, count)
     assert (got != agreement.NO_PAYLOAD) == rides
+
+
+# ---- riding, under MPI (1-4 ranks): the bits MPI gives, and every mismatch raised ---------------
+
+# Counts of float32: in the header's message, apart from it (past PAIR_INLINE), the largest that
+# rides on two ranks, and one past it (then MPI's own all-reduce moves it after the agreement).
+RIDING_COUNTS = [1, agreement.PAIR_INLINE // 4 + 1, agreement.PAIR_SLOT // 4, agreement.PAIR_SLOT // 4 + 1]
+
+
+def _rank_values(dtype: np.dtype, count: int, rank: int) -> np.ndarray:
+    """This rank's operands: edge values (NaN payloads, Infs, signed zeros, subnormals) and
+    random bits, different on every rank; a NaN on every rank at a few places."""
+    x = values(dtype, count, 11 + rank)
+    if count > 8:
+        x[:2] = np.array([np.nan, np.inf], dtype)
+        x[2:4] = np.array([-0.0, np.inf if rank % 2 else -np.inf], dtype)
+    return x
+
+
+def _state(comm: Any) -> Any:
+    from hpcring import engine
+
+    return engine.known_state(comm)
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("compiled", [True, False], ids=["c", "python"])
+@pytest.mark.parametrize("name", ["float32", "float64"])
+@pytest.mark.parametrize("count", RIDING_COUNTS)
+def test_float_sums_ride_with_mpis_bits(fresh_world: Any, compiled: bool, name: str, count: int) -> None:
+    """A float sum rides with the agreement (on two ranks up to PAIR_SLOT bytes): every rank gets
+    the same bits, MPI's own MPI_Allreduce's wherever at most one rank holds a NaN (of two NaNs
+    the slot keeps the larger bits, where MPI's order decides), on the compiled core and the
+    Python reference alike, warm and cold, in place and not; and so does a plan."""
+    import hpcring
+    from tests.helpers import everywhere, identical_everywhere
+
+    if compiled and not core.active():
+        pytest.skip(f"no compiled core here: {core.describe()[1]}")
+    kernels.select(None if compiled else "python")
+    try:
+        dtype = np.dtype(name)
+        x = _rank_values(dtype, count, fresh_world.rank)
+        want = np.empty_like(x)
+        fresh_world.Allreduce(x, want)
+        nans = np.empty(count, np.int32)
+        fresh_world.Allreduce(np.isnan(x).astype(np.int32), nans)
+        exact = nans < 2
+        for _ in range(3):  # cold, then the warm call (in C where it runs)
+            got = hpcring.allreduce(x, out=np.empty_like(x), algorithm="mpi", comm=fresh_world)
+            inplace = hpcring.allreduce(x.copy(), algorithm="mpi", comm=fresh_world)
+            for made in (got, inplace):
+                assert identical_everywhere(fresh_world, made)
+                assert everywhere(fresh_world, bool((bits(made)[exact] == bits(want)[exact]).all()))
+                assert everywhere(fresh_world, bool(np.isnan(made[~exact]).all()))
+        # a plan (on two ranks up to PAIR_SLOT bytes: a message each way and the same op): the same
+        # bits; on more ranks MPI's persistent all-reduce, whose tree may differ from MPI_Allreduce's
+        # (Open MPI 5 at 3 ranks, 64 KiB): the same bits on every rank
+        exact_plan = exact if fresh_world.size <= 2 else np.zeros(count, bool)
+        planned = hpcring.plan(x, algorithm="mpi", out=np.empty_like(x), comm=fresh_world)
+        y = x.copy()
+        in_place = hpcring.plan(y, algorithm="mpi", comm=fresh_world)
+        for run in range(2):
+            made = planned() if run else (planned.start(), planned.wait())[1]
+            y[...] = x
+            for result in (made, in_place()):
+                assert identical_everywhere(fresh_world, result)
+                same = bits(result)[exact_plan] == bits(want)[exact_plan]
+                assert everywhere(fresh_world, bool(same.all()))
+                assert everywhere(fresh_world, bool(np.isnan(result[nans > 0]).all()))
+        mean = hpcring.allreduce(x, op="mean", algorithm="mpi", out=np.empty_like(x), comm=fresh_world)
+        assert identical_everywhere(fresh_world, mean)
+        state = _state(fresh_world)
+        fused = [c.fuse for c in state.warm.values() if c.options.op == "sum"]
+        rides = count * dtype.itemsize <= agreement.slot_bytes(fresh_world.size)
+        if fresh_world.size > 1:  # one rank: nothing travels
+            assert everywhere(fresh_world, all((f != agreement.NO_PAYLOAD) == rides for f in fused))
+    finally:
+        kernels.select()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("compiled", [True, False], ids=["c", "python"])
+@pytest.mark.parametrize("count", [2, agreement.PAIR_INLINE // 4 + 1, agreement.PAIR_SLOT // 4])
+def test_a_mismatch_while_riding_raises_everywhere_and_leaves_the_buffer(
+    fresh_world: Any, compiled: bool, count: int
+) -> None:
+    """Ranks that carry different payloads (count, dtype, op), a different row, or a bad
+    argument on one rank: every rank raises the mismatch, nobody's buffer changes, and the next
+    call agrees again (nothing left over on the wire)."""
+    import hpcring
+    from tests.helpers import everywhere, raises_everywhere
+
+    if fresh_world.size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    if compiled and not core.active():
+        pytest.skip(f"no compiled core here: {core.describe()[1]}")
+    kernels.select(None if compiled else "python")
+    try:
+        last = fresh_world.rank == fresh_world.size - 1
+        x = np.full(count, 1.5 + fresh_world.rank, np.float32)
+        before = x.copy()
+
+        def call(y: np.ndarray, **kw: Any) -> Any:
+            return lambda: hpcring.allreduce(y, algorithm="mpi", comm=fresh_world, **kw)
+
+        for _ in range(2):  # cold and warm: each rank's call is the same kind as the time before
+            hpcring.allreduce(x.copy(), algorithm="mpi", comm=fresh_world)
+            raises_everywhere(ValueError, "disagree on count", call(x[: count - 1] if last else x))
+            raises_everywhere(ValueError, "disagree on dtype", call(x.astype(np.float64) if last else x))
+            raises_everywhere(ValueError, "disagree on op", call(x, op="max" if last else "sum"))
+            raises_everywhere(
+                ValueError, "disagree on placement", call(x, out=None if last else np.empty_like(x))
+            )
+            raises_everywhere(
+                TypeError,
+                "rejected its input" if not last else "not supported",
+                call(x.astype(np.int8) if last else x),
+            )
+            assert everywhere(fresh_world, bool((x == before).all()))
+        total = hpcring.allreduce(x, algorithm="mpi", comm=fresh_world, out=np.empty_like(x))
+        assert everywhere(fresh_world, bool((total == sum(1.5 + r for r in range(fresh_world.size))).all()))
+    finally:
+        kernels.select()

@@ -26,6 +26,9 @@
 #include "reduce.h"
 
 #define HR_PAYLOAD_COLUMNS 4 /* present, dtype, op, count: just before the verdict */
+#define HR_TAG_AGREE 32002      /* two ranks' agreement message (hpcring.agreement.TAG_AGREE) */
+#define HR_TAG_AGREE_DATA 32003 /* its payload, where it travels apart (TAG_AGREE_DATA) */
+#define HR_PAIR_INLINE 1024     /* bytes of payload inside the header's message (PAIR_INLINE) */
 
 /* 1 where every column of [first, last) holds one value (max equals min) in the header
  * (``width`` words of maxima, then ``width`` of negated minima). */
@@ -46,32 +49,59 @@ static inline int hr_carried(const int64_t *h, int width) {
 }
 
 #define HR_PAYLOAD_FLOAT(NAME, T, U, BITS, FROM, QUIET, SIGN)                                     \
-    static void NAME(int op, const T *a, T *b, size_t n) {                                       \
+    static void NAME##_each(int op, const T *a, const T *b, T *out, size_t n) {                  \
         for (size_t i = 0; i < n; i++) {                                                          \
             T x = a[i], y = b[i];                                                                 \
             U ux = BITS(x), uy = BITS(y);                                                         \
             int nx = x != x, ny = y != y;                                                         \
             if (nx && ny) { /* two NaNs: the larger bits (quieted where arithmetic) */            \
                 U m = ux > uy ? ux : uy;                                                          \
-                b[i] = FROM((op == HR_SUM || op == HR_PROD) ? (m | QUIET) : m);                   \
+                out[i] = FROM((op == HR_SUM || op == HR_PROD) ? (m | QUIET) : m);                 \
                 continue;                                                                         \
             }                                                                                     \
             switch (op) {                                                                         \
-            case HR_SUM: b[i] = x + y; break;                                                     \
-            case HR_PROD: b[i] = x * y; break;                                                    \
+            case HR_SUM: out[i] = x + y; break;                                                   \
+            case HR_PROD: out[i] = x * y; break;                                                  \
             case HR_MAX:                                                                          \
-                b[i] = nx ? x : ny ? y : x == y ? ((ux & SIGN) ? y : x) : x > y ? x : y;          \
+                out[i] = nx ? x : ny ? y : x == y ? ((ux & SIGN) ? y : x) : x > y ? x : y;        \
                 break;                                                                            \
             case HR_MIN:                                                                          \
-                b[i] = nx ? x : ny ? y : x == y ? ((ux & SIGN) ? x : y) : x < y ? x : y;          \
+                out[i] = nx ? x : ny ? y : x == y ? ((ux & SIGN) ? x : y) : x < y ? x : y;        \
                 break;                                                                            \
             }                                                                                     \
+        }                                                                                         \
+    }
+
+/* Sums and products: blocks without two NaNs at one place (almost always all of them) run
+ * IEEE's op as a vector loop, which gives the same bits; a block with such a place runs
+ * element by element. */
+#define HR_PAYLOAD_BLOCK 256
+#define HR_PAYLOAD_FAST(NAME, T)                                                                  \
+    static void NAME(int op, const T *a, const T *b, T *out, size_t n) {                         \
+        if (op != HR_SUM && op != HR_PROD) {                                                      \
+            NAME##_each(op, a, b, out, n);                                                        \
+            return;                                                                               \
+        }                                                                                         \
+        for (size_t s = 0; s < n; s += HR_PAYLOAD_BLOCK) {                                        \
+            size_t m = n - s < HR_PAYLOAD_BLOCK ? n - s : HR_PAYLOAD_BLOCK;                       \
+            const T *x = a + s, *y = b + s;                                                       \
+            T *o = out + s;                                                                       \
+            int both = 0;                                                                         \
+            for (size_t i = 0; i < m; i++) both |= (x[i] != x[i]) & (y[i] != y[i]);               \
+            if (both)                                                                             \
+                NAME##_each(op, x, y, o, m);                                                      \
+            else if (op == HR_SUM)                                                                \
+                for (size_t i = 0; i < m; i++) o[i] = x[i] + y[i];                                \
+            else                                                                                  \
+                for (size_t i = 0; i < m; i++) o[i] = x[i] * y[i];                                \
         }                                                                                         \
     }
 
 HR_PAYLOAD_FLOAT(hr_payload_f32, float, uint32_t, hr_bits32, hr_float32, 0x00400000u, 0x80000000u)
 HR_PAYLOAD_FLOAT(hr_payload_f64, double, uint64_t, hr_bits64, hr_float64, 0x0008000000000000ull,
                  0x8000000000000000ull)
+HR_PAYLOAD_FAST(hr_payload_f32, float)
+HR_PAYLOAD_FAST(hr_payload_f64, double)
 
 /* The (dtype, op) pairs a payload may carry: those whose reduction is bitwise commutative here. */
 static inline int hr_payload_ok(int dtype, int op) {
@@ -86,16 +116,23 @@ static inline int hr_payload_ok(int dtype, int op) {
     }
 }
 
-/* b <- a (op) b for ``n`` elements of ``dtype``; 0, or -1 for a pair hr_payload_ok refuses. */
-static int hr_payload_combine(int dtype, int op, const void *a, void *b, size_t n, const hr_quirks *q) {
+/* out <- a (op) b for ``n`` elements of ``dtype`` (``out`` may be ``b``); 0, or -1 for a pair
+ * hr_payload_ok refuses. */
+static int hr_payload_combine3(int dtype, int op, const void *a, const void *b, void *out, size_t n,
+                               const hr_quirks *q) {
     if (!hr_payload_ok(dtype, op)) return -1;
     switch (dtype) {
-    case HR_F32: hr_payload_f32(op, a, b, n); return 0;
-    case HR_F64: hr_payload_f64(op, a, b, n); return 0;
-    case HR_C64: hr_payload_f32(op, a, b, 2 * n); return 0;
-    case HR_C128: hr_payload_f64(op, a, b, 2 * n); return 0;
-    default: return hr_combine(dtype, op, a, b, b, n, q); /* integers: exact, and they commute */
+    case HR_F32: hr_payload_f32(op, a, b, out, n); return 0;
+    case HR_F64: hr_payload_f64(op, a, b, out, n); return 0;
+    case HR_C64: hr_payload_f32(op, a, b, out, 2 * n); return 0;
+    case HR_C128: hr_payload_f64(op, a, b, out, 2 * n); return 0;
+    default: return hr_combine(dtype, op, a, b, out, n, q); /* integers: exact, and they commute */
     }
+}
+
+/* b <- a (op) b (hpcring.agreement.combine_payload). */
+static int hr_payload_combine(int dtype, int op, const void *a, void *b, size_t n, const hr_quirks *q) {
+    return hr_payload_combine3(dtype, op, a, b, b, n, q);
 }
 
 #endif

@@ -104,6 +104,7 @@ static unsigned long main_thread;
  * slot in bytes, and the datatype and op every rank's agreement uses (`agreement` makes them). */
 static int agree_width;
 static Py_ssize_t agree_slot;
+static Py_ssize_t agree_pair_slot; /* two ranks: their contributions exchanged, the slot this large */
 static MPI_Datatype agree_type = MPI_DATATYPE_NULL;
 static MPI_Op agree_op = MPI_OP_NULL;
 
@@ -174,42 +175,50 @@ static void exc_drop(hr_exc e) {
 
 /* MPI_User_function of the agreement: the header's maxima, and the payloads reduced where both
  * sides are uniform and equal (whole elements: the datatype is one contiguous element). */
-static void agree_reduce(void *in, void *inout, int *len, MPI_Datatype *type) {
-    size_t bytes = 16 * (size_t)agree_width + (size_t)agree_slot;
-    for (int e = 0; e < *len; e++) {
-        int64_t *a = (int64_t *)((char *)in + e * bytes), *b = (int64_t *)((char *)inout + e * bytes);
-        int w = agree_width;
-        int carry = hr_agreed(a, w) && hr_agreed(b, w) && hr_carried(a, w) && hr_carried(b, w);
-        for (int k = 0; k < w && carry; k++) carry = a[k] == b[k];
-        for (int k = 0; k < 2 * w; k++)
-            if (a[k] > b[k]) b[k] = a[k];
-        int64_t dtype = b[w - 4], op = b[w - 3], count = b[w - 2];
-        if (carry && dtype >= 0 && dtype < HR_NDTYPES && count > 0 && count * hr_itemsize[dtype] <= agree_slot)
-            hr_payload_combine((int)dtype, (int)op, a + 2 * w, b + 2 * w, (size_t)count, &quirks);
-    }
+/* b <- a (op) b for one contribution whose slot holds ``slot`` bytes (hpcring.agreement.combine). */
+static void agree_combine(const int64_t *a, int64_t *b, Py_ssize_t slot) {
+    int w = agree_width;
+    int carry = hr_agreed(a, w) && hr_agreed(b, w) && hr_carried(a, w) && hr_carried(b, w);
+    for (int k = 0; k < w && carry; k++) carry = a[k] == b[k];
+    for (int k = 0; k < 2 * w; k++)
+        if (a[k] > b[k]) b[k] = a[k];
+    int64_t dtype = b[w - 4], op = b[w - 3], count = b[w - 2];
+    if (carry && dtype >= 0 && dtype < HR_NDTYPES && count > 0 && count * hr_itemsize[dtype] <= slot)
+        hr_payload_combine((int)dtype, (int)op, a + 2 * w, b + 2 * w, (size_t)count, &quirks);
 }
 
-PyDoc_STRVAR(agreement_doc, "agreement(width, slot) -> (datatype, op)\n\nThe agreement's collective for a header "
-                            "of ``width`` words per half and a payload slot of ``slot`` bytes: its datatype (one "
-                            "element) and its op (agree.h) as mpi4py objects, made once.");
+static void agree_reduce(void *in, void *inout, int *len, MPI_Datatype *type) {
+    size_t bytes = 16 * (size_t)agree_width + (size_t)agree_slot;
+    for (int e = 0; e < *len; e++)
+        agree_combine((const int64_t *)((char *)in + e * bytes), (int64_t *)((char *)inout + e * bytes), agree_slot);
+}
+
+PyDoc_STRVAR(agreement_doc, "agreement(width, slot, pair_slot, pair_inline) -> (datatype, op)\n\nThe agreement's collective for "
+                            "a header of ``width`` words per half and a payload slot of ``slot`` bytes: its datatype "
+                            "(one element) and its op (agree.h) as mpi4py objects, made once; two ranks exchange "
+                            "their contributions instead, with a slot of ``pair_slot`` bytes (``pair_inline`` of them in the header's "
+                            "message).");
 
 static PyObject *agreement(PyObject *self, PyObject *args) {
     int width;
-    Py_ssize_t slot;
-    if (!PyArg_ParseTuple(args, "in", &width, &slot)) return NULL;
-    if (width < 5 || slot < 0 || slot % 16) {
-        PyErr_SetString(PyExc_ValueError, "agreement: width >= 5, slot a multiple of 16");
+    Py_ssize_t slot, pair_slot, pair_inline;
+    if (!PyArg_ParseTuple(args, "innn", &width, &slot, &pair_slot, &pair_inline)) return NULL;
+    if (width < 5 || slot < 0 || slot % 16 || pair_slot < HR_PAIR_INLINE || pair_slot % 16 ||
+        pair_inline != HR_PAIR_INLINE) {
+        PyErr_SetString(PyExc_ValueError, "agreement: width >= 5, slots multiples of 16, pair_slot >= pair_inline, "
+                                          "pair_inline as built (HR_PAIR_INLINE)");
         return NULL;
     }
     if (agree_op == MPI_OP_NULL) {
         agree_width = width;
         agree_slot = slot;
+        agree_pair_slot = pair_slot;
         if (MPI_Type_contiguous((int)(16 * width + slot), MPI_BYTE, &agree_type) != MPI_SUCCESS ||
             MPI_Type_commit(&agree_type) != MPI_SUCCESS || MPI_Op_create(agree_reduce, 1, &agree_op) != MPI_SUCCESS) {
             PyErr_SetString(PyExc_RuntimeError, "agreement: MPI could not make its datatype or op");
             return NULL;
         }
-    } else if (width != agree_width || slot != agree_slot) {
+    } else if (width != agree_width || slot != agree_slot || pair_slot != agree_pair_slot) {
         PyErr_SetString(PyExc_ValueError, "agreement: made already with another shape");
         return NULL;
     }
@@ -252,18 +261,23 @@ static int sharing;
 /* Test ``*req`` until it completes (1) or ``seconds`` pass (0); napping ``nap`` ns between tests
  * where asked (HPCRING_WAIT_SLEEP_US), yielding the core between tests where it is shared (above).
  * Called with or without the GIL: it touches no Python. */
-static int spin(MPI_Request *req, double seconds, long nap, int *rc) {
+static inline int test_n(int n, MPI_Request *req, int *flag) {
+    return n == 1 ? MPI_Test(req, flag, MPI_STATUS_IGNORE) : MPI_Testall(n, req, flag, MPI_STATUSES_IGNORE);
+}
+
+/* As `spin`, for ``n`` requests all done. */
+static int spin_n(int n, MPI_Request *req, double seconds, long nap, int *rc) {
     int flag = 0;
     if (!nap) {
         for (int i = 0; i < SHARED_TESTS; i++) {
-            if ((*rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS || flag) return flag;
+            if ((*rc = test_n(n, req, &flag)) != MPI_SUCCESS || flag) return flag;
         }
     }
     int share = sharing;
     double end = now() + seconds;
     for (;;) {
         for (int i = 0; i < (nap || share ? 1 : 16); i++) {
-            if ((*rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE)) != MPI_SUCCESS || flag) break;
+            if ((*rc = test_n(n, req, &flag)) != MPI_SUCCESS || flag) break;
         }
         if (*rc != MPI_SUCCESS || flag) break;
         if (nap) {
@@ -276,6 +290,8 @@ static int spin(MPI_Request *req, double seconds, long nap, int *rc) {
     }
     return flag;
 }
+
+static int spin(MPI_Request *req, double seconds, long nap, int *rc) { return spin_n(1, req, seconds, nap, rc); }
 
 PyDoc_STRVAR(waiting_doc, "waiting(share)\n\nWhether waits yield their core between tests from the start "
                           "(hpcring.polling.share).");
@@ -871,8 +887,10 @@ typedef struct {
     MPI_Comm agree_comm;
     int64_t *words;     /* the row (Row.words()) */
     int nwords;
-    int64_t *agree;     /* the agreement's buffer: 2 (nwords + 2) int64 */
-    int size;
+    int64_t *agree;     /* the agreement's buffer: the header and the slot */
+    int64_t *agree_in;  /* two ranks: the other's contribution, in ``inbox``'s memory */
+    PyObject *inbox;    /* that buffer: the communicator's (hpcring.agreement.Agreement.inbox), shared */
+    int size, rank;
     int single;         /* MPI allows the main thread only */
     int returns_x;
     int blocking;       /* the program is one blocking library call: the watchdog reads the channel's timeout */
@@ -881,7 +899,8 @@ typedef struct {
     int64_t payload[3]; /* its dtype, op and count (the kernels' codes) */
     Py_ssize_t nbytes;  /* the array's bytes */
     Program *program;   /* the data movement; NULL where a persistent request moves it (a plan) */
-    PyObject *prequest; /* that request (mpi4py's Prequest, on the plan's buffers) */
+    PyObject *prequest; /* that request (mpi4py's Prequest, on the plan's buffers), or a pair's tuple */
+    char *pair_scratch; /* a two-rank plan: where the other's input comes (``prequest`` is the tuple) */
     PyObject *allocate; /* an all-to-all's (hpcring.exchange): numpy.empty_like, the output where no
                            out= is given; NULL for every other collective */
 } Warm;
@@ -907,6 +926,7 @@ static void warm_dealloc(Warm *w) {
     Py_XDECREF(w->allocate);
     PyMem_Free(w->words);
     PyMem_Free(w->agree);
+    Py_XDECREF(w->inbox);
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
 
@@ -936,7 +956,18 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         return NULL;
     }
     int persistent = Py_TYPE(program) != &ProgramType;
-    if (persistent && (!PyObject_TypeCheck(program, &PyMPIRequest_Type) || PyMPIRequest_Get(program) == NULL)) {
+    /* a two-rank plan (hpcring.persistent.Pair): (receive, send, scratch), the op applied here */
+    int paired = PyTuple_Check(program) && PyTuple_GET_SIZE(program) == 3;
+    char *pair_scratch = NULL;
+    Py_ssize_t pair_bytes = 0;
+    if (paired && (!PyObject_TypeCheck(PyTuple_GET_ITEM(program, 0), &PyMPIRequest_Type) ||
+                   !PyObject_TypeCheck(PyTuple_GET_ITEM(program, 1), &PyMPIRequest_Type) ||
+                   array_bytes(PyTuple_GET_ITEM(program, 2), 1, &pair_scratch, &pair_bytes) < 0 || pdtype < 0)) {
+        PyErr_SetString(PyExc_TypeError, "Warm: a pair's program is (receive, send, scratch) of a payload's call");
+        return NULL;
+    }
+    if (persistent && !paired &&
+        (!PyObject_TypeCheck(program, &PyMPIRequest_Type) || PyMPIRequest_Get(program) == NULL)) {
         PyErr_Clear();
         PyErr_SetString(PyExc_TypeError, "Warm: program must be a Program or a persistent MPI request");
         return NULL;
@@ -976,10 +1007,6 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     w->payload[0] = pdtype;
     w->payload[1] = pop;
     w->payload[2] = pcount;
-    if (fused && (w->nbytes > agree_slot || pcount * itemsize != w->nbytes || !hr_payload_ok((int)pdtype, (int)pop))) {
-        PyErr_SetString(PyExc_ValueError, "Warm: a fused call's data must fit the agreement's slot");
-        goto fail;
-    }
     Py_INCREF(call);
     w->call = call;
     Py_INCREF(state);
@@ -1004,8 +1031,13 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     MPI_Comm *handle = PyMPIComm_Get(comm);
     if (handle == NULL) goto fail;
     w->agree_comm = *handle;
-    if (MPI_Comm_size(w->agree_comm, &w->size) != MPI_SUCCESS) {
-        PyErr_SetString(PyExc_RuntimeError, "Warm: MPI_Comm_size failed");
+    if (MPI_Comm_size(w->agree_comm, &w->size) != MPI_SUCCESS || MPI_Comm_rank(w->agree_comm, &w->rank) != MPI_SUCCESS) {
+        PyErr_SetString(PyExc_RuntimeError, "Warm: MPI_Comm_size or MPI_Comm_rank failed");
+        goto fail;
+    }
+    if (fused && (w->nbytes > (w->size == 2 ? agree_pair_slot : agree_slot) || pcount * itemsize != w->nbytes ||
+                  !hr_payload_ok((int)pdtype, (int)pop))) {
+        PyErr_SetString(PyExc_ValueError, "Warm: a fused call's data must fit the agreement's slot");
         goto fail;
     }
     w->nwords = (int)PyTuple_GET_SIZE(words);
@@ -1027,6 +1059,11 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     else w->program = (Program *)program;
     Py_XINCREF(allocate);
     w->allocate = allocate;
+    if (paired && (pair_bytes != w->nbytes || !w->fused)) {
+        PyErr_SetString(PyExc_ValueError, "Warm: a pair's scratch must hold the call's bytes");
+        goto fail;
+    }
+    w->pair_scratch = paired ? pair_scratch : NULL;
     return (PyObject *)w;
 fail:
     Py_DECREF(w);
@@ -1253,17 +1290,89 @@ static void divide(int dtype, char *buf, Py_ssize_t nbytes, int size) {
     }
 }
 
+/* Wait for the agreement's ``n`` requests: spinning, then Python's bounded wait, stall notices
+ * and StallError (a late rank). 0 done, -1 raised (the requests and buffers then left to MPI). */
+static int agree_wait(Warm *w, int n, MPI_Request *req, long long number, PyObject *timeout) {
+    int rc;
+    int done = spin_n(n, req, HELD_SECONDS, 0, &rc);
+    if (!done && rc == MPI_SUCCESS) {
+        Py_BEGIN_ALLOW_THREADS
+        done = spin_n(n, req, SPIN_SECONDS, 0, &rc);
+        Py_END_ALLOW_THREADS
+    }
+    if (rc != MPI_SUCCESS) {
+        mpi_error(rc);
+        return -1;
+    }
+    if (done) return 0;
+    PyObject *requests = PyTuple_New(n);
+    int made = requests != NULL;
+    for (int k = 0; made && k < n; k++) {
+        PyObject *one = PyMPIRequest_New(req[k]);
+        if (one == NULL) made = 0;
+        else PyTuple_SET_ITEM(requests, k, one);
+    }
+    PyObject *request = !made ? NULL : n > 1 ? Py_NewRef(requests) : Py_NewRef(PyTuple_GET_ITEM(requests, 0));
+    PyObject *num = PyLong_FromLongLong(number);
+    PyObject *r = request && num ? PyObject_CallMethodObjArgs(w->call, s_stalled, request, num, timeout, NULL) : NULL;
+    Py_XDECREF(num);
+    if (r == NULL) {
+        hr_exc exc = exc_take();
+        for (int k = 0; made && abandoned && k < n; k++) PyList_Append(abandoned, PyTuple_GET_ITEM(requests, k));
+        PyErr_Clear();
+        exc_put(exc);
+        Py_XDECREF(request);
+        Py_XDECREF(requests);
+        w->agree = w->agree_in = NULL; /* MPI may still use the old buffers: they are left to it */
+        if (w->inbox != NULL) {
+            hr_exc pending = exc_take();
+            PyObject *agreement = PyObject_GetAttrString(w->state, "agreement");
+            if (agreement == NULL || PyObject_SetAttrString(agreement, "incoming", Py_None) < 0) PyErr_Clear();
+            Py_XDECREF(agreement);
+            if (abandoned) PyList_Append(abandoned, w->inbox);
+            Py_CLEAR(w->inbox);
+            exc_put(pending);
+        }
+        return -1;
+    }
+    Py_DECREF(r);
+    Py_DECREF(request);
+    Py_DECREF(requests);
+    for (int k = 0; k < n; k++) req[k] = MPI_REQUEST_NULL; /* completed in Python */
+    return 0;
+}
+
 /* The agreement, as hpcring.agreement.Agreement runs it (agree.h): [number, row, present, dtype,
  * op, count, verdict], its negation and the payload slot, in one MPI_Iallreduce; where the call
- * is fused, its data (``src``) rides in the slot. 1 when every rank agreed and every rank's data
- * rode along (``dst`` then holds the result), 0 when they agreed and the data is yet to move, -1
- * raised (a stall, a mismatch, an MPI error). */
+ * is fused, its data (``src``) rides in the slot. Two ranks exchange their contributions instead
+ * (Agreement._pair): the header with up to HR_PAIR_INLINE bytes of payload in one message, a
+ * larger payload apart, straight from ``src``, once the other's header says one comes; each then
+ * applies the op itself. 1 when every rank agreed and every rank's data rode along (``dst`` then
+ * holds the result), 0 when they agreed and the data is yet to move, -1 raised (a stall, a
+ * mismatch, an MPI error). */
 static int agree(Warm *w, long long number, PyObject *timeout, const char *src, char *dst) {
     int width = w->nwords + 2 + HR_PAYLOAD_COLUMNS; /* number, row, payload columns, verdict */
-    size_t bytes = 16 * (size_t)width + (size_t)agree_slot;
+    int pair = w->size == 2;
+    size_t head = 16 * (size_t)width;
+    size_t bytes = head + (size_t)(pair ? HR_PAIR_INLINE : agree_slot);
     if (w->agree == NULL && (w->agree = PyMem_Calloc(1, bytes)) == NULL) {
         PyErr_NoMemory();
         return -1;
+    }
+    if (pair && w->inbox == NULL) { /* the communicator's receive buffer, shared with the Python path */
+        PyObject *agreement = PyObject_GetAttrString(w->state, "agreement");
+        PyObject *inbox = agreement ? PyObject_CallMethod(agreement, "inbox", NULL) : NULL;
+        Py_XDECREF(agreement);
+        char *data;
+        Py_ssize_t size;
+        if (inbox == NULL) return -1;
+        if (array_bytes(inbox, 1, &data, &size) < 0 || (size_t)size < head + (size_t)agree_pair_slot) {
+            Py_DECREF(inbox);
+            PyErr_SetString(PyExc_ValueError, "agreement: the inbox is not a writable array of the pair's size");
+            return -1;
+        }
+        w->inbox = inbox;
+        w->agree_in = (int64_t *)data;
     }
     int64_t *b = w->agree;
     b[0] = number;
@@ -1275,39 +1384,37 @@ static int agree(Warm *w, long long number, PyObject *timeout, const char *src, 
     payload[3] = w->fused ? w->payload[2] : 0;
     for (int k = 0; k < width - 1; k++) b[width + k] = -b[k];
     b[width - 1] = b[2 * width - 1] = 0;
-    if (w->fused) memcpy(b + 2 * width, src, (size_t)w->nbytes);
-    MPI_Request req;
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, b, 1, agree_type, agree_op, w->agree_comm, &req);
-    if (rc != MPI_SUCCESS) {
-        mpi_error(rc);
-        return -1;
-    }
-    int done = spin(&req, HELD_SECONDS, 0, &rc);
-    if (!done && rc == MPI_SUCCESS) {
-        Py_BEGIN_ALLOW_THREADS
-        done = spin(&req, SPIN_SECONDS, 0, &rc);
-        Py_END_ALLOW_THREADS
-    }
-    if (rc != MPI_SUCCESS) {
-        mpi_error(rc);
-        return -1;
-    }
-    if (!done) { /* a late rank: Python's bounded wait, stall notices and StallError */
-        PyObject *request = PyMPIRequest_New(req);
-        PyObject *n = PyLong_FromLongLong(number);
-        PyObject *r = request && n ? PyObject_CallMethodObjArgs(w->call, s_stalled, request, n, timeout, NULL) : NULL;
-        Py_XDECREF(n);
-        if (r == NULL) {
-            hr_exc exc = exc_take();
-            if (abandoned && request) PyList_Append(abandoned, request);
-            PyErr_Clear();
-            exc_put(exc);
-            Py_XDECREF(request);
-            w->agree = NULL; /* MPI may still write the old buffer: it is left to it */
-            return -1;
+    size_t nbytes = w->fused ? (size_t)w->nbytes : 0;
+    int inline_ = nbytes <= HR_PAIR_INLINE;
+    if (w->fused && (!pair || inline_)) memcpy(b + 2 * width, src, nbytes);
+    MPI_Request req[4] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+    int rc;
+    if (!pair) {
+        rc = MPI_Iallreduce(MPI_IN_PLACE, b, 1, agree_type, agree_op, w->agree_comm, &req[0]);
+        if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
+        if (agree_wait(w, 1, req, number, timeout) < 0) return -1;
+    } else {
+        int peer = 1 - w->rank;
+        int64_t *theirs = w->agree_in;
+        rc = MPI_Irecv(theirs, (int)(head + HR_PAIR_INLINE), MPI_BYTE, peer, HR_TAG_AGREE, w->agree_comm, &req[0]);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Isend(b, (int)(head + (inline_ ? nbytes : 0)), MPI_BYTE, peer, HR_TAG_AGREE, w->agree_comm, &req[1]);
+        if (rc == MPI_SUCCESS && !inline_)
+            rc = MPI_Isend(src, (int)nbytes, MPI_BYTE, peer, HR_TAG_AGREE_DATA, w->agree_comm, &req[2]);
+        if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
+        if (agree_wait(w, 1, req, number, timeout) < 0) return -1;
+        /* the other's payload beyond the header, where it sends one apart */
+        int64_t code = theirs[width - 4], count = theirs[width - 2];
+        size_t apart = theirs[width - 5] == 1 && code >= 0 && code < HR_NDTYPES && count > 0
+                           ? (size_t)count * (size_t)hr_itemsize[code]
+                           : 0;
+        if (apart > HR_PAIR_INLINE && apart <= (size_t)agree_pair_slot) {
+            rc = MPI_Irecv((char *)theirs + head, (int)apart, MPI_BYTE, peer, HR_TAG_AGREE_DATA, w->agree_comm, &req[3]);
+            if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
         }
-        Py_DECREF(r);
-        Py_DECREF(request);
+        if (agree_wait(w, 4, req, number, timeout) < 0) return -1;
+        for (int k = 0; k < 2 * width; k++)
+            if (theirs[k] > b[k]) b[k] = theirs[k];
     }
     if (!hr_agreed(b, width)) { /* every rank takes the slow path: the rows gathered, the same error everywhere */
         PyObject *n = PyLong_FromLongLong(number);
@@ -1320,7 +1427,13 @@ static int agree(Warm *w, long long number, PyObject *timeout, const char *src, 
         return -1;
     }
     if (!w->fused || !hr_carried(b, width)) return 0;
-    memcpy(dst, b + 2 * width, (size_t)w->nbytes);
+    if (!pair) {
+        memcpy(dst, b + 2 * width, nbytes);
+        return 1;
+    }
+    /* this rank's payload (op) the other's: the same bits on both */
+    hr_payload_combine3((int)w->payload[0], (int)w->payload[1], (char *)w->agree_in + head, src, dst,
+                        (size_t)w->payload[2], &quirks);
     return 1;
 }
 
@@ -1330,13 +1443,24 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
 /* A plan's run: its persistent request started, and tested until done (the GIL released), then,
  * past SPIN_SECONDS, waited for in Python within the timeout (hpcring.engine.Call.plan_waited:
  * a StallError naming the ranks that never started theirs). 1 done, -1 raised. */
-static int run_persistent(Warm *w, PyObject *timeout) {
-    MPI_Request *req = PyMPIRequest_Get(w->prequest);
-    if (req == NULL) return -1;
-    int rc = MPI_Start(req), done = 0;
+static int run_persistent(Warm *w, PyObject *timeout, const char *src, char *dst) {
+    MPI_Request pair[2], *req;
+    int n = 1;
+    if (w->pair_scratch != NULL) { /* a two-rank plan: its receive and send (persistent handles stay put) */
+        MPI_Request *recv = PyMPIRequest_Get(PyTuple_GET_ITEM(w->prequest, 0));
+        MPI_Request *send = PyMPIRequest_Get(PyTuple_GET_ITEM(w->prequest, 1));
+        if (recv == NULL || send == NULL) return -1;
+        pair[0] = *recv;
+        pair[1] = *send;
+        req = pair;
+        n = 2;
+    } else if ((req = PyMPIRequest_Get(w->prequest)) == NULL) {
+        return -1;
+    }
+    int rc = n == 1 ? MPI_Start(req) : MPI_Startall(n, req), done = 0;
     if (rc == MPI_SUCCESS) {
         Py_BEGIN_ALLOW_THREADS
-        done = spin(req, SPIN_SECONDS, 0, &rc);
+        done = spin_n(n, req, SPIN_SECONDS, 0, &rc);
         Py_END_ALLOW_THREADS
     }
     if (rc != MPI_SUCCESS) {
@@ -1347,6 +1471,10 @@ static int run_persistent(Warm *w, PyObject *timeout) {
         PyObject *r = PyObject_CallMethodObjArgs(w->call, s_plan_waited, w->prequest, timeout, NULL);
         if (r == NULL) return -1;
         Py_DECREF(r);
+    }
+    if (w->pair_scratch != NULL) { /* this rank's input (op) the other's: the same bits on both */
+        hr_payload_combine3((int)w->payload[0], (int)w->payload[1], w->pair_scratch, src, dst, (size_t)w->payload[2],
+                            &quirks);
     }
     return 1;
 }
@@ -1439,7 +1567,7 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
     if (store_long(&m_number, slot, number) < 0 || store_long(&m_phase, slot, 2) < 0) goto fail;
     /* the data, where it did not ride with the agreement */
     if (!carried) {
-        int moved = w->prequest ? run_persistent(w, wait_for) : program_exec(w->program, src, dst, x,
+        int moved = w->prequest ? run_persistent(w, wait_for, src, dst) : program_exec(w->program, src, dst, x,
                                                                              w->returns_x ? x : out, wait_for);
         if (moved < 0) goto fail;
     }
