@@ -167,7 +167,8 @@ EXAMPLE_TESTS = {
     "train": (
         "test_exact_example.py",
         "test_elastic.py",
-    ),  # --reproducible at 1-4 ranks; --elastic, ranks killed
+        "test_elastic_grow.py",
+    ),  # --reproducible at 1-4 ranks; --elastic, ranks killed; --grow and --policy, ranks replaced
     "torch_ddp": "test_framework_examples.py",  # the hook and --gloo
     "jax_step": "test_framework_examples.py",
     "jax_train": "test_framework_examples.py",  # float64 against the NumPy example and mpi4jax
