@@ -517,10 +517,27 @@ class Call:
         mean = -1
         if self.mean:
             mean = 2 if dtype == np.float32 else 3  # the kernels' codes (hpcring.kernels.DTYPE_CODES)
+        kind = (self.options.collective, op, algorithm, root, reproducible, wire, out_none, dtype)
+        return self._core_warm(kind, shape, dtype, program, self.returns_x, mean, self.fuse)
+
+    def _core_warm(
+        self,
+        kind: tuple[Any, ...],
+        shape: Any,
+        dtype: np.dtype,
+        program: Any,
+        returns_x: bool,
+        mean: int,
+        fuse: tuple[int, int, int],
+        allocate: Any = None,
+    ) -> Any:
+        """`hpcring.core.warm` for this call: the signature ``kind`` as the compiled front door
+        matches it, the rest from this call's state; ``allocate`` makes an output where no out=
+        is given (an all-to-all's), else None."""
         agreement_collective(compiled=True)  # the compiled agreement's datatype and op, made once
         return core.warm(
             self,
-            (self.options.collective, op, algorithm, root, reproducible, wire, out_none, dtype),
+            kind,
             tuple(shape),
             dtype.itemsize,
             self.state,
@@ -531,11 +548,12 @@ class Call:
             self.state.comm,
             tuple(self.words),
             self.single,
-            self.returns_x,
+            returns_x,
             self.spec.blocking,
             mean,
-            self.fuse,
+            fuse,
             program,
+            allocate,
         )
 
     def plan_waited(self, request: MPI.Prequest, timeout: float | None) -> None:
@@ -656,14 +674,20 @@ def first(
         raise
     result = made(x, out, check, timeout, problem)
     if key is not None and problem is None and _cacheable(made, out):
-        warm = made.state.warm
-        if len(warm) >= WARM_CALLS:  # a code that never repeats a shape: keep the table small
-            warm.clear()
-            compiled = made.state.made.get("compiled-warm-calls")
-            if compiled is not None:
-                compiled.clear()
-        warm[key] = made
+        keep_warm(made, key)
     return result
+
+
+def keep_warm(made: Call, key: Any) -> None:
+    """``made`` as its communicator's warm call of ``key``. A code that never repeats a shape keeps
+    the table small: at WARM_CALLS it is emptied, and the warm calls in C go with it."""
+    warm = made.state.warm
+    if len(warm) >= WARM_CALLS:
+        warm.clear()
+        compiled = made.state.made.get("compiled-warm-calls")
+        if compiled is not None:
+            compiled.clear()
+    warm[key] = made
 
 
 def _cacheable(made: Call, out: Any) -> bool:

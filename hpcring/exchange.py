@@ -32,12 +32,11 @@ from mpi4py import MPI
 
 from . import algorithms, config, core, kernels, tracing
 from .agreement import NO_PAYLOAD, Row
-from .agreement import collective as agreement_collective
 from .algorithms import ALLTOALL, Layout, Spec
 from .arrays import NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
 from .comm import CommState, intracomm, known_state, state_of
-from .engine import EXCHANGING, WARM_CALLS, Call, Options
+from .engine import EXCHANGING, Call, Options, keep_warm
 from .flight import dump_on_error
 from .ops import NAMES as DTYPE_NAMES
 from .ops import supported
@@ -264,27 +263,8 @@ class Exchange(Call):
         """The C warm call of `run`'s ``key`` moving its data by ``program``; its output, where no
         out= is given, made by numpy.empty_like (x's shape, dtype and layout: C order)."""
         _, _, shape, dtype, algorithm, out_none, _, _ = key
-        agreement_collective(compiled=True)  # the compiled agreement's datatype and op, made once
-        return core.warm(
-            self,
-            (ALLTOALL, None, algorithm, 0, False, None, out_none, dtype),
-            tuple(shape),
-            dtype.itemsize,
-            self.state,
-            self.flight,
-            self.state.busy,
-            self.channel,
-            self.timeout,
-            self.state.comm,
-            tuple(self.words),
-            self.single,
-            False,
-            self.spec.blocking,
-            -1,
-            NO_PAYLOAD,
-            program,
-            np.empty_like,
-        )
+        kind = (ALLTOALL, None, algorithm, 0, False, None, out_none, dtype)
+        return self._core_warm(kind, shape, dtype, program, False, -1, NO_PAYLOAD, np.empty_like)
 
     def settle(self, nbytes: int) -> Spec:
         """auto's choice, made once for this signature: by the size of equal blocks; for uneven
@@ -488,13 +468,7 @@ def first(
         raise
     result = made(x, out, check, timeout, problem)
     if key is not None and problem is None and (made.settled or made.channel.size == 1):
-        warm = made.state.warm
-        if len(warm) >= WARM_CALLS:  # as the engine's: the warm calls in C go with them
-            warm.clear()
-            compiled = made.state.made.get("compiled-warm-calls")
-            if compiled is not None:
-                compiled.clear()
-        warm[key] = made
+        keep_warm(made, key)
     return result
 
 

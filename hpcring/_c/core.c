@@ -293,6 +293,16 @@ static int spin_n(int n, MPI_Request *req, double seconds, long nap, int *rc) {
 
 static int spin(MPI_Request *req, double seconds, long nap, int *rc) { return spin_n(1, req, seconds, nap, rc); }
 
+/* As `spin_n`, without naps and with the GIL released: the second stage of a wait, before
+ * Python's bounded one. Called with the GIL held. */
+static int spin_released(int n, MPI_Request *req, double seconds, int *rc) {
+    int done;
+    Py_BEGIN_ALLOW_THREADS
+    done = spin_n(n, req, seconds, 0, rc);
+    Py_END_ALLOW_THREADS
+    return done;
+}
+
 PyDoc_STRVAR(waiting_doc, "waiting(share)\n\nWhether waits yield their core between tests from the start "
                           "(hpcring.polling.share).");
 
@@ -1295,11 +1305,7 @@ static void divide(int dtype, char *buf, Py_ssize_t nbytes, int size) {
 static int agree_wait(Warm *w, int n, MPI_Request *req, long long number, PyObject *timeout) {
     int rc;
     int done = spin_n(n, req, HELD_SECONDS, 0, &rc);
-    if (!done && rc == MPI_SUCCESS) {
-        Py_BEGIN_ALLOW_THREADS
-        done = spin_n(n, req, SPIN_SECONDS, 0, &rc);
-        Py_END_ALLOW_THREADS
-    }
+    if (!done && rc == MPI_SUCCESS) done = spin_released(n, req, SPIN_SECONDS, &rc);
     if (rc != MPI_SUCCESS) {
         mpi_error(rc);
         return -1;
@@ -1458,11 +1464,7 @@ static int run_persistent(Warm *w, PyObject *timeout, const char *src, char *dst
         return -1;
     }
     int rc = n == 1 ? MPI_Start(req) : MPI_Startall(n, req), done = 0;
-    if (rc == MPI_SUCCESS) {
-        Py_BEGIN_ALLOW_THREADS
-        done = spin_n(n, req, SPIN_SECONDS, 0, &rc);
-        Py_END_ALLOW_THREADS
-    }
+    if (rc == MPI_SUCCESS) done = spin_released(n, req, SPIN_SECONDS, &rc);
     if (rc != MPI_SUCCESS) {
         mpi_error(rc);
         return -1;

@@ -153,16 +153,8 @@ def _started(nonblocking_call: Callable[..., Any], blocking_call: Callable[..., 
     return start
 
 
-# CPU tensors of these dtypes have a NumPy view (bfloat16 has no NumPy dtype)
-VIEWABLE = {
-    torch.float16,
-    torch.float32,
-    torch.float64,
-    torch.int32,
-    torch.int64,
-    torch.complex64,
-    torch.complex128,
-}
+# CPU tensors of these dtypes have a NumPy view (NumPy has no bfloat16)
+VIEWABLE = MOVABLE - {torch.bfloat16}
 
 
 def _host_view(t: Any) -> Any:
