@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 from helpers import launch, launcher_env, mpiexec
 
-# Rank 0 arrives 50 ms late at the second call, so waits look for stall notices: a receive is
-# posted on the ranks that waited longest (which ones is the scheduler's business). The job's own
+# Rank 0 arrives 0.3 s late at the second call, so waits look for stall notices: a receive is
+# posted on the ranks that waited longest (50 ms was not always enough where other jobs held the
+# cores: the others could reach the call as late as rank 0) (which ones is the scheduler's business). The job's own
 # exit handler is registered first, so it runs last, after hpcring's. Each rank writes its counts
 # to a file of its own (Hydra may splice lines that ranks print together).
 JOB = """
@@ -31,7 +32,7 @@ def posted():
 atexit.register(lambda: out.write(f"at exit {posted()}\\n") and out.close())
 hpcring.allreduce(np.ones(1000))  # the first call makes the duplicate (and probes, posts nothing)
 if rank == 0:
-    time.sleep(0.05)
+    time.sleep(0.3)
 hpcring.allreduce(np.ones(1000))
 out.write(f"after the call {posted()}\\n")
 """
