@@ -62,7 +62,8 @@ def sharing() -> bool:
 
 
 NOTICE_EVERY = 1e-3  # seconds between looks for another rank's stall notice
-GRACE = 1.0  # seconds a rank that stopped waiting listens for the others' notices
+GRACE = 1.0  # seconds at most a rank that stopped waiting listens for the others' notices
+SETTLE = 0.2  # seconds a rank woken by a notice listens for the last unheard rank (`Waiter.missing`)
 
 NOTICE = 4  # int64s in a notice: rank, call number, peer waited for (-1: all), where
 
@@ -193,11 +194,18 @@ class Waiter:
             if r != self.rank:
                 self._sent.append(self.comm.Isend(word, r, self.tag))
 
-    def listen(self, seconds: float, heard: set[int]) -> set[int]:
-        """Collect other ranks' notices for up to ``seconds`` (until every rank is heard)."""
-        end = time.monotonic() + seconds
+    def listen(
+        self, seconds: float, heard: set[int], enough: int | None = None, settle: float = 0.0
+    ) -> set[int]:
+        """Collect other ranks' notices for up to ``seconds``, until every rank is heard, or
+        until ``enough`` ranks are heard and ``settle`` seconds have passed."""
+        now = time.monotonic()
+        end, settled = now + seconds, now + settle
         heard |= set(self.heard)
+        enough = self.size if enough is None else enough
         while self.notices and len(heard) < self.size and time.monotonic() < end:
+            if len(heard) >= enough and time.monotonic() >= settled:
+                break
             if self._arrived():
                 heard.add(self._take_notice())
             else:
@@ -207,9 +215,17 @@ class Waiter:
     def missing(self, woke: int, call: int = -1, peer: int = -1, where: int = Where.AGREEMENT) -> list[int]:
         """The slow path of a stall: tell every other rank, listen GRACE seconds for theirs, and
         return the ranks not heard from (this rank itself where every other one was heard: it
-        is the one that arrived after the others had given up)."""
+        is the one that arrived after the others had given up).
+
+        Once a single rank is left unheard it is the missing one: the call did not complete,
+        so some rank is not in it, and every rank that waits (in this call or another) answers
+        a notice within milliseconds. A rank whose own deadline ended the wait stops there. A
+        rank woken by a notice listens SETTLE seconds more, since it may be the late one: then
+        every other rank gave up before it came, their notices are all on their way, and it
+        names itself."""
         self.notify_all(call, peer, where)
-        heard = self.listen(GRACE, {self.rank, woke})
+        own = woke == self.rank
+        heard = self.listen(GRACE, {self.rank, woke}, self.size - 1, 0.0 if own else SETTLE)
         return sorted(set(range(self.size)) - heard) or [self.rank]
 
     def stall(

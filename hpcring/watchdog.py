@@ -29,7 +29,7 @@ from . import flight, ulfm
 from .errors import abort_job
 
 PERIOD = 0.25  # seconds between looks at the records
-GRACE = 0.25  # seconds past a call's timeout before the watchdog acts (then it listens 1 s)
+GRACE = 0.25  # seconds past a call's timeout before the watchdog acts (then it listens, up to 1 s)
 
 _started = False
 _lock = threading.Lock()

@@ -27,7 +27,7 @@ import numpy as np
 from mpi4py import MPI
 
 import hpcring
-from hpcring import kernels
+from hpcring import kernels, polling
 from hpcring.channel import Channel
 
 TIMEOUT = 2.0
@@ -83,7 +83,9 @@ def main(mode: str, target: int, algorithm: str = "ring", warmups: str = "1") ->
         report(stall=1, missing=",".join(map(str, error.missing)), elapsed=f"{elapsed:.2f}")
         print(f"rank {WORLD.rank}: {error}\n", end="", flush=True)  # one write, as report()
         if mode == "freeze" and WORLD.rank == min(r for r in range(WORLD.size) if r != target):
-            time.sleep(0.5)
+            # Once every other survivor has stopped listening for notices (a woken rank that
+            # answered them in time would be heard, and the one listening would name itself):
+            time.sleep(polling.GRACE + 0.5)
             os.kill(pids[target], signal.SIGCONT)  # wake the frozen rank: it must end too
         return 1
     except Exception as error:  # the frozen rank, woken: any hpcring error, never a hang

@@ -12,10 +12,10 @@ import pytest
 from helpers import launch, launcher_env, mpiexec
 
 # Rank 0 arrives 0.3 s late at the second call, so waits look for stall notices: a receive is
-# posted on the ranks that waited longest (50 ms was not always enough where other jobs held the
-# cores: the others could reach the call as late as rank 0) (which ones is the scheduler's business). The job's own
-# exit handler is registered first, so it runs last, after hpcring's. Each rank writes its counts
-# to a file of its own (Hydra may splice lines that ranks print together).
+# posted on the ranks that waited longest (which ones is the scheduler's business; 50 ms was not
+# always enough where other jobs held the cores: the others could reach the call as late). The
+# job's own exit handler is registered first, so it runs last, after hpcring's. Each rank writes
+# its counts to a file of its own (Hydra may splice lines that ranks print together).
 JOB = """
 import atexit, sys, time
 import numpy as np
