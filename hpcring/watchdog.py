@@ -12,7 +12,8 @@ it stopped waiting (a stall notice, as any wait does), listens a moment for thei
 which ranks did not answer, writes the flight record where ``HPCRING_FLIGHT_RECORDER`` asks,
 and ends the job with MPI_Abort: the one way out of a blocking collective. Under MPI's fault
 tolerance, where the library knows of a failed rank, a revoke is the way out instead: the blocked
-call returns and raises RankFailedError, no abort. The thread runs only where MPI was initialized
+call returns and raises RankFailedError, no abort (one still inside a timeout after the revoke
+ends the job all the same). The thread runs only where MPI was initialized
 with MPI_THREAD_MULTIPLE (mpi4py's default), the thread level at which it may call MPI while the
 main thread is blocked inside it.
 """
@@ -32,6 +33,7 @@ PERIOD = 0.25  # seconds between looks at the records
 GRACE = 0.25  # seconds past a call's timeout before the watchdog acts (then it listens, up to 1 s)
 
 _started = False
+_REVOKED: dict[tuple[int, float], float] = {}  # a blocked call (slot, start) -> its first revoke
 _lock = threading.Lock()
 
 
@@ -84,8 +86,12 @@ def end_the_job(recorder: flight.Recorder, slot: flight.Slot) -> None:
     then returns, and raises RankFailedError (`hpcring.ulfm`)."""
     call, number = slot.call, slot.number
     if ulfm.enabled() and ulfm.failed_ranks(call.state.comm):
-        ulfm.revoke_state(call.state)
-        return
+        # A revoke frees the blocked call at once; if it has not, a call timeout later, the job
+        # ends as below (seen once under load: two survivors stayed inside MPI_Allreduce).
+        first = _REVOKED.setdefault((id(slot), slot.start), flight.clock())
+        if flight.clock() - first <= call.channel.timeout:
+            ulfm.revoke_state(call.state)
+            return
     what = f"the blocking {call.row.collective} of call {number} ({flight.summary(flight.facts(call))})"
     error = call.channel.waiter.stall(
         recorder.rank, what, call.channel.timeout, number, -1, flight.Where.ALGORITHM
