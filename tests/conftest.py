@@ -15,6 +15,9 @@ FULL = os.environ.get("HPCRING_TEST_FULL") == "1"
 
 
 ONE_COUNT = 2  # where a test marked one_count runs (more than one rank: a real collective)
+# Where a test marked waits_out runs: two ranks agree point to point, three by a collective (and
+# an odd count); a fourth rank adds a wait of a second and nothing the stall path does not do at 3.
+WAIT_OUT_COUNTS = (1, 2, 3)
 
 
 def _world_size(config: pytest.Config) -> int | None:
@@ -37,17 +40,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Cases marked ``full`` (soaks, many examples, large sizes) run only in the full run; MPI
-    tests marked ``one_count`` run at ONE_COUNT ranks only, except in the full run."""
+    tests marked ``one_count`` run at ONE_COUNT ranks only, and those marked ``waits_out`` (they
+    wait out a timeout) at WAIT_OUT_COUNTS, except in the full run."""
     if FULL:
         return
     skip = pytest.mark.skip(reason="a long case: tests/run.sh --full runs it")
     size = _world_size(config)
     elsewhere = pytest.mark.skip(reason=f"the same at any rank count: runs at {ONE_COUNT} (--full: all)")
+    most = max(WAIT_OUT_COUNTS)
+    fewer = pytest.mark.skip(reason=f"waits out a timeout: runs at up to {most} ranks (--full: all)")
     for item in items:
         if "full" in item.keywords:
             item.add_marker(skip)
         elif size is not None and size != ONE_COUNT and "one_count" in item.keywords:
             item.add_marker(elsewhere)
+        elif size is not None and size not in WAIT_OUT_COUNTS and "waits_out" in item.keywords:
+            item.add_marker(fewer)
 
 
 @pytest.fixture(autouse=True)

@@ -264,6 +264,7 @@ def test_a_bad_argument_on_one_rank_raises_on_every_rank(call: object, match: st
 
 
 @pytest.mark.parametrize("uneven", [False, True], ids=["equal", "uneven"])
+@pytest.mark.waits_out
 def test_a_rank_that_never_arrives_is_named(uneven: bool) -> None:
     if WORLD.size == 1:
         pytest.skip("needs a rank to miss")

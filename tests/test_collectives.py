@@ -280,6 +280,7 @@ def test_first_calls_on_a_fresh_communicator() -> None:
 
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather", "broadcast"])
+@pytest.mark.waits_out
 def test_a_rank_that_never_arrives_is_named(collective: str) -> None:
     """The last rank skips a call on a communicator hpcring has used: the others raise StallError
     naming it within the timeout (plus the second they listen for the others' notices)."""
@@ -302,6 +303,7 @@ def test_a_rank_that_never_arrives_is_named(collective: str) -> None:
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "broadcast"])
+@pytest.mark.waits_out
 def test_a_rank_that_skips_the_first_call(collective: str) -> None:
     """The last rank skips the first call on a fresh communicator: the others raise StallError at
     their deadline, saying that a rank did not arrive, not which (hpcring sends nothing on the

@@ -266,6 +266,7 @@ def test_an_error_completed_by_mpis_waitall_is_raised_by_the_next_call(fresh: MP
     assert everywhere(WORLD, "ranks disagree on dtype" in said and (y == WORLD.size).all())
 
 
+@pytest.mark.waits_out
 def test_a_rank_that_skips_an_iallreduce_is_named(fresh: MPI.Intracomm) -> None:
     """On a communicator hpcring has its own duplicate of, the others' Wait names the missing rank."""
     if WORLD.size == 1 or not THREADED:

@@ -100,6 +100,7 @@ def test_record_wraps_around_at_64() -> None:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
+@pytest.mark.waits_out
 def test_stall_error_names_the_missing_ranks_last_call() -> None:
     if WORLD.size == 1:
         pytest.skip("needs a rank to miss")

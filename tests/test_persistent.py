@@ -70,6 +70,7 @@ def test_mismatch_at_creation_raises_on_every_rank(fresh_world: MPI.Intracomm) -
     assert everywhere(fresh_world, (x == 1).all())
 
 
+@pytest.mark.waits_out
 def test_a_rank_that_never_starts_is_named(fresh_world: MPI.Intracomm) -> None:
     """A stall during a started plan is detected within the timeout, naming the rank."""
     if G == 1:

@@ -131,6 +131,7 @@ def test_warm_numpy_calls_run_in_the_compiled_front_door(
 @needs_core
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("algorithm", ["ring", "ps"])
+@pytest.mark.waits_out
 def test_stall_inside_a_compiled_program(algorithm: str) -> None:
     """A rank that skips a warm (compiled) call: the others raise StallError naming it, in time."""
     if WORLD.size == 1:

@@ -15,6 +15,7 @@ def test_short_soak() -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.waits_out
 def test_fault_soak() -> None:
     """`python -m hpcring.soak --faults`, small: every 25th call one rank (in turn) passes another
     count, dtype or op (a ValueError on every rank, the communicator usable after it) or skips

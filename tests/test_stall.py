@@ -27,6 +27,7 @@ JOB_TIMEOUT = 2.0  # stall_job.TIMEOUT
 @pytest.mark.parametrize("algorithm", ["ring", "ps"])
 @pytest.mark.parametrize("first", [False, True], ids=["warm", "first-call"])
 @pytest.mark.mpi
+@pytest.mark.waits_out
 def test_rank_skips_the_call(skipper: str, algorithm: str, first: bool) -> None:
     """Skipped on a warm communicator (the others name the rank), or as the FIRST call on a fresh
     one (its Idup: they say a rank did not arrive, and why they cannot say which)."""

@@ -272,6 +272,7 @@ def test_a_mismatch_on_one_rank_raises_on_every_rank(group: None) -> None:
 
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
+@pytest.mark.waits_out
 def test_a_missing_rank_is_a_stall_error_naming_it(group: None) -> None:
     if G == 1:
         pytest.skip("needs a rank to miss")
@@ -387,6 +388,7 @@ def test_all_to_all_splits_that_disagree_raise_on_every_rank(group: None) -> Non
 
 @pytest.mark.mpi
 @pytest.mark.timeout(60)
+@pytest.mark.waits_out
 def test_a_receive_nobody_sends_is_a_stall_error_naming_the_peer(group: None) -> None:
     if G == 1:
         pytest.skip("needs a peer")
