@@ -18,7 +18,7 @@ export PYTHONUNBUFFERED=1
 # The serial tests wait more than they compute (jobs they launch, deadlines they wait out), so
 # two workers halve their time on 2 cores. Three kept the cores busier (3.5 min, from 4.4), but
 # twice in four runs a fault-tolerance job among them failed (a survivor stuck in MPI_Allreduce
-# after a revoke; a heap corruption in MPI_Finalize): ULFM's failure detection under that load.
+# after a revoke; a heap corruption in MPI_Finalize), likely ULFM under the heavier load.
 # HPCRING_TEST_WORKERS=0 runs them in one process.
 workers=${HPCRING_TEST_WORKERS:-2}
 parallel=()
