@@ -244,9 +244,10 @@ kill_rank_after_step_20() { # JOBID OUTFILE: SIGKILL rank 1 of that job once it 
   kill -KILL "$victim"
   echo "   elastic job $id: rank 1 (pid $victim) killed after step 20"
 }
-# 300 steps (about 2.5 s at 8 ms a step): the kill, sent once step 20 shows in the job's output,
-# lands long before the end (60 steps ended before it in one run of CI)
-steps=300
+# 1000 steps (4-8 s at 4-8 ms a step): the kill, sent once step 20 shows in the job's output,
+# lands long before the end. With 300, at 3.6 ms a step, the grow job had finished by the time
+# its kill came (after the other job's): its rank 1 was killed in MPI_Finalize, and the job hung.
+steps=1000
 expected=$("$venv/bin/python" -c "import numpy as np
 from mpi4py import MPI
 from hpcring.examples import train
