@@ -244,22 +244,28 @@ kill_rank_after_step_20() { # JOBID OUTFILE: SIGKILL rank 1 of that job once it 
   kill -KILL "$victim"
   echo "   elastic job $id: rank 1 (pid $victim) killed after step 20"
 }
-# 1000 steps (4-8 s at 4-8 ms a step): the kill, sent once step 20 shows in the job's output,
-# lands long before the end. With 300, at 3.6 ms a step, the grow job had finished by the time
-# its kill came (after the other job's): its rank 1 was killed in MPI_Finalize, and the job hung.
+# 1000 steps (4-8 s at 4-8 ms a step; 50 epochs, since 20 hold 460 steps): the kill, sent once
+# step 20 shows in the job's output, lands long before the end. With 300, at 3.6 ms a step, the
+# grow job had finished by the time its kill came (after the other job's): its rank 1 was killed
+# in MPI_Finalize, and the job hung. Each job's kill now waits for that job alone.
 steps=1000
+train_args="--epochs 50 --reproducible --max-steps $steps --digest"
 expected=$("$venv/bin/python" -c "import numpy as np
 from mpi4py import MPI
 from hpcring.examples import train
-print(train._digest(train.train(MPI.COMM_SELF, max_steps=$steps, reproducible=True).params, np))")
-elastic=$(HPCRING_ELASTIC=1 HPCRING_TRAIN_ARGS="--reproducible --max-steps $steps --digest" submit elastic jobs/train.slurm)
+print(train._digest(train.train(MPI.COMM_SELF, epochs=50, max_steps=$steps, reproducible=True).params, np))")
+elastic=$(HPCRING_ELASTIC=1 HPCRING_TRAIN_ARGS="$train_args" submit elastic jobs/train.slurm)
 elastic_srun=$(HPCRING_ELASTIC=1 HPCRING_LAUNCHER=srun submit elastic-srun jobs/train.slurm)
 # (5 slots for 4 ranks: Open MPI does not give a dead rank's slot back, and a spawn needs a free one)
-grow=$(HPCRING_RANKS=4 HPCRING_TRAIN_ARGS="--reproducible --max-steps $steps --digest" \
+grow=$(HPCRING_RANKS=4 HPCRING_TRAIN_ARGS="$train_args" \
   submit grow --ntasks-per-node=5 jobs/elastic.slurm)
 jobs_submitted+=("$elastic" "$elastic_srun" "$grow")
-kill_rank_after_step_20 "$elastic" "$work/elastic-$elastic.out"
-kill_rank_after_step_20 "$grow" "$work/grow-$grow.out"
+kill_rank_after_step_20 "$elastic" "$work/elastic-$elastic.out" &
+first=$!
+kill_rank_after_step_20 "$grow" "$work/grow-$grow.out" &
+second=$!
+wait "$first" || exit 1
+wait "$second" || exit 1
 for id in "$elastic" "$grow"; do
   name=$([[ $id == "$elastic" ]] && echo elastic || echo grow)
   out=$work/$name-$id.out
