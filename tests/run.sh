@@ -16,7 +16,7 @@ fi
 source tests/launcher.sh  # MPIEXEC: Open MPI's or MPICH's, more ranks than cores allowed
 export PYTHONUNBUFFERED=1
 # The serial tests wait more than they compute (jobs they launch, deadlines they wait out), so
-# two workers halve their time on 2 cores. Three kept the cores busier (3.5 min, from 4.4), but
+# two workers halve their time on 2 cores. Three kept the cores busier (3.0-3.5 min, not 3.8-4.7), but
 # twice in four runs a fault-tolerance job among them failed (a survivor stuck in MPI_Allreduce
 # after a revoke; a heap corruption in MPI_Finalize), likely ULFM under the heavier load.
 # HPCRING_TEST_WORKERS=0 runs them in one process.
