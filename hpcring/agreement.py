@@ -21,17 +21,24 @@ always sends the header and the slot), and the user's output is written only onc
 agreement has passed. The payload's reductions are bitwise commutative, so every rank gets the
 same bits whatever tree MPI takes.
 
-Two ranks need no collective (`Agreement._pair`): each sends the other its header, with up to
+Up to `EXCHANGE_RANKS` ranks need no collective (`Agreement._exchange`): recursive doubling
+(`steps`), each step a message each way of what a rank holds so far, the header with up to
 `PAIR_INLINE` bytes of payload in the same message and a larger one (up to `PAIR_SLOT`) apart,
-straight from its buffer; each applies the same op to the two contributions. Both see the same
-two, so both agree or both raise, with the same bits; a message each way is what a checked call
-of up to 64 KiB then costs (under Open MPI 5 the non-blocking all-reduce of the header and a slot
-cost 1.8 us in C at 2 ranks, where the blocking MPI_Allreduce of 8 bytes cost 0.3 us).
+straight from where it lies; each side applies the same op to the two contributions. The
+header's maxima are exact and the payload's op bitwise commutative, so both sides of a step hold
+the same bits after it, and every rank ends with the same verdict and the same result. That is
+what a checked call of up to 64 KiB then costs: one message each way on two ranks, two steps on
+four (under Open MPI 5 the non-blocking all-reduce of the header and a slot cost 1.8 us in C at
+2 ranks, where the blocking MPI_Allreduce of 8 bytes cost 0.3 us). Past `EXCHANGE_RANKS`, where
+log2 G steps of the whole payload would cost more than MPI's all-reduce and this machine cannot
+measure, the collective above stays. Whether the ranks exchange depends on the communicator's
+size alone, so every rank takes the same road whatever its call.
 
-A rank that does not arrive leaves the collective pending: each waiting rank waits for
-it until its deadline (`hpcring.polling.Waiter`: a test loop, as MPI's own wait is),
-then tells every other rank that it stopped waiting (one tiny message each), listens a
-moment for the others', and names the ranks it did not hear from in a `StallError`. A
+A rank that does not arrive leaves the collective (or a step's receive) pending: each waiting
+rank waits for it until its deadline, one for the whole agreement (`hpcring.polling.Waiter`: a
+test loop, as MPI's own wait is), then tells every other rank that it stopped waiting (one tiny
+message each), listens a moment for the others', and names the ranks it did not hear from in a
+`StallError`. A
 rank still waiting that hears such a message takes the same road at once, so every rank
 that did arrive raises within the timeout plus that moment. After a StallError the
 communicator holds unmatched messages: end the job.
@@ -42,7 +49,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
-from functools import partial
+from functools import cache, partial
 from typing import Any
 
 import numpy as np
@@ -132,9 +139,10 @@ class Row:
 FIELDS = ("call", *(f.name for f in fields(Row)))  # the call's number comes first
 
 SLOT = 512  # bytes of payload the agreement's collective carries: an `mpi` all-reduce up to this rides along
-# Two ranks exchange their contributions instead (`Agreement._pair`): one message each way, of the
-# header and only the bytes a rank carries, so the slot may be larger without costing a small call
-# anything; up to this many bytes ride there.
+# Up to EXCHANGE_RANKS ranks exchange their contributions instead (`Agreement._exchange`): a message
+# each way per step of recursive doubling, of the header and only the bytes a rank carries, so the
+# slot may be larger without costing a small call anything; up to this many bytes ride there.
+EXCHANGE_RANKS = 4
 PAIR_SLOT = 64 << 10
 PAIR_INLINE = 1 << 10  # bytes of payload sent inside the header's message (a larger one apart: no copy)
 TAG_AGREE = 32002  # the pair's header message (the stall notices are 32001; the algorithms use small tags)
@@ -148,9 +156,45 @@ _REAL = ("float32", "float64", "int32", "int64")
 _OP_CODES = {"add": 0, "maximum": 1, "minimum": 2, "multiply": 3}
 
 
+def exchanges(size: int) -> bool:
+    """Whether ``size`` ranks agree by exchanging messages (`Agreement._exchange`) rather than in
+    one MPI_Iallreduce: a function of the communicator's size alone, so every rank takes the
+    same road whatever each one's call is."""
+    return 2 <= size <= EXCHANGE_RANKS
+
+
 def slot_bytes(size: int) -> int:
-    """The bytes of payload a checked call on ``size`` ranks may carry (`PAIR_SLOT` on two)."""
-    return PAIR_SLOT if size == 2 else SLOT
+    """The bytes of payload a checked call on ``size`` ranks may carry (`PAIR_SLOT` where they
+    exchange messages, `SLOT` in the collective)."""
+    return PAIR_SLOT if exchanges(size) else SLOT
+
+
+# The steps of an exchange (`steps`): send the contribution so far; receive the other's and
+# combine; both at once; receive the result.
+GIVE, TAKE, SWAP, RESULT = range(4)
+
+
+@cache
+def steps(rank: int, size: int) -> tuple[tuple[int, int], ...]:
+    """Recursive doubling for ``rank`` of ``size``, as (kind, peer) steps: with p the largest power
+    of two up to ``size``, each odd rank below 2 (size - p) first gives its contribution to the even
+    rank below it and gets the result back last; the p ranks left swap with the one whose index
+    among them differs in one bit, the lowest bit first (the tree Open MPI's recursive doubling
+    takes)."""
+    p = 1 << (size.bit_length() - 1)
+    extra = size - p
+    if rank < 2 * extra and rank % 2:
+        return ((GIVE, rank - 1), (RESULT, rank - 1))
+    index = rank // 2 if rank < 2 * extra else rank - extra
+    swaps = []
+    mask = 1
+    while mask < p:
+        other = index ^ mask
+        swaps.append((SWAP, 2 * other if other < extra else other + extra))
+        mask <<= 1
+    if rank < 2 * extra:
+        return ((TAKE, rank + 1), *swaps, (GIVE, rank + 1))
+    return tuple(swaps)
 
 
 def payload_descriptor(dtype: np.dtype, ufunc: str, count: int, size: int = 0) -> tuple[int, int, int]:
@@ -212,6 +256,17 @@ def _carried(header: np.ndarray) -> bool:
     return _one_value(header, WIDTH - 5, WIDTH - 1) and header[WIDTH - 5] == 1
 
 
+def _riding(header: np.ndarray) -> int:
+    """The payload bytes that travel with a contribution of this ``header`` in an exchange (agree.h's
+    hr_riding): those of one payload all its ranks agree on and carry, else 0."""
+    if not (_agreed(header) and _carried(header)):
+        return 0
+    code, count = int(header[WIDTH - 4]), int(header[WIDTH - 2])
+    dtype = kernels.DTYPES[code] if 0 <= code < len(kernels.DTYPES) else None
+    n = 0 if dtype is None else count * dtype.itemsize
+    return n if 0 < n <= PAIR_SLOT else 0
+
+
 def combine(ins: np.ndarray, outs: np.ndarray, slot: int) -> None:
     """outs <- ins (op) outs for one contribution (bytes: the header, then a slot of ``slot``
     bytes): the header's maxima, and the payloads where both sides carry the same one (agree.h's
@@ -258,7 +313,7 @@ def collective(compiled: bool | None = None) -> tuple[MPI.Datatype, MPI.Op]:
     made = _MADE.get(compiled)
     if made is None:
         if compiled:
-            made = core.mpi_core()[0].agreement(WIDTH, SLOT, PAIR_SLOT, PAIR_INLINE)
+            made = core.mpi_core()[0].agreement(WIDTH, SLOT, PAIR_SLOT, PAIR_INLINE, EXCHANGE_RANKS)
         else:
             datatype = MPI.BYTE.Create_contiguous(16 * WIDTH + SLOT)
             datatype.Commit()
@@ -280,7 +335,7 @@ class Payload:
 class Agreement:
     """One communicator's agreement: the row and its negation, and a payload, in one collective."""
 
-    __slots__ = ("buffer", "comm", "incoming", "op", "peer", "rank", "settings", "size", "type", "waiter")
+    __slots__ = ("buffer", "comm", "incoming", "op", "rank", "settings", "size", "type", "waiter", "work")
 
     def __init__(self, comm: MPI.Intracomm, flight: Recorder | None = None) -> None:
         self.comm = comm
@@ -290,8 +345,8 @@ class Agreement:
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
         self.type, self.op = collective()
         self.buffer: np.ndarray | None = None  # the header and the slot, reused call after call
-        self.incoming: np.ndarray | None = None  # two ranks: the other's contribution
-        self.peer = 1 - self.rank
+        self.incoming: np.ndarray | None = None  # exchanging ranks: the other's contribution
+        self.work: np.ndarray | None = None  # exchanging ranks: the payload combined so far
 
     def __call__(
         self,
@@ -314,8 +369,8 @@ class Agreement:
         verdict = int(problem is not None)
         carrying = payload is not None and problem is None
         full = [*words, *((1, *payload.descriptor) if carrying else (0, *NO_PAYLOAD)), verdict]
-        if self.size == 2:
-            return self._pair(words, row, problem, full, carrying, payload, timeout, what, caller)
+        if exchanges(self.size):
+            return self._exchange(words, row, problem, full, carrying, payload, timeout, what, caller)
         buf = self.buffer
         if buf is None:
             buf = self.buffer = np.zeros(16 * WIDTH + SLOT, np.uint8)
@@ -339,7 +394,7 @@ class Agreement:
         payload.dst.view(np.uint8)[...] = slot[: payload.src.nbytes]
         return True
 
-    def _pair(
+    def _exchange(
         self,
         words: Sequence[int],
         row: Row,
@@ -351,75 +406,102 @@ class Agreement:
         what: str,
         caller: str,
     ) -> bool:
-        """The agreement of two ranks (agree.h's pair): each sends the other its contribution,
-        the header with up to `PAIR_INLINE` bytes of payload after it, a larger payload straight
-        from its buffer as a second message once the other's header says one comes, and each
-        applies the op itself. The op is bitwise commutative, so both get the same bits."""
-        verdict = full[-1]
+        """The agreement of 2 to `EXCHANGE_RANKS` ranks (agree.h's exchange): recursive doubling
+        over `steps`, each step a message each way of the contribution so far (the header, with up
+        to `PAIR_INLINE` bytes of payload after it, a larger payload apart, straight from its
+        buffer), each side applying the op itself. The header's maxima are exact and the payload's
+        op is bitwise commutative, so both sides of a step hold the same bits after it, and every
+        rank ends with the same verdict and the same result. One deadline for all the waits."""
+        number = words[0]
+        deadline = time.monotonic() + timeout if timeout > 0 else None
         buf = self.buffer
         if buf is None:
             buf = self.buffer = np.zeros(16 * WIDTH + PAIR_INLINE, np.uint8)
         incoming = self.inbox()
-        header = buf[: 16 * WIDTH].view(np.int64)
-        header[:] = [*full, *[-v for v in full[:-1]], verdict]
-        nbytes = payload.src.nbytes if carrying else 0
-        inline = nbytes <= PAIR_INLINE
-        if carrying and inline:
-            buf[16 * WIDTH : 16 * WIDTH + nbytes] = payload.src.view(np.uint8)
-        comm, peer = self.comm, self.peer
-        requests = [
-            comm.Irecv([incoming[: 16 * WIDTH + PAIR_INLINE], MPI.BYTE], peer, TAG_AGREE),
-            comm.Isend([buf[: 16 * WIDTH + (nbytes if inline else 0)], MPI.BYTE], peer, TAG_AGREE),
-        ]
-        if not inline:
-            requests.append(comm.Isend([payload.src, MPI.BYTE], peer, TAG_AGREE_DATA))
-        theirs = incoming[: 16 * WIDTH].view(np.int64)
+        head = 16 * WIDTH
+        header, theirs = buf[:head].view(np.int64), incoming[:head].view(np.int64)
+        header[:] = [*full, *[-v for v in full[:-1]], full[-1]]
+        # the payload so far: this rank's input, then `work` (or, last, the output)
+        mine = payload.src.view(np.uint8) if carrying else buf[head:head]
+        final: np.ndarray | None = None  # where the result is, once it is complete
+        comm = self.comm
         try:
-            if not requests[0].Test():
-                self.wait(requests[0], words[0], timeout, what)
-            # the other's payload beyond the header, where it sends one apart
-            code, count = int(theirs[WIDTH - 4]), int(theirs[WIDTH - 2])
-            dtype = (
-                kernels.DTYPES[code] if theirs[WIDTH - 5] == 1 and 0 <= code < len(kernels.DTYPES) else None
-            )
-            apart = 0 if dtype is None else count * dtype.itemsize
-            if PAIR_INLINE < apart <= PAIR_SLOT:
-                got = incoming[16 * WIDTH : 16 * WIDTH + apart]
-                requests.append(comm.Irecv([got, MPI.BYTE], peer, TAG_AGREE_DATA))
-            request = Both(*requests)
-            if not request.Test():
-                self.wait(request, words[0], timeout, what)
+            for kind, peer in steps(self.rank, self.size):
+                requests = []
+                if kind in (GIVE, SWAP):  # send the contribution so far
+                    n = _riding(header)
+                    if n <= PAIR_INLINE:
+                        buf[head : head + n] = mine[:n]
+                        requests.append(comm.Isend([buf[: head + n], MPI.BYTE], peer, TAG_AGREE))
+                    else:
+                        requests.append(comm.Isend([buf[:head], MPI.BYTE], peer, TAG_AGREE))
+                        requests.append(comm.Isend([mine[:n], MPI.BYTE], peer, TAG_AGREE_DATA))
+                if kind in (TAKE, SWAP, RESULT):  # receive the other's
+                    got = comm.Irecv([incoming[: head + PAIR_INLINE], MPI.BYTE], peer, TAG_AGREE)
+                    self.wait(got, number, timeout, what, deadline)
+                    n = _riding(theirs)
+                    if n > PAIR_INLINE:
+                        apart = [incoming[head : head + n], MPI.BYTE]
+                        requests.append(comm.Irecv(apart, peer, TAG_AGREE_DATA))
+                if requests:
+                    self.wait(Both(*requests), number, timeout, what, deadline)
+                if kind == RESULT:  # the result, as the rank that held this one's share has it
+                    header[:] = theirs
+                    final = incoming[head:]
+                elif kind != GIVE:  # combine: the header's maxima, the payloads where they ride
+                    same = bool((theirs[:WIDTH] == header[:WIDTH]).all())
+                    carry = same and _riding(header) > 0 and _riding(theirs) > 0
+                    np.maximum(theirs, header, out=header)
+                    if carry:
+                        work = self.workspace()
+                        n = _riding(header)
+                        if mine is not work:
+                            work[:n] = mine[:n]
+                        code, op = int(header[WIDTH - 4]), int(header[WIDTH - 3])
+                        dtype = kernels.DTYPES[code]
+                        combine_payload(code, op, incoming[head : head + n].view(dtype), work[:n].view(dtype))
+                        mine = work
+                    final = mine
         except BaseException:
-            self.buffer = self.incoming = None  # MPI may still use them: left to the pending requests
+            self.buffer = self.incoming = self.work = None  # MPI may still use them: left to the requests
             raise
-        np.maximum(theirs, header, out=header)
         if not _agreed(header):
             self.disagree(words, row, problem, caller)
         if not (carrying and _carried(header)):
             return False
-        code, op, count = payload.descriptor
-        dtype = kernels.DTYPES[code]
-        dst = payload.dst.view(dtype)
-        if payload.dst is not payload.src:
-            dst[...] = payload.src.view(dtype)
-        combine_payload(code, op, incoming[16 * WIDTH : 16 * WIDTH + nbytes].view(dtype), dst)
+        nbytes = payload.src.nbytes
+        assert final is not None
+        payload.dst.view(np.uint8)[...] = final[:nbytes]
         return True
 
     def inbox(self) -> np.ndarray:
-        """Two ranks: the buffer the other's contribution comes into, made once (the compiled
-        core's agreements on this communicator share it)."""
+        """Exchanging ranks: the buffer the other's contribution comes into, made once (the
+        compiled core's agreements on this communicator share it)."""
         incoming = self.incoming
         if incoming is None:
             incoming = self.incoming = np.zeros(16 * WIDTH + PAIR_SLOT, np.uint8)
         return incoming
 
-    def wait(self, request: Any, number: int, timeout: float, what: str) -> None:
-        """Wait for the agreement's collective of call ``number`` within ``timeout`` (0: no limit),
-        or raise StallError naming the ranks that did not arrive (the compiled core's agreement
-        comes here too, once its own spinning is over; a pair's requests as a tuple)."""
+    def workspace(self) -> np.ndarray:
+        """Exchanging ranks: where the payload combined so far is kept between steps."""
+        work = self.work
+        if work is None:
+            work = self.work = np.zeros(PAIR_SLOT, np.uint8)
+        return work
+
+    def wait(
+        self, request: Any, number: int, timeout: float, what: str, deadline: float | None = None
+    ) -> None:
+        """Wait for the agreement's requests of call ``number`` until ``deadline`` (None: within
+        ``timeout`` from now; a ``timeout`` of 0: no limit), or raise StallError naming the ranks
+        that did not arrive (the compiled core's agreement comes here too, once its own spinning
+        is over; several requests as a tuple)."""
         if isinstance(request, tuple):
             request = Both(*request)
-        deadline = time.monotonic() + timeout if timeout > 0 else None
+        if request.Test():
+            return
+        if deadline is None:
+            deadline = time.monotonic() + timeout if timeout > 0 else None
         woke = self.waiter.wait(request, deadline)
         if woke is not None:
             raise self.waiter.stall(woke, f"{what} call {number} on this communicator", timeout, number)

@@ -570,10 +570,13 @@ class Call:
         """The compiled warm call's timeout where the communicator has none read (a bad value raises)."""
         return resolve_timeout(self.state, timeout)
 
-    def compiled_stalled(self, request: MPI.Request, number: int, timeout: float) -> None:
+    def compiled_stalled(
+        self, request: MPI.Request, number: int, timeout: float, deadline: float | None = None
+    ) -> None:
         """The compiled warm call's agreement went on past its spinning: wait as the Python path
-        does, or raise StallError naming the ranks that did not arrive."""
-        self.state.agreement.wait(request, number, timeout, self.what)
+        does (until ``deadline``, the agreement's, where it has one), or raise StallError naming
+        the ranks that did not arrive."""
+        self.state.agreement.wait(request, number, timeout, self.what, deadline)
 
     def compiled_disagreed(self, number: int) -> None:
         """The compiled warm call's agreement showed a difference: raise what every rank raises."""

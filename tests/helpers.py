@@ -109,3 +109,49 @@ def run_job(args: list[str], ranks: int = 2, timeout: float = 300) -> list[str]:
 def run_example(example: str, *flags: str, ranks: int = 2, timeout: float = 300) -> list[str]:
     """``python -m hpcring.examples.<example> <flags>`` under mpiexec (`run_job`)."""
     return run_job(["-m", f"hpcring.examples.{example}", *flags], ranks, timeout)
+
+
+_UFUNCS = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "multiply", "mean": "add"}
+
+
+def exchange_tree(contributions: list[np.ndarray], code: int, op: int) -> np.ndarray:
+    """What the agreement's exchange (hpcring.agreement.steps) makes of every rank's
+    contribution: each odd rank below 2 (size - p) folded into the even one below it, then
+    recursive doubling over the p left, the lowest bit first (the payload's op is bitwise
+    commutative: the order within a pair does not matter)."""
+    from hpcring import agreement
+
+    def combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        out = b.copy()
+        agreement.combine_payload(code, op, a, out)
+        return out
+
+    size = len(contributions)
+    p = 1 << (size.bit_length() - 1)
+    extra = size - p
+    held = [combine(contributions[2 * i + 1], contributions[2 * i]) for i in range(extra)]
+    held += list(contributions[2 * extra :])
+    mask = 1
+    while mask < p:
+        held = [combine(held[i ^ mask], held[i]) for i in range(p)]
+        mask <<= 1
+    return held[0]
+
+
+def exchange_grouping(comm: MPI.Intracomm, x: np.ndarray, op: str) -> np.ndarray | None:
+    """A checked `mpi` all-reduce of ``x`` (``op`` by name) whose data rides in the agreement's
+    exchange on three or more ranks: its result, the terms grouped as the exchange groups them
+    (which may differ from MPI_Allreduce's grouping in the last bit). None where the data does
+    not ride there: MPI's own all-reduce moves it, or two ranks (a + b is b + a: MPI's bits)."""
+    from hpcring import agreement, kernels
+
+    x = np.ascontiguousarray(x)
+    ufunc = _UFUNCS.get(op)
+    if comm.size < 3 or not agreement.exchanges(comm.size) or ufunc is None:
+        return None
+    descriptor = agreement.payload_descriptor(x.dtype, ufunc, x.size, comm.size)
+    if descriptor == agreement.NO_PAYLOAD:
+        return None
+    code, code_op, _ = descriptor
+    assert kernels.DTYPES[code] == x.dtype
+    return exchange_tree(comm.allgather(x.reshape(-1)), code, code_op).reshape(x.shape)

@@ -159,17 +159,37 @@ def _state(comm: Any) -> Any:
     return engine.known_state(comm)
 
 
+def _near_mpis(comm: Any, dtype: np.dtype, count: int) -> None:
+    """Ordinary values (no NaN, Inf or overflow): the exchange's sum is MPI_Allreduce's within
+    the rounding of a sum of ``comm.size`` terms (the two associate differently)."""
+    import hpcring
+    from tests.helpers import everywhere
+
+    rng = np.random.default_rng(40 + comm.rank)
+    x = rng.standard_normal(count).astype(dtype)
+    want = np.empty_like(x)
+    comm.Allreduce(x, want)
+    bound = np.empty_like(x)
+    comm.Allreduce(np.abs(x), bound)
+    got = hpcring.allreduce(x, algorithm="mpi", out=np.empty_like(x), comm=comm)
+    tolerance = comm.size * np.finfo(dtype).eps * bound
+    assert everywhere(comm, bool((np.abs(got - want) <= tolerance).all()))
+
+
 @pytest.mark.mpi
 @pytest.mark.parametrize("compiled", [True, False], ids=["c", "python"])
 @pytest.mark.parametrize("name", ["float32", "float64"])
 @pytest.mark.parametrize("count", RIDING_COUNTS)
 def test_float_sums_ride_with_mpis_bits(fresh_world: Any, compiled: bool, name: str, count: int) -> None:
-    """A float sum rides with the agreement (on two ranks up to PAIR_SLOT bytes): every rank gets
-    the same bits, MPI's own MPI_Allreduce's wherever at most one rank holds a NaN (of two NaNs
-    the slot keeps the larger bits, where MPI's order decides), on the compiled core and the
-    Python reference alike, warm and cold, in place and not; and so does a plan."""
+    """A float sum rides with the agreement (up to PAIR_SLOT bytes where the ranks exchange
+    messages): every rank gets the same bits, on the compiled core and the Python reference
+    alike, warm and cold, in place and not; and so does a plan. On two ranks (and in the
+    collective) those are MPI's own MPI_Allreduce's wherever at most one rank holds a NaN (of
+    two NaNs the payload keeps the larger bits, where MPI's order decides); past two ranks the
+    exchange's tree decides, and the bits are that tree's, computed here from every rank's
+    operands (and within rounding of MPI's on ordinary values)."""
     import hpcring
-    from tests.helpers import everywhere, identical_everywhere
+    from tests.helpers import everywhere, exchange_grouping, identical_everywhere
 
     if compiled and not core.active():
         pytest.skip(f"no compiled core here: {core.describe()[1]}")
@@ -182,6 +202,11 @@ def test_float_sums_ride_with_mpis_bits(fresh_world: Any, compiled: bool, name: 
         nans = np.empty(count, np.int32)
         fresh_world.Allreduce(np.isnan(x).astype(np.int32), nans)
         exact = nans < 2
+        exchanged = fresh_world.size > 2 and agreement.exchanges(fresh_world.size)
+        rides = count * dtype.itemsize <= agreement.slot_bytes(fresh_world.size)
+        if exchanged and rides:  # the exchange's tree, not MPI's: its own bits, NaN pairs included
+            want = exchange_grouping(fresh_world, x, "sum")
+            exact = np.ones(count, bool)
         for _ in range(3):  # cold, then the warm call (in C where it runs)
             got = hpcring.allreduce(x, out=np.empty_like(x), algorithm="mpi", comm=fresh_world)
             inplace = hpcring.allreduce(x.copy(), algorithm="mpi", comm=fresh_world)
@@ -189,6 +214,8 @@ def test_float_sums_ride_with_mpis_bits(fresh_world: Any, compiled: bool, name: 
                 assert identical_everywhere(fresh_world, made)
                 assert everywhere(fresh_world, bool((bits(made)[exact] == bits(want)[exact]).all()))
                 assert everywhere(fresh_world, bool(np.isnan(made[~exact]).all()))
+        if exchanged and rides:
+            _near_mpis(fresh_world, dtype, count)
         # a plan (on two ranks up to PAIR_SLOT bytes: a message each way and the same op): the same
         # bits; on more ranks MPI's persistent all-reduce, whose tree may differ from MPI_Allreduce's
         # (Open MPI 5 at 3 ranks, 64 KiB): the same bits on every rank
@@ -208,7 +235,6 @@ def test_float_sums_ride_with_mpis_bits(fresh_world: Any, compiled: bool, name: 
         assert identical_everywhere(fresh_world, mean)
         state = _state(fresh_world)
         fused = [c.fuse for c in state.warm.values() if c.options.op == "sum"]
-        rides = count * dtype.itemsize <= agreement.slot_bytes(fresh_world.size)
         if fresh_world.size > 1:  # one rank: nothing travels
             assert everywhere(fresh_world, all((f != agreement.NO_PAYLOAD) == rides for f in fused))
     finally:
@@ -258,3 +284,46 @@ def test_a_mismatch_while_riding_raises_everywhere_and_leaves_the_buffer(
         assert everywhere(fresh_world, bool((total == sum(1.5 + r for r in range(fresh_world.size))).all()))
     finally:
         kernels.select()
+
+
+SENDS = (agreement.GIVE, agreement.SWAP)
+
+
+@pytest.mark.parametrize("size", range(2, 18))
+def test_exchange_steps_pair_up(size: int) -> None:
+    """Every message of an exchange's steps has its receive on the other side, step for step,
+    and every rank's result depends on every rank's contribution (recursive doubling)."""
+    plans = {rank: list(agreement.steps(rank, size)) for rank in range(size)}
+    sent = [(rank, peer) for rank, plan in plans.items() for kind, peer in plan if kind in SENDS]
+    received = [(peer, rank) for rank, plan in plans.items() for kind, peer in plan if kind != agreement.GIVE]
+    assert sorted(sent) == sorted(received) and len(set(sent)) == len(sent)
+    known = {rank: {rank} for rank in range(size)}  # whose contributions each rank holds
+    pending = {rank: 0 for rank in range(size)}
+    while any(pending[r] < len(plans[r]) for r in range(size)):
+        moved = False
+        for rank in range(size):
+            if pending[rank] == len(plans[rank]):
+                continue
+            kind, peer = plans[rank][pending[rank]]
+            back = plans[peer][pending[peer]] if pending[peer] < len(plans[peer]) else None
+            if kind == agreement.SWAP and back == (agreement.SWAP, rank):
+                known[rank] = known[peer] = known[rank] | known[peer]
+                pending[rank] += 1
+                pending[peer] += 1
+                moved = True
+            elif (
+                kind == agreement.GIVE
+                and back is not None
+                and back[1] == rank
+                and back[0]
+                in (
+                    agreement.TAKE,
+                    agreement.RESULT,
+                )
+            ):
+                known[peer] = known[peer] | known[rank] if back[0] == agreement.TAKE else set(known[rank])
+                pending[rank] += 1
+                pending[peer] += 1
+                moved = True
+        assert moved, f"the steps deadlock at {size} ranks: {pending}"
+    assert all(held == set(range(size)) for held in known.values())

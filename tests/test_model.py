@@ -23,6 +23,8 @@ from hpcring.model.costs import (
     AGREEMENT_BYTES,
     COLD_FROM,
     DEFAULT_SOFTWARE,
+    EXCHANGE_RANKS,
+    EXCHANGE_RIDES_UP_TO,
     MODELLED,
     NO_SOFTWARE,
     PRESETS,
@@ -35,6 +37,7 @@ from hpcring.model.costs import (
     Software,
     modelled,
     predict,
+    rides_up_to,
 )
 from hpcring.model.params import default_path, keep_busy, load_params, save_params
 from hpcring.units import busbw, collective_title, input_bytes
@@ -232,16 +235,24 @@ def test_the_step_pays_at_both_levels_of_a_two_level_algorithm() -> None:
 @pytest.mark.parametrize("p", [2, 3, 5, 1000])
 def test_a_checked_call_pays_the_agreements_collective_once(p: int) -> None:
     """The agreement is an MPI all-reduce of AGREEMENT_BYTES, priced as `mpi` is; an `mpi`
-    all-reduce of up to RIDES_UP_TO bytes rides in it and costs nothing more."""
+    all-reduce of up to RIDES_UP_TO bytes rides in it and costs nothing more, and where the ranks
+    exchange messages one of up to EXCHANGE_RIDES_UP_TO bytes rides, costing what its bytes add."""
     agreement = predict("mpi", AGREEMENT_BYTES, p, LINK, gamma=GAMMA, software=NO_SOFTWARE)
     checked = Software(0.0, CALL)
-    for algorithm in ("ring", "rabenseifner", "naive", "ps", "mpi"):
-        assert sw(algorithm, p, checked) == pytest.approx(CALL + agreement)
+    for algorithm in ("ring", "rabenseifner", "naive", "ps", "mpi"):  # too large to ride
+        assert sw(algorithm, p, checked, n=EXCHANGE_RIDES_UP_TO + 1) == pytest.approx(CALL + agreement)
     small = RIDES_UP_TO
     assert predict("mpi", small, p, LINK, gamma=GAMMA, software=checked) == pytest.approx(CALL + agreement)
-    too_large = predict("mpi", small + 1, p, LINK, gamma=GAMMA, software=checked)  # it moves after
+    largest = rides_up_to(p)
+    assert largest == (EXCHANGE_RIDES_UP_TO if p <= EXCHANGE_RANKS else RIDES_UP_TO)
+    if largest > small:  # exchanging ranks: a larger one rides too, its bytes added to the agreement's
+        rides = predict("mpi", largest, p, LINK, gamma=GAMMA, software=checked)
+        doubling, fold = int(math.log2(p)), p & (p - 1) != 0  # the ranks past a power of two fold in and out
+        sent, reduced = (doubling + 2 * fold) * largest, (doubling + fold) * largest
+        assert rides == pytest.approx(CALL + agreement + sent * LINK.beta + reduced * GAMMA, rel=1e-6)
+    too_large = predict("mpi", largest + 1, p, LINK, gamma=GAMMA, software=checked)  # it moves after
     assert too_large == pytest.approx(
-        CALL + agreement + predict("mpi", small + 1, p, LINK, gamma=GAMMA, software=NO_SOFTWARE)
+        CALL + agreement + predict("mpi", largest + 1, p, LINK, gamma=GAMMA, software=NO_SOFTWARE)
     )
     # other collectives agree too, and their data never rides
     assert (
@@ -264,6 +275,10 @@ def test_the_agreements_size_is_hpcring_agreements() -> None:
 
     assert AGREEMENT_BYTES == 16 * agreement.WIDTH + agreement.SLOT
     assert RIDES_UP_TO == agreement.SLOT
+    assert EXCHANGE_RIDES_UP_TO == agreement.PAIR_SLOT
+    assert EXCHANGE_RANKS == agreement.EXCHANGE_RANKS
+    for ranks in range(1, 12):
+        assert rides_up_to(ranks) == agreement.slot_bytes(ranks)
 
 
 def test_the_default_software_is_counted_unless_told_otherwise() -> None:
@@ -293,7 +308,9 @@ def test_calibrated_software_prices_the_rank_counts_it_does_not_cover() -> None:
     # at 2 ranks the busy figures price the ring as before: 2 steps of (2 + 500 * 0.02) + the call
     assert predict("ring", N, 2, params) == pytest.approx(5 + 2 * (2 + 500 * 0.02) + 500 * 0.004)
     # mpi there: the same steps without hpcring's 0.5 of software each
-    assert predict("mpi", N, 2, params) == pytest.approx(5 + 2 * (1.5 + 500 * 0.02) + 500 * 0.004)
+    n = 2 * EXCHANGE_RIDES_UP_TO  # too large to ride in the agreement's exchange
+    half = n / 2
+    assert predict("mpi", n, 2, params) == pytest.approx(5 + 2 * (1.5 + half * 0.02) + half * 0.004)
     assert predict("mpi", RIDES_UP_TO, 2, params) == pytest.approx(5.0)  # it rides in the agreement
 
 

