@@ -15,8 +15,8 @@ FULL = os.environ.get("HPCRING_TEST_FULL") == "1"
 
 
 ONE_COUNT = 2  # where a test marked one_count runs (more than one rank: a real collective)
-# Where a test marked waits_out runs: two ranks agree point to point, three by a collective (and
-# an odd count); a fourth rank adds a wait of a second and nothing the stall path does not do at 3.
+# Where a test marked waits_out runs: two ranks agree in one exchange, three fold a rank into a
+# two-rank exchange (an odd count, and a step more); at 4 the stall path is the same, a second more.
 WAIT_OUT_COUNTS = (1, 2, 3)
 
 
