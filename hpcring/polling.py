@@ -194,15 +194,12 @@ class Waiter:
             if r != self.rank:
                 self._sent.append(self.comm.Isend(word, r, self.tag))
 
-    def listen(
-        self, seconds: float, heard: set[int], enough: int | None = None, settle: float = 0.0
-    ) -> set[int]:
+    def listen(self, seconds: float, heard: set[int], enough: int, settle: float) -> set[int]:
         """Collect other ranks' notices for up to ``seconds``, until every rank is heard, or
         until ``enough`` ranks are heard and ``settle`` seconds have passed."""
         now = time.monotonic()
         end, settled = now + seconds, now + settle
         heard |= set(self.heard)
-        enough = self.size if enough is None else enough
         while self.notices and len(heard) < self.size and time.monotonic() < end:
             if len(heard) >= enough and time.monotonic() >= settled:
                 break
