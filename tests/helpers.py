@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -80,10 +82,27 @@ _JOB_VARIABLES = ("PMIX_", "PRTE_", "OMPI_COMM_", "OMPI_FILE_", "OMPI_MCA_orte",
 _JOB_VARIABLES += ("PMI_", "HYDI_", "HYDRA_", "MPI_LOCALNRANKS", "MPI_LOCALRANKID")
 
 
+_jobs_tmp: str | None = None
+
+
+def job_tmpdir() -> str:
+    """A fresh TMPDIR for one launched job. Open MPI's mpiexec keeps its session in
+    ``$TMPDIR/ompi.<its pid>``; a directory that a killed job left there makes a later mpiexec
+    that gets the same pid fail to start ("The PMIx server's listener thread failed to start"),
+    and the tests kill jobs. Removed when this process exits."""
+    global _jobs_tmp
+    if _jobs_tmp is None:
+        _jobs_tmp = tempfile.mkdtemp(prefix="hpcring-jobs-")
+        atexit.register(shutil.rmtree, _jobs_tmp, ignore_errors=True)
+    return tempfile.mkdtemp(prefix="job-", dir=_jobs_tmp)
+
+
 def launcher_env() -> dict[str, str]:
-    """This process's environment minus what a running MPI job (or singleton) left in it."""
+    """This process's environment minus what a running MPI job (or singleton) left in it, with a
+    TMPDIR of the job's own (`job_tmpdir`)."""
     env = {key: value for key, value in os.environ.items() if not key.startswith(_JOB_VARIABLES)}
     env.update(
+        TMPDIR=job_tmpdir(),
         OMPI_ALLOW_RUN_AS_ROOT="1",
         OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
         OMPI_MCA_rmaps_base_oversubscribe="1",

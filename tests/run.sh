@@ -15,6 +15,12 @@ if [ "${1:-}" = "--full" ]; then  # marked full: they run only here
 fi
 source tests/launcher.sh  # MPIEXEC: Open MPI's or MPICH's, more ranks than cores allowed
 export PYTHONUNBUFFERED=1
+# A TMPDIR of the run's own, removed at its end: Open MPI's mpiexec keeps its session in
+# $TMPDIR/ompi.<its pid>, and one that a killed job (here or earlier on this machine) left behind
+# makes a later mpiexec with the same pid fail to start.
+TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/hpcring-tests.XXXXXX")
+export TMPDIR
+trap 'rm -rf "$TMPDIR"' EXIT
 # The serial tests wait more than they compute (jobs they launch, deadlines they wait out), so
 # two workers halve their time on 2 cores. Three kept the cores busier (3.0-3.5 min, not 3.8-4.7), but
 # twice in four runs a fault-tolerance job among them failed (a survivor stuck in MPI_Allreduce
