@@ -91,8 +91,8 @@ class _Now(threading.local):
     recvs: tuple[int, ...] | None = None  # rows from each rank, as given (uneven)
     check: bool = True
     shape: tuple[int, ...] | None = None  # the output's shape, once known
-    x: Any = None  # the input, for blocks that travel with the header
-    pending: list[Any] | None = None  # those blocks' sends and the header's, once the ranks agree
+    x: Any = None  # the input, where its blocks leave ahead of the agreement (`plan` to `_agree`)
+    pending: list[Any] | None = None  # those blocks' sends, once the ranks agree
     number: int = 0  # the agreed call's number
 
 
@@ -100,7 +100,7 @@ class Exchange(Call):
     """The `Call` of one all-to-all signature: the engine's, with the data movement of an
     all-to-all (`move`) and its splits carried per call (`plan`)."""
 
-    __slots__ = ("equal_layout", "now", "rest", "row_items", "rows", "uneven")
+    __slots__ = ("early", "equal_layout", "now", "rest", "row_items", "rows", "uneven")
 
     def __init__(
         self,
@@ -123,6 +123,10 @@ class Exchange(Call):
         block = self.rows // size * self.row_items if size else 0
         self.equal_layout = Layout.blocks(block, size)
         self.ready = self.fits
+        itemsize = 0 if row.dtype is None else row.dtype.itemsize
+        # this signature's blocks leave ahead of the agreement (`eager`): decided once, so that a
+        # call that does not (every torch tensor's) pays nothing for it
+        self.early = itemsize > 0 and self.eager(self.rows * self.row_items * itemsize)
 
     # the output's shape is per call (uneven: known once the counts are exchanged), so per thread
     @property  # type: ignore[override]
@@ -133,23 +137,13 @@ class Exchange(Call):
     def out_shape(self, value: tuple[int, ...] | None) -> None:
         self.now.shape = value
 
-    def __call__(
-        self, x: Any, out: Any, check: bool, timeout: float | None, problem: Exception | None = None
-    ) -> Any:
-        now = self.now
-        now.x, now.pending = x, None
-        try:
-            return super().__call__(x, out, check, timeout, problem)
-        finally:
-            now.x = now.pending = None
-
     def _agree(self, timeout: float, problem: Exception | None, payload: Any = None) -> bool:
         """The engine's agreement, with this call's blocks sent ahead of it where they leave early
         (`eager`): received into the output once it passed (`move`); where it did not, every rank
         receives what came into scratch before the error (`Agreement.disagree`)."""
         now = self.now
-        x = now.x
-        if problem is not None or x is None or not self.eager(self.adapter.nbytes(x)):
+        x, now.x = now.x, None
+        if problem is not None or x is None:  # x: set by `plan` where the blocks leave early
             return super()._agree(timeout, problem, payload)
         agreement = self.state.agreement
         ahead = send_ahead(agreement, self.adapter.flat(x))
@@ -199,7 +193,8 @@ class Exchange(Call):
         """This call's splits, checked here (no communication), kept for `move`; the problem with
         them, if any (the agreement makes it every rank's)."""
         now = self.now
-        now.check, now.shape = check, None
+        now.check, now.shape, now.pending = check, None, None
+        now.x = x if self.early and check else None  # the blocks that leave ahead (`_agree`)
         size = self.channel.size
         try:
             if not self.uneven:
