@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from helpers import BACKENDS, everywhere, raises_everywhere
+from helpers import BACKENDS, WAIT_OUT, everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
@@ -268,7 +268,7 @@ def test_a_bad_argument_on_one_rank_raises_on_every_rank(call: object, match: st
 def test_a_rank_that_never_arrives_is_named(uneven: bool) -> None:
     if WORLD.size == 1:
         pytest.skip("needs a rank to miss")
-    g, missing, timeout = WORLD.size, WORLD.size - 1, 1.0  # only the stalled call has it
+    g, missing, timeout = WORLD.size, WORLD.size - 1, WAIT_OUT  # only the stalled call has it
     comm = WORLD.Dup()
     hpcring.allreduce(np.ones(1), comm=comm)  # hpcring's own communicator exists on every rank
     ok = True
