@@ -21,7 +21,8 @@ always sends the header and the slot), and the user's output is written only onc
 agreement has passed. The payload's reductions are bitwise commutative, so every rank gets the
 same bits whatever tree MPI takes.
 
-Up to `EXCHANGE_RANKS` ranks need no collective (`Agreement._exchange`): recursive doubling
+Up to `EXCHANGE_RANKS` ranks (HPCRING_EXCHANGE_RANKS lowers it, for tuning and so that tests
+reach the collective form on few ranks) need no collective (`Agreement._exchange`): recursive doubling
 (`steps`), each step a message each way of what a rank holds so far, the header with up to
 `PAIR_INLINE` bytes of payload in the same message and a larger one (up to `PAIR_SLOT`) apart,
 straight from where it lies; each side applies the same op to the two contributions. The
@@ -55,7 +56,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import algorithms, core, kernels
+from . import algorithms, config, core, kernels
 from .arrays import NAMES
 from .flight import Recorder
 from .ops import NAMES as DTYPE_NAMES
@@ -142,6 +143,7 @@ SLOT = 512  # bytes of payload the agreement's collective carries: an `mpi` all-
 # Up to EXCHANGE_RANKS ranks exchange their contributions instead (`Agreement._exchange`): a message
 # each way per step of recursive doubling, of the header and only the bytes a rank carries, so the
 # slot may be larger without costing a small call anything; up to this many bytes ride there.
+# HPCRING_EXCHANGE_RANKS may lower the limit (`exchanges`), never raise it.
 EXCHANGE_RANKS = 4
 PAIR_SLOT = 64 << 10
 PAIR_INLINE = 1 << 10  # bytes of payload sent inside the header's message (a larger one apart: no copy)
@@ -159,17 +161,21 @@ _REAL = ("float32", "float64", "int32", "int64")
 _OP_CODES = {"add": 0, "maximum": 1, "minimum": 2, "multiply": 3}
 
 
-def exchanges(size: int) -> bool:
+def exchanges(size: int, limit: int | None = None) -> bool:
     """Whether ``size`` ranks agree by exchanging messages (`Agreement._exchange`) rather than in
-    one MPI_Iallreduce: a function of the communicator's size alone, so every rank takes the
-    same road whatever each one's call is."""
-    return 2 <= size <= EXCHANGE_RANKS
+    one MPI_Iallreduce: a function of the communicator's size and ``limit`` (HPCRING_EXCHANGE_RANKS,
+    at most `EXCHANGE_RANKS`, as the communicator took it; None: the current snapshot's), which
+    every rank checked alike at its first call (`hpcring.comm`), so every rank takes the same
+    road whatever each one's call is."""
+    if limit is None:
+        limit = config.current().exchange_ranks
+    return 2 <= size <= limit
 
 
-def slot_bytes(size: int) -> int:
+def slot_bytes(size: int, limit: int | None = None) -> int:
     """The bytes of payload a checked call on ``size`` ranks may carry (`PAIR_SLOT` where they
     exchange messages, `SLOT` in the collective)."""
-    return PAIR_SLOT if exchanges(size) else SLOT
+    return PAIR_SLOT if exchanges(size, limit) else SLOT
 
 
 # The steps of an exchange (`steps`): send the contribution so far; receive the other's and
@@ -200,11 +206,14 @@ def steps(rank: int, size: int) -> tuple[tuple[int, int], ...]:
     return tuple(swaps)
 
 
-def payload_descriptor(dtype: np.dtype, ufunc: str, count: int, size: int = 0) -> tuple[int, int, int]:
-    """The descriptor of an `mpi` all-reduce of ``count`` elements on ``size`` ranks whose data may
-    ride along, or NO_PAYLOAD: what every rank computes alike from what they agree on."""
+def payload_descriptor(
+    dtype: np.dtype, ufunc: str, count: int, size: int = 0, limit: int | None = None
+) -> tuple[int, int, int]:
+    """The descriptor of an `mpi` all-reduce of ``count`` elements on ``size`` ranks (exchanging up
+    to ``limit``: `exchanges`) whose data may ride along, or NO_PAYLOAD: what every rank computes
+    alike from what they agree on."""
     name = dtype.name
-    if count <= 0 or count * dtype.itemsize > slot_bytes(size) or ufunc not in _OP_CODES:
+    if count <= 0 or count * dtype.itemsize > slot_bytes(size, limit) or ufunc not in _OP_CODES:
         return NO_PAYLOAD
     if name in _REAL or (name in ("complex64", "complex128") and ufunc == "add"):
         return kernels.DTYPE_CODES[dtype], _OP_CODES[ufunc], count
@@ -324,7 +333,7 @@ def collective(compiled: bool | None = None) -> tuple[MPI.Datatype, MPI.Op]:
     made = _MADE.get(compiled)
     if made is None:
         if compiled:
-            made = core.mpi_core()[0].agreement(WIDTH, SLOT, PAIR_SLOT, PAIR_INLINE, EXCHANGE_RANKS)
+            made = core.mpi_core()[0].agreement(WIDTH, SLOT, PAIR_SLOT, PAIR_INLINE)
         else:
             datatype = MPI.BYTE.Create_contiguous(16 * WIDTH + SLOT)
             datatype.Commit()
@@ -350,6 +359,7 @@ class Agreement:
         "ahead",
         "buffer",
         "comm",
+        "exchanging",
         "incoming",
         "op",
         "rank",
@@ -360,12 +370,16 @@ class Agreement:
         "work",
     )
 
-    def __init__(self, comm: MPI.Intracomm, flight: Recorder | None = None) -> None:
+    def __init__(
+        self, comm: MPI.Intracomm, flight: Recorder | None = None, limit: int = EXCHANGE_RANKS
+    ) -> None:
+        """``limit``: HPCRING_EXCHANGE_RANKS as the communicator took it (`exchanges`)."""
         self.comm = comm
         self.settings: Any = None  # the communicator's config snapshot, named on a settings mismatch
         self.waiter = Waiter(comm)
         self.waiter.flight = flight  # the communicator's record: a StallError names where ranks were
         self.rank, self.size = comm.Get_rank(), comm.Get_size()
+        self.exchanging = exchanges(self.size, limit)  # the compiled core's agreements read it too
         self.type, self.op = collective()
         self.buffer: np.ndarray | None = None  # the header and the slot, reused call after call
         self.incoming: np.ndarray | None = None  # exchanging ranks: the other's contribution
@@ -394,7 +408,7 @@ class Agreement:
         verdict = int(problem is not None)
         carrying = payload is not None and problem is None
         full = [*words, *((1, *payload.descriptor) if carrying else (0, *NO_PAYLOAD)), verdict]
-        if exchanges(self.size):
+        if self.exchanging:
             return self._exchange(words, row, problem, full, carrying, payload, timeout, what, caller)
         buf = self.buffer
         if buf is None:
@@ -406,12 +420,12 @@ class Agreement:
         if carrying:
             slot[: payload.src.nbytes] = payload.src.view(np.uint8)
         request = self.comm.Iallreduce(MPI.IN_PLACE, [buf, 1, self.type], self.op)
-        if not request.Test():
-            try:
+        try:
+            if not request.Test():
                 self.wait(request, words[0], timeout, what)
-            except BaseException:
-                self.buffer = None  # MPI may still write it: left to the pending request
-                raise
+        except BaseException:  # a stall, or an MPI error (a failed rank): the request may be pending
+            self.buffer = None  # MPI may still write it: left to the request (the engine keeps it)
+            raise
         if not _agreed(header):
             self.disagree(words, row, problem, caller)
         if not (carrying and _carried(header)):

@@ -23,10 +23,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 from mpi4py import MPI
 
 from . import config, polling, watchdog
-from .agreement import Agreement
+from .agreement import HINTS, Agreement, by_value
 from .arrays import device_key
 from .channel import Channel
 from .errors import StallError
@@ -57,6 +58,7 @@ class CommState:
     flight: Recorder = field(init=False)  # the last calls on this rank (`hpcring.flight`), made once
     settings: config.Config = field(init=False)  # the HPCRING_* values this communicator runs under
     timeout: float | None = field(init=False)  # HPCRING_TIMEOUT as it took it (None: a bad value)
+    exchange_ranks: int = field(init=False)  # HPCRING_EXCHANGE_RANKS as it took it (0: a bad value)
     _agreement: Agreement | None = None
 
     def __post_init__(self) -> None:
@@ -69,13 +71,17 @@ class CommState:
             self.timeout = self.settings.timeout
         except ValueError:
             self.timeout = None
+        try:  # checked alike on every rank at the first call (`agree_on_exchange`)
+            self.exchange_ranks = self.settings.exchange_ranks
+        except ValueError:
+            self.exchange_ranks = 0
 
     @property
     def agreement(self) -> Agreement:
         """The agreement on this communicator's duplicate (its buffer made once)."""
         made = self._agreement
         if made is None:
-            made = self._agreement = Agreement(self.comm, self.flight)
+            made = self._agreement = Agreement(self.comm, self.flight, self.exchange_ranks)
         return made
 
     def channel(self, adapter: Any) -> Channel:
@@ -150,6 +156,7 @@ def state_of(comm: MPI.Intracomm, timeout: float | None = None) -> CommState:
             if state.comm.Get_size() > 1:
                 watchdog.watch()  # the one blocking wait (`mpi`'s MPI_Allreduce), watched
             state.background = _second(state, timeout)
+            agree_on_exchange(state, timeout)
             with _lock:
                 comm.Set_attr(_keyval, state)
                 _creating.pop(MPI._handleof(comm), None)
@@ -168,6 +175,35 @@ def _second(state: CommState, timeout: float | None) -> MPI.Intracomm:
         raise waiter.stall(woke, FIRST_CALL, timeout)
     adopt(second)
     return second
+
+
+def agree_on_exchange(state: CommState, timeout: float | None) -> None:
+    """Every rank's agreements on ``state``'s communicator take the same road: the exchange up to
+    HPCRING_EXCHANGE_RANKS ranks, else the collective (`hpcring.agreement.exchanges`). Ranks that
+    took different roads would wait for each other's messages until their deadline, before the
+    row's digest of the must-agree settings could show the difference; so the first call checks
+    this one value itself, in one small collective, and on a difference (or a bad value on any
+    rank) every rank raises ValueError naming the values and the ranks, and frees the duplicates."""
+    comm, mine = state.comm, state.exchange_ranks
+    if timeout is None:
+        timeout = config.current().timeout
+    same = True
+    if comm.Get_size() > 1:
+        values = np.array([mine, -mine], np.int64)  # under max: the largest and minus the smallest
+        waiter = state.agreement.waiter
+        woke = waiter.bounded(comm.Iallreduce(MPI.IN_PLACE, values, MPI.MAX), timeout)
+        if woke is not None:
+            raise waiter.stall(woke, FIRST_CALL, timeout)
+        same = bool(values[0] == -values[1])
+    if same and mine:
+        return
+    everyone = comm.allgather(mine)
+    state.close()
+    name = "HPCRING_EXCHANGE_RANKS"
+    shown = by_value(everyone, lambda value: str(value) if value else "not an integer from 1 to 4")
+    if len(set(everyone)) == 1:  # a bad value, the same on every rank: the parser's own words
+        config.BY_NAME[name].parse(name, state.settings.raw(name))
+    raise ValueError(f"{FIRST_CALL}: ranks disagree on settings: {name}: {shown}{HINTS['settings']}")
 
 
 def duplicate(comm: MPI.Intracomm, timeout: float | None) -> MPI.Intracomm:

@@ -64,6 +64,20 @@ def integer(name: str, raw: str | None) -> int | None:
     return int(raw or "")
 
 
+def integer_from(low: int, high: int, default: int) -> Parser[int]:
+    """A parser of digits from ``low`` to ``high`` (blanks ignored); ``default`` where unset or empty."""
+
+    def parse(name: str, raw: str | None) -> int:
+        text = (raw or "").strip()
+        if not text:
+            return default
+        if not text.isdigit() or not low <= int(text) <= high:
+            raise ValueError(f"{name} must be an integer from {low} to {high}, got {text!r}")
+        return int(text)
+
+    return parse
+
+
 def number(
     what: str,
     low: float,
@@ -224,6 +238,15 @@ class Config:
         default="auto",
         meaning="how a waiting rank spends its core: spin; share (yield, then nap); auto: share if crowded",
         must_agree=False,
+    )
+    exchange_ranks = Variable(
+        "HPCRING_EXCHANGE_RANKS",
+        integer_from(1, 4, default=4),
+        kind="integer from 1 to 4",
+        default="4",
+        meaning="the agreement exchanges messages up to this many ranks, else one MPI_Iallreduce",
+        must_agree=True,
+        canonical=str,
     )
     ranks_per_node = Variable(
         "HPCRING_RANKS_PER_NODE",

@@ -221,7 +221,9 @@ class Call:
             or self.row.dtype is None
         ):
             return NO_PAYLOAD
-        return payload_descriptor(self.row.dtype, reduction.ufunc, self.row.count, self.channel.size)
+        return payload_descriptor(
+            self.row.dtype, reduction.ufunc, self.row.count, self.channel.size, self.state.exchange_ranks
+        )
 
     def agree(
         self, timeout: float | None, problem: Exception | None = None, nbytes: int | None = None
@@ -296,8 +298,8 @@ class Call:
                 # MPI's fault tolerance (ULFM): a rank died, or a survivor revoked the communicator
                 failure = rank_failed(self, error, slot.number, moving=slot.phase == MOVING)
                 flight.failed(slot, failure or error)
-                if isinstance(error, StallError) or failure is not None:  # MPI may still use
-                    abandon(error)  # what the frames hold
+                if isinstance(error, (StallError, MPI.Exception)):  # MPI may still use what
+                    abandon(error)  # the frames hold (a stall, a failed rank, any MPI error)
                 if failure is not None:
                     raise failure from error
                 raise
@@ -595,7 +597,7 @@ class Call:
         slot.number = self.state.calls if check or self.planning else 0
         failure = rank_failed(self, error, slot.number, moving=slot.phase == MOVING)
         self.flight.failed(slot, failure or error)
-        if isinstance(error, StallError) or failure is not None:
+        if isinstance(error, (StallError, MPI.Exception)):
             abandon(error)
         if failure is not None:
             raise failure from error

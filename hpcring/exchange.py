@@ -40,7 +40,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms, config, core, kernels, tracing
-from .agreement import NO_PAYLOAD, TAG_AHEAD, Agreement, Both, Row, exchanges
+from .agreement import NO_PAYLOAD, TAG_AHEAD, Agreement, Both, Row
 from .algorithms import ALLTOALL, Layout, Spec
 from .arrays import NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
@@ -163,6 +163,7 @@ class Exchange(Call):
             not self.uneven
             and self.options.algorithm == "auto"
             and self.adapter is NUMPY
+            and self.state.agreement.exchanging
             and eager_for(self.channel.size, nbytes)
         )
 
@@ -369,8 +370,8 @@ class Exchange(Call):
 
 def eager_for(size: int, nbytes: int) -> bool:
     """Whether equal blocks of ``nbytes`` per rank on ``size`` ranks leave ahead of the agreement
-    (only where it exchanges messages: its error path drains them)."""
-    if not exchanges(size) or size not in EAGER_UPTO:
+    (where it exchanges messages, `Exchange.eager`: measured there)."""
+    if size not in EAGER_UPTO:
         return False
     limit = EAGER_UPTO[size]
     return limit is None or nbytes <= limit

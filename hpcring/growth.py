@@ -237,9 +237,11 @@ def transfer(
     arrived: Callable[[np.ndarray], None] | None = None,
 ) -> np.ndarray:
     """Rank 0's ``header`` (int64, `HEADER`) and ``state`` on every rank of ``comm``: collective;
-    each rank passes arrays of the shapes and dtypes it expects (a newcomer: the ones it built),
-    which hpcring checks against rank 0's before a byte moves. The header and the arrays under
-    PACK_BELOW bytes travel in one buffer, one call; larger arrays in place, one call each. On a
+    each rank passes arrays of the shapes and dtypes it expects (a newcomer: the ones it built).
+    The header and the arrays under PACK_BELOW bytes travel in one buffer, one call; larger arrays
+    in place, one call each. Each call is checked like any other: the packed buffer's size, then
+    each larger array's shape and dtype (packed arrays that differ only in shape or dtype, their
+    bytes the same in all, are not told apart: the newcomers run the survivors' program). On a
     communicator hpcring has not used yet, its state there is made first (the duplicate, the
     topology, auto's table: a checked all-reduce of one element). ``arrived(header)`` runs
     once the header is in, before the large arrays. Returns the header."""

@@ -21,6 +21,10 @@ from mpi4py import MPI
 from hpcring.arrays import available
 
 FULL = os.environ.get("HPCRING_TEST_FULL") == "1"  # tests/run.sh --full: the long cases too
+# The timeout of a call that a test makes wait out (a rank stays away): what each such case costs
+# at each rank count. A rank that is present but late is still heard: the waiting ranks listen
+# up to polling.GRACE more for every rank but one.
+WAIT_OUT = 0.5  # s
 
 # A GPU test skips, saying why, where CuPy or a GPU is missing; BACKENDS parametrizes a test
 # over the array kinds (its CuPy case marked gpu, for tests/gpu/check.sh).

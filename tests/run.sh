@@ -7,6 +7,11 @@
 #
 #   bash tests/run.sh            # what CI and the README run
 #   bash tests/run.sh --full     # the long cases too (soaks, many examples, large sizes)
+#
+# Last, the agreement's tests (mismatches and bad arguments raise on every rank, a missing rank is
+# named) once more at 3 ranks with HPCRING_EXCHANGE_RANKS=1, so that the agreement's
+# collective form, which otherwise runs only above 4 ranks, is tested on every run; they take their
+# own files, not the extra arguments. HPCRING_TEST_AGREEMENT_RANKS="" skips them ("2 3": 2 and 3 ranks).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--full" ]; then  # marked full: they run only here
@@ -48,4 +53,16 @@ for ranks in ${HPCRING_TEST_RANKS:-1 2 3 4}; do
   # Only rank 0 reports the slowest tests (each rank times the same ones).
   phase "MPI tests at $ranks rank(s)" timeout --signal=KILL 1500 "${MPIEXEC[@]}" -n "$ranks" \
     python -m pytest -q --with-mpi -m mpi --durations=10 "$@"
+done
+# The agreement's collective form (one MPI_Iallreduce, what it runs on 5 or more ranks) at 3 ranks
+# (an odd count; the form is one collective at any count): HPCRING_EXCHANGE_RANKS=1 takes it in
+# place of the exchange of messages.
+agreement_tests=(tests/test_errors.py tests/test_settings_agree.py tests/test_agreement_payload.py
+  tests/test_collectives.py::test_mismatches_raise_on_every_rank
+  tests/test_collectives.py::test_a_bad_argument_on_one_rank_raises_on_every_rank
+  tests/test_collectives.py::test_a_rank_that_never_arrives_is_named)
+for ranks in ${HPCRING_TEST_AGREEMENT_RANKS-3}; do
+  phase "the agreement's collective form at $ranks ranks" env HPCRING_EXCHANGE_RANKS=1 \
+    timeout --signal=KILL 600 "${MPIEXEC[@]}" -n "$ranks" \
+    python -m pytest -q --with-mpi -m mpi --durations=5 "${agreement_tests[@]}"
 done

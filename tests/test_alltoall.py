@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
-from helpers import BACKENDS, everywhere, raises_everywhere
+from helpers import BACKENDS, WAIT_OUT, everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
@@ -375,7 +375,7 @@ def test_a_rank_that_never_arrives_is_named(form: str) -> None:
     if WORLD.size == 1:
         pytest.skip("needs a rank to miss")
     uneven = form == "uneven"
-    g, missing, timeout = WORLD.size, WORLD.size - 1, 1.0  # only the stalled call has it
+    g, missing, timeout = WORLD.size, WORLD.size - 1, WAIT_OUT  # only the stalled call has it
     comm = WORLD.Dup()
     hpcring.allreduce(np.ones(1), comm=comm)  # hpcring's own communicator exists on every rank
     if form == "warm":  # the stalled call is the warm call in C

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import everywhere, identical_everywhere, raises_everywhere
+from helpers import WAIT_OUT, everywhere, identical_everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
@@ -286,7 +286,7 @@ def test_a_rank_that_never_arrives_is_named(collective: str) -> None:
     naming it within the timeout (plus the second they listen for the others' notices)."""
     if WORLD.size == 1:
         pytest.skip("needs a rank to miss")
-    missing, timeout = WORLD.size - 1, 1.0
+    missing, timeout = WORLD.size - 1, WAIT_OUT
     comm = WORLD.Dup()
     hpcring.allreduce(np.ones(1), comm=comm)  # every rank: hpcring's own communicator exists now
     ok = True
@@ -310,7 +310,7 @@ def test_a_rank_that_skips_the_first_call(collective: str) -> None:
     user's communicator, and its own is what the first call makes)."""
     if WORLD.size == 1:
         pytest.skip("needs a rank to miss")
-    missing, timeout = WORLD.size - 1, 1.0
+    missing, timeout = WORLD.size - 1, WAIT_OUT
     comm = WORLD.Dup()
     ok = True
     if WORLD.rank != missing:

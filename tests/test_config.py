@@ -108,6 +108,20 @@ def test_wait_sleep_is_microseconds_in_range() -> None:
     assert ring.wait_nap(Config({name: "50"})) == pytest.approx(50e-6)
 
 
+def test_exchange_ranks_only_lowers_the_exchanges_limit() -> None:
+    from hpcring.agreement import EXCHANGE_RANKS
+
+    name = "HPCRING_EXCHANGE_RANKS"
+    assert parsed(name, None) == EXCHANGE_RANKS == 4 and parsed(name, " ") == 4
+    assert parsed(name, "1") == 1 and parsed(name, " 02 ") == 2 and parsed(name, "4") == 4
+    for bad in ("0", "5", "-1", "2.0", "two"):
+        with pytest.raises(ValueError) as error:
+            parsed(name, bad)
+        assert str(error.value) == f"{name} must be an integer from 1 to 4, got {bad!r}"
+    assert Config({name: "2"}).digest() == Config({name: "02"}).digest() != Config({}).digest()
+    assert Config({name: "4"}).digest() == Config({}).digest()
+
+
 def test_timeout_keeps_its_own_grammar() -> None:
     name = "HPCRING_TIMEOUT"
     assert parsed(name, None) == 300.0

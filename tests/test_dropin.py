@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import everywhere
+from helpers import WAIT_OUT, everywhere
 from mpi4py import MPI
 
 import hpcring
@@ -137,14 +137,14 @@ def test_no_hpcring_message_is_left_for_the_user(fresh: MPI.Intracomm) -> None:
 def test_iallreduce_returns_while_the_others_are_away(
     fresh: MPI.Intracomm, algorithm: str, first: bool
 ) -> None:
-    """The last rank arrives a second late: every other rank's Iallreduce returns at once, the
+    """The last rank arrives 0.6 s late: every other rank's Iallreduce returns at once, the
     first one on the communicator (it blocked in hpcring's Idup) as any later one."""
     if WORLD.size == 1:
         pytest.skip("needs a second rank")
     comm = hpcring.Intracomm(fresh, algorithm=algorithm) if first else prepared(fresh, algorithm=algorithm)
     x = np.full(4, float(WORLD.rank))
     if WORLD.rank == WORLD.size - 1:
-        time.sleep(1.0)
+        time.sleep(0.6)
     start = time.monotonic()
     request = comm.Iallreduce(MPI.IN_PLACE, x, op=MPI.SUM)
     returned = time.monotonic() - start
@@ -271,7 +271,7 @@ def test_a_rank_that_skips_an_iallreduce_is_named(fresh: MPI.Intracomm) -> None:
     """On a communicator hpcring has its own duplicate of, the others' Wait names the missing rank."""
     if WORLD.size == 1 or not THREADED:
         pytest.skip("needs a second rank and MPI_THREAD_MULTIPLE")
-    comm = prepared(fresh, timeout=1.0)
+    comm = prepared(fresh, timeout=WAIT_OUT)
     missing = WORLD.size - 1
     ok = True
     if WORLD.rank != missing:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import everywhere, launch, launcher_env
+from helpers import WAIT_OUT, everywhere, launch, launcher_env
 from mpi4py import MPI
 
 import hpcring
@@ -110,7 +110,7 @@ def test_stall_error_names_the_missing_ranks_last_call() -> None:
     ok = True
     if WORLD.rank != missing:
         try:
-            hpcring.allreduce(np.ones(9, dtype=np.float32), comm=comm, algorithm="ps", timeout=1.0)
+            hpcring.allreduce(np.ones(9, dtype=np.float32), comm=comm, algorithm="ps", timeout=WAIT_OUT)
             ok = False
         except hpcring.StallError as error:
             text = str(error)

@@ -6,7 +6,7 @@ import time
 
 import numpy as np
 import pytest
-from helpers import everywhere, identical_everywhere, raises_everywhere
+from helpers import WAIT_OUT, everywhere, identical_everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
@@ -75,7 +75,7 @@ def test_a_rank_that_never_starts_is_named(fresh_world: MPI.Intracomm) -> None:
     """A stall during a started plan is detected within the timeout, naming the rank."""
     if G == 1:
         pytest.skip("needs a rank to miss")
-    timeout, missing = 2.0, G - 1
+    timeout, missing = WAIT_OUT, G - 1
     p = hpcring.plan(np.ones(100), algorithm="mpi", comm=fresh_world, timeout=timeout)
     ok = True
     if fresh_world.rank != missing:

@@ -12,7 +12,7 @@ import time
 import ml_dtypes
 import numpy as np
 import pytest
-from helpers import everywhere, identical_everywhere
+from helpers import WAIT_OUT, everywhere, identical_everywhere
 from mpi4py import MPI
 
 import hpcring
@@ -136,7 +136,7 @@ def test_stall_inside_a_compiled_program(algorithm: str) -> None:
     """A rank that skips a warm (compiled) call: the others raise StallError naming it, in time."""
     if WORLD.size == 1:
         pytest.skip("needs a rank to miss")
-    timeout, missing = 1.0, WORLD.size - 1  # only the stalled call has it
+    timeout, missing = WAIT_OUT, WORLD.size - 1  # only the stalled call has it
     comm = WORLD.Dup()
     for _ in range(3):  # seen, recorded, run compiled: the next call's data movement is C's
         hpcring.allreduce(np.ones(1000), comm=comm, algorithm=algorithm)

@@ -11,14 +11,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import everywhere, launch, launcher_env
+from helpers import WAIT_OUT, everywhere, launch, launcher_env
 from mpi4py import MPI
 
 import hpcring
 from hpcring import config
 
 WORLD = MPI.COMM_WORLD
-TIMEOUT = 1.0  # only the stalled call has it: the wait out is what each case costs
+TIMEOUT = WAIT_OUT  # only the stalled call has it
 JOB = str(Path(__file__).with_name("stall_job.py"))
 JOB_TIMEOUT = 2.0  # stall_job.TIMEOUT
 

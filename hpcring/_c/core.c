@@ -105,7 +105,6 @@ static unsigned long main_thread;
 static int agree_width;
 static Py_ssize_t agree_slot;
 static Py_ssize_t agree_pair_slot; /* exchanging ranks (agree.h's hr_steps): the slot this large */
-static int agree_exchange_ranks;    /* up to this many ranks exchange their contributions */
 static MPI_Datatype agree_type = MPI_DATATYPE_NULL;
 static MPI_Op agree_op = MPI_OP_NULL;
 
@@ -194,35 +193,32 @@ static void agree_reduce(void *in, void *inout, int *len, MPI_Datatype *type) {
         agree_combine((const int64_t *)((char *)in + e * bytes), (int64_t *)((char *)inout + e * bytes), agree_slot);
 }
 
-PyDoc_STRVAR(agreement_doc, "agreement(width, slot, pair_slot, pair_inline, exchange_ranks) -> (datatype, op)\n\nThe agreement's collective for "
+PyDoc_STRVAR(agreement_doc, "agreement(width, slot, pair_slot, pair_inline) -> (datatype, op)\n\nThe agreement's collective for "
                             "a header of ``width`` words per half and a payload slot of ``slot`` bytes: its datatype "
-                            "(one element) and its op (agree.h) as mpi4py objects, made once; 2 to ``exchange_ranks`` ranks "
-                            "exchange their contributions instead, with a slot of ``pair_slot`` bytes (``pair_inline`` of them in the header's "
+                            "(one element) and its op (agree.h) as mpi4py objects, made once; ranks that exchange their "
+                            "contributions instead (hpcring.agreement.exchanges: the Agreement's ``exchanging``) do so with a slot of ``pair_slot`` bytes (``pair_inline`` of them in the header's "
                             "message).");
 
 static PyObject *agreement(PyObject *self, PyObject *args) {
     int width;
     Py_ssize_t slot, pair_slot, pair_inline;
-    int exchange_ranks;
-    if (!PyArg_ParseTuple(args, "innni", &width, &slot, &pair_slot, &pair_inline, &exchange_ranks)) return NULL;
+    if (!PyArg_ParseTuple(args, "innn", &width, &slot, &pair_slot, &pair_inline)) return NULL;
     if (width < 5 || slot < 0 || slot % 16 || pair_slot < HR_PAIR_INLINE || pair_slot % 16 ||
-        pair_inline != HR_PAIR_INLINE || exchange_ranks < 2) {
+        pair_inline != HR_PAIR_INLINE) {
         PyErr_SetString(PyExc_ValueError, "agreement: width >= 5, slots multiples of 16, pair_slot >= pair_inline, "
-                                          "pair_inline as built (HR_PAIR_INLINE), exchange_ranks >= 2");
+                                          "pair_inline as built (HR_PAIR_INLINE)");
         return NULL;
     }
     if (agree_op == MPI_OP_NULL) {
         agree_width = width;
         agree_slot = slot;
         agree_pair_slot = pair_slot;
-        agree_exchange_ranks = exchange_ranks;
         if (MPI_Type_contiguous((int)(16 * width + slot), MPI_BYTE, &agree_type) != MPI_SUCCESS ||
             MPI_Type_commit(&agree_type) != MPI_SUCCESS || MPI_Op_create(agree_reduce, 1, &agree_op) != MPI_SUCCESS) {
             PyErr_SetString(PyExc_RuntimeError, "agreement: MPI could not make its datatype or op");
             return NULL;
         }
-    } else if (width != agree_width || slot != agree_slot || pair_slot != agree_pair_slot ||
-               exchange_ranks != agree_exchange_ranks) {
+    } else if (width != agree_width || slot != agree_slot || pair_slot != agree_pair_slot) {
         PyErr_SetString(PyExc_ValueError, "agreement: made already with another shape");
         return NULL;
     }
@@ -882,9 +878,6 @@ static inline int store_long(hr_member *m, PyObject *obj, long long value) {
     return rc;
 }
 
-/* Whether ``size`` ranks agree by exchanging messages (hpcring.agreement.exchanges). */
-static int exchanging(int size) { return size >= 2 && size <= agree_exchange_ranks; }
-
 typedef struct {
     PyObject_HEAD
     /* the key: what engine.call's warm lookup compares */
@@ -914,6 +907,7 @@ typedef struct {
     int blocking;       /* the program is one blocking library call: the watchdog reads the channel's timeout */
     int mean;           /* op mean: the dtype code to divide (float32, float64), else -1 */
     int fused;          /* a checked call's data rides with the agreement (agree.h) */
+    int exch;           /* its ranks exchange messages (the communicator's Agreement.exchanging) */
     int64_t payload[3]; /* its dtype, op and count (the kernels' codes) */
     Py_ssize_t nbytes;  /* the array's bytes */
     Program *program;   /* the data movement; NULL where a persistent request moves it (a plan) */
@@ -1063,7 +1057,14 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         PyErr_SetString(PyExc_RuntimeError, "Warm: MPI_Comm_size or MPI_Comm_rank failed");
         goto fail;
     }
-    if (fused && (w->nbytes > (exchanging(w->size) ? agree_pair_slot : agree_slot) || pcount * itemsize != w->nbytes ||
+    PyObject *agreement = PyObject_GetAttrString(state, "agreement"); /* the communicator's road, as it took it */
+    PyObject *exchanging = agreement ? PyObject_GetAttrString(agreement, "exchanging") : NULL;
+    Py_XDECREF(agreement);
+    if (exchanging == NULL) goto fail;
+    w->exch = PyObject_IsTrue(exchanging);
+    Py_DECREF(exchanging);
+    if (w->exch < 0) goto fail;
+    if (fused && (w->nbytes > (w->exch ? agree_pair_slot : agree_slot) || pcount * itemsize != w->nbytes ||
                   !hr_payload_ok((int)pdtype, (int)pop))) {
         PyErr_SetString(PyExc_ValueError, "Warm: a fused call's data must fit the agreement's slot");
         goto fail;
@@ -1087,7 +1088,7 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     else w->program = (Program *)program;
     Py_XINCREF(allocate);
     w->allocate = allocate;
-    if (ahead && !exchanging(w->size)) {
+    if (ahead && !w->exch) {
         PyErr_SetString(PyExc_ValueError, "Warm: blocks leave ahead only where the agreement exchanges messages");
         goto fail;
     }
@@ -1323,15 +1324,47 @@ static void divide(int dtype, char *buf, Py_ssize_t nbytes, int size) {
     }
 }
 
+/* What a failed agreement leaves in flight (a stall, or an MPI error: a failed rank under ULFM,
+ * where the requests of the step that failed, and of the others, may still be pending): the
+ * requests still active of ``req[0..n)`` and, once only, the agreement's buffers are kept for good
+ * (hpcring.polling.abandon's reason: MPI may still read or write them, and freeing or reusing them,
+ * at the next call or when the Warm goes, corrupts the heap); the next call makes new ones. The
+ * pending exception stays as it is. */
+static void agree_abandon(Warm *w, int n, MPI_Request *req) {
+    hr_exc exc = exc_take();
+    for (int k = 0; k < n; k++) {
+        if (req[k] == MPI_REQUEST_NULL) continue;
+        PyObject *one = abandoned ? PyMPIRequest_New(req[k]) : NULL;
+        if (one != NULL) {
+            PyList_Append(abandoned, one);
+            Py_DECREF(one);
+        }
+        req[k] = MPI_REQUEST_NULL; /* kept there (or, failing that, left to MPI): not ours to wait for */
+    }
+    w->agree = w->agree_in = NULL; /* left to MPI: never freed */
+    w->agree_work = NULL;
+    if (w->inbox != NULL) {
+        PyObject *agreement = PyObject_GetAttrString(w->state, "agreement");
+        if (agreement == NULL || PyObject_SetAttrString(agreement, "incoming", Py_None) < 0) PyErr_Clear();
+        Py_XDECREF(agreement);
+        if (abandoned) PyList_Append(abandoned, w->inbox);
+        Py_CLEAR(w->inbox);
+    }
+    PyErr_Clear();
+    exc_put(exc);
+}
+
 /* Wait for the agreement's ``n`` requests: spinning, then Python's bounded wait until ``deadline``
  * (CLOCK_MONOTONIC, as time.monotonic; 0: within the timeout from then), stall notices and
- * StallError (a late rank). 0 done, -1 raised (the requests and buffers then left to MPI). */
+ * StallError (a late rank). 0 done, -1 raised: a stall and an MPI error alike leave the requests
+ * and buffers to MPI (`agree_abandon`). */
 static int agree_wait(Warm *w, int n, MPI_Request *req, long long number, PyObject *timeout, double deadline) {
     int rc;
     int done = spin_n(n, req, HELD_SECONDS, 0, &rc);
     if (!done && rc == MPI_SUCCESS) done = spin_released(n, req, SPIN_SECONDS, &rc);
     if (rc != MPI_SUCCESS) {
         mpi_error(rc);
+        agree_abandon(w, n, req);
         return -1;
     }
     if (done) return 0;
@@ -1353,21 +1386,13 @@ static int agree_wait(Warm *w, int n, MPI_Request *req, long long number, PyObje
     if (r == NULL) {
         hr_exc exc = exc_take();
         for (int k = 0; made && abandoned && k < n; k++) PyList_Append(abandoned, PyTuple_GET_ITEM(requests, k));
+        if (made)
+            for (int k = 0; k < n; k++) req[k] = MPI_REQUEST_NULL; /* their Python twins are kept */
         PyErr_Clear();
         exc_put(exc);
         Py_XDECREF(request);
         Py_XDECREF(requests);
-        w->agree = w->agree_in = NULL; /* MPI may still use the old buffers: they are left to it */
-        w->agree_work = NULL;
-        if (w->inbox != NULL) {
-            hr_exc pending = exc_take();
-            PyObject *agreement = PyObject_GetAttrString(w->state, "agreement");
-            if (agreement == NULL || PyObject_SetAttrString(agreement, "incoming", Py_None) < 0) PyErr_Clear();
-            Py_XDECREF(agreement);
-            if (abandoned) PyList_Append(abandoned, w->inbox);
-            Py_CLEAR(w->inbox);
-            exc_put(pending);
-        }
+        agree_abandon(w, n, req);
         return -1;
     }
     Py_DECREF(r);
@@ -1412,14 +1437,14 @@ static int exchange(Warm *w, long long number, PyObject *timeout, double deadlin
                     rc = MPI_Isend(mine, (int)m, MPI_BYTE, peer, HR_TAG_AGREE_DATA, w->agree_comm, &req[2]);
             }
         }
-        if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
+        if (rc != MPI_SUCCESS) return mpi_error(rc), agree_abandon(w, 4, req), -1;
         if (kind != HR_GIVE) {
-            if (agree_wait(w, 1, req, number, timeout, deadline) < 0) return -1;
+            if (agree_wait(w, 1, req, number, timeout, deadline) < 0) return agree_abandon(w, 4, req), -1;
             size_t apart = hr_riding(theirs, width, slot); /* the other's payload beyond the header */
             if (apart > HR_PAIR_INLINE) {
                 rc = MPI_Irecv((char *)theirs + head, (int)apart, MPI_BYTE, peer, HR_TAG_AGREE_DATA, w->agree_comm,
                                &req[3]);
-                if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
+                if (rc != MPI_SUCCESS) return mpi_error(rc), agree_abandon(w, 4, req), -1;
             }
         }
         if (agree_wait(w, 4, req, number, timeout, deadline) < 0) return -1;
@@ -1454,13 +1479,13 @@ static int exchange(Warm *w, long long number, PyObject *timeout, double deadlin
 
 /* The agreement, as hpcring.agreement.Agreement runs it (agree.h): [number, row, present, dtype,
  * op, count, verdict], its negation and the payload slot, in one MPI_Iallreduce; where the call
- * is fused, its data (``src``) rides in the slot. 2 to agree_exchange_ranks ranks exchange their
+ * is fused, its data (``src``) rides in the slot. Where the ranks exchange (``w->exch``) they exchange their
  * contributions instead (`exchange`). 1 when every rank agreed and every rank's data rode along
  * (``dst`` then holds the result), 0 when they agreed and the data is yet to move, -1 raised (a
  * stall, a mismatch, an MPI error). */
 static int agree(Warm *w, long long number, PyObject *timeout, const char *src, char *dst) {
     int width = w->nwords + 2 + HR_PAYLOAD_COLUMNS; /* number, row, payload columns, verdict */
-    int exch = exchanging(w->size);
+    int exch = w->exch;
     size_t head = 16 * (size_t)width;
     size_t bytes = head + (size_t)(exch ? HR_PAIR_INLINE : agree_slot);
     if (w->agree == NULL && (w->agree = PyMem_Calloc(1, bytes)) == NULL) {
@@ -1502,7 +1527,7 @@ static int agree(Warm *w, long long number, PyObject *timeout, const char *src, 
         if (w->fused) memcpy(b + 2 * width, src, nbytes);
         MPI_Request req = MPI_REQUEST_NULL;
         int rc = MPI_Iallreduce(MPI_IN_PLACE, b, 1, agree_type, agree_op, w->agree_comm, &req);
-        if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
+        if (rc != MPI_SUCCESS) return mpi_error(rc), agree_abandon(w, 1, &req), -1;
         if (agree_wait(w, 1, &req, number, timeout, 0) < 0) return -1;
     }
     if (!hr_agreed(b, width)) { /* every rank takes the slow path: the rows gathered, the same error everywhere */

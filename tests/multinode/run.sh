@@ -26,7 +26,11 @@ if ! reason=$(bash "$cluster" check 2>&1 >/dev/null); then
   echo "SKIP tests/multinode/run.sh: ${reason#*: } -- hpcring was NOT tested across hosts" >&2
   exit 0
 fi
-trap 'bash "$cluster" down >/dev/null 2>&1 || true' EXIT
+# A TMPDIR of the run's own (the hosts share this file system and its process ids): a session
+# directory a killed job left in /tmp would make a later mpirun or prted with that pid fail.
+TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/hpcring-cluster.XXXXXX")
+export TMPDIR
+trap 'bash "$cluster" down >/dev/null 2>&1 || true; rm -rf "$TMPDIR"' EXIT
 bash "$cluster" up 2 "${HPCRING_CLUSTER_RATE:-1gbit}"
 export HPCRING_CLUSTER_HOSTS=2 HPCRING_CLUSTER_PER_HOST=2
 sent() { bash "$cluster" counters | awk '{print $2}'; }
