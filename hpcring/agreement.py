@@ -149,6 +149,9 @@ PAIR_SLOT = 64 << 10
 PAIR_INLINE = 1 << 10  # bytes of payload sent inside the header's message (a larger one apart: no copy)
 TAG_AGREE = 32002  # the pair's header message (the stall notices are 32001; the algorithms use small tags)
 TAG_AGREE_DATA = 32003  # the pair's payload, where it travels apart
+# An all-to-all's blocks, sent ahead of its agreement (hpcring.exchange.send_ahead); a mismatch
+# receives them into scratch (`Agreement.disagree`).
+TAG_AHEAD = 32004
 NO_PAYLOAD = (-1, -1, 0)  # the descriptor of a call whose data does not ride along
 # The header, per half: the call (FIELDS), the payload's columns (present, dtype, op, count), the verdict.
 WIDTH = len(FIELDS) + 4 + 1
@@ -250,27 +253,35 @@ def combine_payload(code: int, op: int, a: np.ndarray, b: np.ndarray) -> None:
     b[...] = made
 
 
+# These read a header of a few dozen int64s once as a list: NumPy's per-call cost on arrays this
+# small (about 2.7 us a comparison) was most of an exchange's time on the Python path.
+
+
 def _one_value(header: np.ndarray, first: int, last: int) -> bool:
     """Every column of [first, last) holds one value in ``header`` (max equals min)."""
-    return bool((header[first:last] == -header[WIDTH + first : WIDTH + last]).all())
+    h = header.tolist()
+    return h[first:last] == [-v for v in h[WIDTH + first : WIDTH + last]]
 
 
 def _agreed(header: np.ndarray) -> bool:
     """The ranks in ``header`` agree: one call, one row, no verdict (agree.h's hr_agreed)."""
-    return _one_value(header, 0, WIDTH - 5) and not header[WIDTH - 1] and not header[-1]
+    h = header.tolist()
+    return not h[WIDTH - 1] and not h[-1] and h[: WIDTH - 5] == [-v for v in h[WIDTH : 2 * WIDTH - 5]]
 
 
 def _carried(header: np.ndarray) -> bool:
     """Every rank in ``header`` put the same payload in the slot (agree.h's hr_carried)."""
-    return _one_value(header, WIDTH - 5, WIDTH - 1) and header[WIDTH - 5] == 1
+    h = header.tolist()
+    return h[WIDTH - 5] == 1 and h[WIDTH - 5 : WIDTH - 1] == [-v for v in h[2 * WIDTH - 5 : 2 * WIDTH - 1]]
 
 
 def _riding(header: np.ndarray) -> int:
     """The payload bytes that travel with a contribution of this ``header`` in an exchange (agree.h's
     hr_riding): those of one payload all its ranks agree on and carry, else 0."""
-    if not (_agreed(header) and _carried(header)):
+    h = header.tolist()
+    if h[WIDTH - 5] != 1 or h[WIDTH - 1] or h[-1] or h[: WIDTH - 1] != [-v for v in h[WIDTH : 2 * WIDTH - 1]]:
         return 0
-    code, count = int(header[WIDTH - 4]), int(header[WIDTH - 2])
+    code, count = h[WIDTH - 4], h[WIDTH - 2]
     dtype = kernels.DTYPES[code] if 0 <= code < len(kernels.DTYPES) else None
     n = 0 if dtype is None else count * dtype.itemsize
     return n if 0 < n <= PAIR_SLOT else 0
@@ -345,6 +356,7 @@ class Agreement:
     """One communicator's agreement: the row and its negation, and a payload, in one collective."""
 
     __slots__ = (
+        "ahead",
         "buffer",
         "comm",
         "exchanging",
@@ -372,6 +384,8 @@ class Agreement:
         self.buffer: np.ndarray | None = None  # the header and the slot, reused call after call
         self.incoming: np.ndarray | None = None  # exchanging ranks: the other's contribution
         self.work: np.ndarray | None = None  # exchanging ranks: the payload combined so far
+        # the sends of what this call sent every other rank ahead of it (TAG_AHEAD), while it runs
+        self.ahead: Sequence[Any] = ()
 
     def __call__(
         self,
@@ -448,13 +462,15 @@ class Agreement:
         header[:] = [*full, *[-v for v in full[:-1]], full[-1]]
         # the payload so far: this rank's input, then `work` (or, last, the output)
         mine = payload.src.view(np.uint8) if carrying else buf[head:head]
+        # the bytes of payload the contribution so far carries (_riding(header), kept as it changes)
+        riding = payload.src.nbytes if carrying and not full[-1] else 0
         final: np.ndarray | None = None  # where the result is, once it is complete
         comm = self.comm
         try:
             for kind, peer in steps(self.rank, self.size):
                 requests = []
                 if kind in (GIVE, SWAP):  # send the contribution so far
-                    n = _riding(header)
+                    n = riding
                     if n <= PAIR_INLINE:
                         buf[head : head + n] = mine[:n]
                         requests.append(comm.Isend([buf[: head + n], MPI.BYTE], peer, TAG_AGREE))
@@ -464,7 +480,7 @@ class Agreement:
                 if kind in (TAKE, SWAP, RESULT):  # receive the other's
                     got = comm.Irecv([incoming[: head + PAIR_INLINE], MPI.BYTE], peer, TAG_AGREE)
                     self.wait(got, number, timeout, what, deadline)
-                    n = _riding(theirs)
+                    n = _riding(theirs) if theirs[WIDTH - 5] == 1 else 0
                     if n > PAIR_INLINE:
                         apart = [incoming[head : head + n], MPI.BYTE]
                         requests.append(comm.Irecv(apart, peer, TAG_AGREE_DATA))
@@ -472,14 +488,15 @@ class Agreement:
                     self.wait(Both(*requests), number, timeout, what, deadline)
                 if kind == RESULT:  # the result, as the rank that held this one's share has it
                     header[:] = theirs
+                    riding = n
                     final = incoming[head:]
                 elif kind != GIVE:  # combine: the header's maxima, the payloads where they ride
-                    same = bool((theirs[:WIDTH] == header[:WIDTH]).all())
-                    carry = same and _riding(header) > 0 and _riding(theirs) > 0
+                    # both ride one payload where both headers are the same (the maxima then are)
+                    carry = riding > 0 and n > 0 and theirs[:WIDTH].tolist() == header[:WIDTH].tolist()
                     np.maximum(theirs, header, out=header)
+                    riding = n if carry else 0
                     if carry:
                         work = self.workspace()
-                        n = _riding(header)
                         if mine is not work:
                             work[:n] = mine[:n]
                         code, op = int(header[WIDTH - 4]), int(header[WIDTH - 3])
@@ -492,7 +509,7 @@ class Agreement:
             raise
         if not _agreed(header):
             self.disagree(words, row, problem, caller)
-        if not (carrying and _carried(header)):
+        if not (carrying and riding):
             return False
         nbytes = payload.src.nbytes
         assert final is not None
@@ -533,14 +550,21 @@ class Agreement:
 
     def disagree(self, words: Sequence[int], row: Row, problem: Exception | None, caller: str) -> None:
         """The collective showed something off (``words``: this rank's call number and row): raise
-        the same exception on every rank (every rank comes here: each saw the same maxima)."""
-        self._raise_for(np.array([*words, int(problem is not None)], dtype=np.int64), row, problem, caller)
+        the same exception on every rank (every rank comes here: each saw the same maxima). Each
+        says whether it sent its blocks ahead (`ahead`); what came so is received into scratch
+        first, and this rank's sends done, so nothing is left unmatched."""
+        ahead, self.ahead = self.ahead, ()
+        mine = np.array([*words, int(bool(ahead)), int(problem is not None)], dtype=np.int64)
+        self._raise_for(mine, row, problem, caller, ahead)
 
-    def _raise_for(self, mine: np.ndarray, row: Row, problem: Exception | None, what: str) -> None:
+    def _raise_for(
+        self, mine: np.ndarray, row: Row, problem: Exception | None, what: str, ahead: Sequence[Any] = ()
+    ) -> None:
         """The same exception on every rank, from every rank's row (every rank is here: the
         collective completed, and showed every rank that something is off)."""
         table = np.empty((self.size, mine.size), dtype=np.int64)
         self.comm.Allgather(mine, table)
+        self._drain(table[:, -2], ahead)
         failed = np.flatnonzero(table[:, -1])
         if failed.size:
             reports = self.comm.allgather(None if problem is None else (type(problem), str(problem)))
@@ -557,6 +581,18 @@ class Agreement:
                 hint = HINTS.get(field, "")
                 raise ValueError(f"{what}: ranks disagree on {field}: {detail}{hint}")
         raise AssertionError("the agreement saw a difference the table does not show")
+
+    def _drain(self, sent: np.ndarray, ahead: Sequence[Any]) -> None:
+        """What each rank that says so (``sent``, by rank) sent this one ahead of the agreement,
+        received into scratch; then this rank's own sends (``ahead``) done. Every rank is past
+        the agreement, so each message is on its way."""
+        comm, requests = self.comm, list(ahead)
+        for q in np.flatnonzero(sent).tolist():
+            if q != self.rank:
+                status = MPI.Status()
+                message = comm.Mprobe(q, TAG_AHEAD, status)
+                requests.append(message.Irecv([np.empty(status.Get_count(MPI.BYTE), np.uint8), MPI.BYTE]))
+        MPI.Request.Waitall(requests)
 
     def _settings_differ(self, what: str) -> str:
         """The must-agree variables that differ, their values and the ranks (every rank gathers

@@ -157,9 +157,19 @@ def alltoall(
     pairwise (G-1 steps, one partner each way: large blocks), bruck (ceil(log2 G) steps of packed
     blocks: small ones; equal blocks only), mpi (MPI_Alltoall / MPI_Alltoallv), auto.
     """
-    from . import exchange  # here: a code that never calls alltoall never loads it
+    run = _EXCHANGE[0] if _EXCHANGE else _exchange()
+    return run(x, out, algorithm, comm, check, timeout, send_splits, recv_splits)
 
-    return exchange.run(x, out, algorithm, comm, check, timeout, send_splits, recv_splits)
+
+_EXCHANGE: list[Any] = []  # hpcring.exchange.run, once loaded: an import statement per call costs 0.25 us
+
+
+def _exchange() -> Any:
+    """hpcring.exchange.run, loaded at the first all-to-all: a code that never calls it never loads it."""
+    from . import exchange
+
+    _EXCHANGE[:] = [exchange.run]
+    return exchange.run
 
 
 def alltoall_splits(

@@ -532,10 +532,12 @@ class Call:
         mean: int,
         fuse: tuple[int, int, int],
         allocate: Any = None,
+        ahead: bool = False,
     ) -> Any:
         """`hpcring.core.warm` for this call: the signature ``kind`` as the compiled front door
         matches it, the rest from this call's state; ``allocate`` makes an output where no out=
-        is given (an all-to-all's), else None."""
+        is given (an all-to-all's), else None; ``ahead``, an all-to-all's blocks sent ahead of the
+        agreement (`hpcring.exchange.send_ahead`)."""
         agreement_collective(compiled=True)  # the compiled agreement's datatype and op, made once
         return core.warm(
             self,
@@ -556,6 +558,7 @@ class Call:
             fuse,
             program,
             allocate,
+            ahead,
         )
 
     def plan_waited(self, request: MPI.Prequest, timeout: float | None) -> None:
@@ -580,9 +583,12 @@ class Call:
         the ranks that did not arrive."""
         self.state.agreement.wait(request, number, timeout, self.what, deadline)
 
-    def compiled_disagreed(self, number: int) -> None:
-        """The compiled warm call's agreement showed a difference: raise what every rank raises."""
-        self.state.agreement.disagree([number, *self.words], self.row, None, self.options.caller)
+    def compiled_disagreed(self, number: int, ahead: tuple[MPI.Request, ...] = ()) -> None:
+        """The compiled warm call's agreement showed a difference: raise what every rank raises
+        (``ahead``: the sends of an all-to-all's blocks sent ahead of it, done first)."""
+        agreement = self.state.agreement
+        agreement.ahead = ahead
+        agreement.disagree([number, *self.words], self.row, None, self.options.caller)
 
     def compiled_failed(self, slot: Any, error: BaseException, check: bool) -> None:
         """A compiled warm call raised after taking its flight slot: recorded as the Python path

@@ -15,6 +15,15 @@ with the user's arrays untouched. Everything else
 (the exclusion, the timeout and StallError naming ranks, the flight record, the compiled
 core's step tables) is the engine's `Call`, unchanged.
 
+The check is the agreement's, as for every collective (on 2 to 4 ranks its recursive-doubling
+exchange, so a rank in another collective meets the all-to-all's header and every rank raises
+the same error). Where auto runs equal blocks of host NumPy arrays on 2 to 4 ranks, up to a
+size (`EAGER_UPTO`), the blocks leave ahead of the agreement (`send_ahead`, on TAG_AHEAD) and
+are received into the output once it passed (`receive`); on a mismatch every rank says in the
+agreement's error path whether it sent ahead, and what came is received into scratch
+(`hpcring.agreement.Agreement.disagree`), so nothing is left unmatched. The compiled core's
+warm call (core.c's ``ahead``) runs the same protocol.
+
 The splits count rows: the first axis of ``x`` (elements, for a 1-D array), as
 ``torch.distributed.all_to_all_single`` counts them, and the other axes travel whole.
 """
@@ -31,7 +40,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms, config, core, kernels, tracing
-from .agreement import NO_PAYLOAD, Row
+from .agreement import NO_PAYLOAD, TAG_AHEAD, Agreement, Both, Row
 from .algorithms import ALLTOALL, Layout, Spec
 from .arrays import NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
@@ -53,6 +62,12 @@ UNEVEN = -2  # an uneven call's count in the agreement: UNEVEN - (elements of on
 # integers each: G^2 in all); above, by an all-to-all of the counts and a verdict, two rounds of
 # G integers.
 TABLE_RANKS = 64
+# auto's blocks leave ahead of the agreement (`send_ahead`) on 2 to 4 ranks (where the agreement
+# exchanges messages), up to this many bytes of each rank's input, by rank count (None: every
+# size); elsewhere auto's algorithm moves them after it. Measured (docs/collectives.md): on two
+# ranks the blocks and the header's message are the whole call; on four, posting every block at
+# once beats MPI_Alltoall after the agreement up to 256 KiB.
+EAGER_UPTO: dict[int, int | None] = {2: None, 3: 256 << 10, 4: 256 << 10}
 
 
 @dataclass(frozen=True)
@@ -76,13 +91,16 @@ class _Now(threading.local):
     recvs: tuple[int, ...] | None = None  # rows from each rank, as given (uneven)
     check: bool = True
     shape: tuple[int, ...] | None = None  # the output's shape, once known
+    x: Any = None  # the input, where its blocks leave ahead of the agreement (`plan` to `_agree`)
+    pending: list[Any] | None = None  # those blocks' sends, once the ranks agree
+    number: int = 0  # the agreed call's number
 
 
 class Exchange(Call):
     """The `Call` of one all-to-all signature: the engine's, with the data movement of an
     all-to-all (`move`) and its splits carried per call (`plan`)."""
 
-    __slots__ = ("equal_layout", "now", "rest", "row_items", "rows", "uneven")
+    __slots__ = ("early", "equal_layout", "now", "rest", "row_items", "rows", "uneven")
 
     def __init__(
         self,
@@ -105,6 +123,10 @@ class Exchange(Call):
         block = self.rows // size * self.row_items if size else 0
         self.equal_layout = Layout.blocks(block, size)
         self.ready = self.fits
+        itemsize = 0 if row.dtype is None else row.dtype.itemsize
+        # this signature's blocks leave ahead of the agreement (`eager`): decided once, so that a
+        # call that does not (every torch tensor's) pays nothing for it
+        self.early = itemsize > 0 and self.eager(self.rows * self.row_items * itemsize)
 
     # the output's shape is per call (uneven: known once the counts are exchanged), so per thread
     @property  # type: ignore[override]
@@ -114,6 +136,36 @@ class Exchange(Call):
     @out_shape.setter
     def out_shape(self, value: tuple[int, ...] | None) -> None:
         self.now.shape = value
+
+    def _agree(self, timeout: float, problem: Exception | None, payload: Any = None) -> bool:
+        """The engine's agreement, with this call's blocks sent ahead of it where they leave early
+        (`eager`): received into the output once it passed (`move`); where it did not, every rank
+        receives what came into scratch before the error (`Agreement.disagree`)."""
+        now = self.now
+        x, now.x = now.x, None
+        if problem is not None or x is None:  # x: set by `plan` where the blocks leave early
+            return super()._agree(timeout, problem, payload)
+        agreement = self.state.agreement
+        ahead = send_ahead(agreement, self.adapter.flat(x))
+        agreement.ahead = ahead
+        try:
+            super()._agree(timeout, problem, payload)
+        finally:
+            agreement.ahead = ()
+        now.pending, now.number = ahead, self.state.calls
+        return False
+
+    def eager(self, nbytes: int) -> bool:
+        """Whether this call's blocks leave ahead of the agreement: auto's equal blocks of host NumPy
+        arrays, at ranks and sizes where that was measured to pay (`EAGER_UPTO`). A function of
+        what the header carries, so every rank that agrees decides alike."""
+        return (
+            not self.uneven
+            and self.options.algorithm == "auto"
+            and self.adapter is NUMPY
+            and self.state.agreement.exchanging
+            and eager_for(self.channel.size, nbytes)
+        )
 
     # -- per call ---------------------------------------------------------------------------------
 
@@ -142,7 +194,8 @@ class Exchange(Call):
         """This call's splits, checked here (no communication), kept for `move`; the problem with
         them, if any (the agreement makes it every rank's)."""
         now = self.now
-        now.check, now.shape = check, None
+        now.check, now.shape, now.pending = check, None, None
+        now.x = x if self.early and check else None  # the blocks that leave ahead (`_agree`)
         size = self.channel.size
         try:
             if not self.uneven:
@@ -234,7 +287,16 @@ class Exchange(Call):
         tracer = tracing.TRACER
         if tracer.on:
             tracer.begin(ALLTOALL, self.ran or self.options.algorithm, channel, src, dst)
-        if channel.size > 1 and (self.uneven or src.size):  # uneven: a rank with nothing still meets
+        pending, self.now.pending = self.now.pending, None
+        if pending is not None:  # the blocks went with the header: received now that the ranks agree
+            receive(
+                self.state.agreement, src, dst, pending, self.now.number, channel.timeout or 0.0, self.what
+            )
+            if not self.settled:  # auto's choice, made once for the compiled core's warm call
+                self.settle(src.nbytes)
+            if self.compiled is None and kernels.ACTIVE == "c":
+                self.compiled = self.compiled_for(self.spec, src, dst, layout)
+        elif channel.size > 1 and (self.uneven or src.size):  # uneven: a rank with nothing still meets
             spec = self.spec if self.settled else self.settle(-1 if self.uneven else src.nbytes)
             compiled = self.compiled if kernels.ACTIVE == "c" and not tracer.on else False
             if compiled is None or (compiled is not False and self.uneven):
@@ -264,7 +326,9 @@ class Exchange(Call):
         out= is given, made by numpy.empty_like (x's shape, dtype and layout: C order)."""
         _, _, shape, dtype, algorithm, out_none, _, _ = key
         kind = (ALLTOALL, None, algorithm, 0, False, None, out_none, dtype)
-        return self._core_warm(kind, shape, dtype, program, False, -1, NO_PAYLOAD, np.empty_like)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        ahead = self.eager(nbytes)  # the blocks leave ahead of the agreement (`send_ahead`)
+        return self._core_warm(kind, shape, dtype, program, False, -1, NO_PAYLOAD, np.empty_like, ahead)
 
     def settle(self, nbytes: int) -> Spec:
         """auto's choice, made once for this signature: by the size of equal blocks; for uneven
@@ -299,6 +363,44 @@ class Exchange(Call):
                 made = False
             programs[key] = made
         return made
+
+
+# ---- the blocks sent ahead of the agreement ------------------------------------------------------
+
+
+def eager_for(size: int, nbytes: int) -> bool:
+    """Whether equal blocks of ``nbytes`` per rank on ``size`` ranks leave ahead of the agreement
+    (where it exchanges messages, `Exchange.eager`: measured there)."""
+    if size not in EAGER_UPTO:
+        return False
+    limit = EAGER_UPTO[size]
+    return limit is None or nbytes <= limit
+
+
+def send_ahead(agreement: Agreement, src: np.ndarray) -> list[Any]:
+    """``src``'s blocks sent to every other rank on the agreement's communicator (TAG_AHEAD),
+    before the agreement: their requests."""
+    comm, size, rank = agreement.comm, agreement.size, agreement.rank
+    raw, block = src.view(np.uint8), src.nbytes // size
+    peers = [q for q in range(size) if q != rank]
+    return [comm.Isend([raw[q * block : (q + 1) * block], MPI.BYTE], q, TAG_AHEAD) for q in peers]
+
+
+def receive(
+    agreement: Agreement, src: Any, dst: Any, pending: list[Any], number: int, timeout: float, what: str
+) -> None:
+    """The blocks sent ahead, received into ``dst`` now that every rank agreed, this rank's own
+    copied; then the sends done."""
+    comm, size, rank = agreement.comm, agreement.size, agreement.rank
+    raw, block = dst.view(np.uint8), dst.nbytes // size
+    peers = [q for q in range(size) if q != rank]
+    requests = [comm.Irecv([raw[q * block : (q + 1) * block], MPI.BYTE], q, TAG_AHEAD) for q in peers]
+    if block:
+        items = dst.size // size
+        own, mine = dst[rank * items : (rank + 1) * items], src[rank * items : (rank + 1) * items]
+        own[...] = mine
+        local_copy(own, mine)
+    agreement.wait(Both(*requests, *pending), number, timeout, what)
 
 
 # ---- checks without communication --------------------------------------------------------------

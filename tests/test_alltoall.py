@@ -263,14 +263,124 @@ def test_a_bad_argument_on_one_rank_raises_on_every_rank(call: object, match: st
     assert everywhere(WORLD, x.tobytes() == kept.tobytes())
 
 
-@pytest.mark.parametrize("uneven", [False, True], ids=["equal", "uneven"])
+# ---- the check riding the exchange (hpcring.exchange.ride) ---------------------------------------
+
+
+def test_the_checked_exchange_is_mpi_alltoall_on_either_side_of_its_size_limit() -> None:
+    """auto's blocks travel with the header up to a size (`EAGER_UPTO`), past it after: both are
+    MPI_Alltoall bitwise, on the Python path, its compiled program and the warm call in C, and
+    with one rank on the pure-Python core while the others run in C (one protocol)."""
+    from hpcring import exchange, kernels
+
+    g, rank = WORLD.size, WORLD.rank
+    most = (exchange.EAGER_UPTO.get(g) or 256 << 10) // 8 // g * g  # float64 elements, G blocks
+    ok = True
+    for count in (most, most + g):  # at the limit, one element a block past it
+        x = (np.arange(count) + 10**6 * rank).astype(np.float64)
+        want = np.empty_like(x)
+        WORLD.Alltoall(x, want)
+        out = np.full_like(x, -1.0)
+        for _ in range(3):
+            ok &= hpcring.alltoall(x).tobytes() == want.tobytes()
+            out[...] = -1.0
+            hpcring.alltoall(x, out=out)
+            ok &= out.tobytes() == want.tobytes()
+        with kernels.using("python" if rank == g - 1 else kernels.ACTIVE):
+            out[...] = -1.0
+            hpcring.alltoall(x, out=out)
+            ok &= out.tobytes() == want.tobytes()
+    assert everywhere(WORLD, ok)
+
+
+def test_header_mismatches_on_warm_calls_raise_everywhere_with_out_unchanged() -> None:
+    """The other ranks on a warm call in C with their blocks sent ahead, one rank with another
+    count, dtype or a bad argument: every rank raises the agreement's error, no output is
+    written, what was sent ahead is drained (the next call is right)."""
+    if WORLD.size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    g, rank = WORLD.size, WORLD.rank
+    last = rank == g - 1
+    x = (np.arange(4 * g) + 100 * rank).astype(np.float64)
+    want = np.empty_like(x)
+    WORLD.Alltoall(x, want)
+    out = np.full_like(x, -1.0)
+    comm = WORLD.Dup()
+    for _ in range(3):
+        hpcring.alltoall(x, out=out, comm=comm)  # warm: from the third on, in C
+    out[...] = -1.0
+    longer = np.concatenate([x, x])
+    raises_everywhere(
+        ValueError,
+        f"ranks disagree on count: {4 * g} elements in equal blocks on rank",
+        lambda: hpcring.alltoall(
+            longer if last else x, out=np.full_like(longer, -1.0) if last else out, comm=comm
+        ),
+    )
+    raises_everywhere(
+        ValueError,
+        "ranks disagree on dtype: float64 on rank",
+        lambda: hpcring.alltoall(x.astype(np.float32) if last else x, out=None if last else out, comm=comm),
+    )
+    frozen = np.full_like(x, -1.0)
+    frozen.flags.writeable = False
+    raises_everywhere(
+        ValueError,
+        "hpcring.alltoall: out is read-only",
+        lambda: hpcring.alltoall(x, out=frozen if last else out, comm=comm),
+    )
+    ok = bool((out == -1.0).all())
+    hpcring.alltoall(x, out=out, comm=comm)  # the communicator goes on, nothing left unmatched
+    ok &= out.tobytes() == want.tobytes()
+    comm.Free()
+    assert everywhere(WORLD, ok)
+
+
+@pytest.mark.parametrize("warm", [False, True], ids=["first", "warm"])
+def test_a_rank_in_another_collective_raises_on_every_rank(warm: bool) -> None:
+    """One rank all-reduces while the others all-to-all (their blocks sent ahead; ``warm``: on
+    their warm call in C): every rank names the difference at once, not after the timeout, and
+    the blocks sent ahead are drained (the next all-to-all is right)."""
+    if WORLD.size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    g, rank = WORLD.size, WORLD.rank
+    comm = WORLD.Dup()
+    x = np.arange(8.0 * g) + 100 * rank
+    out = np.full_like(x, -1.0)
+    if warm:
+        for _ in range(3):
+            hpcring.alltoall(x, out=out, comm=comm)
+    else:
+        hpcring.allreduce(np.ones(1), comm=comm)  # the communicator exists, the all-to-all is cold
+    out[...] = -1.0
+
+    def call() -> object:  # a stall would be a StallError after 3 s, not the ValueError
+        if rank == g - 1:
+            return hpcring.allreduce(x.copy(), comm=comm, timeout=3.0)
+        return hpcring.alltoall(x, out=out, comm=comm, timeout=3.0)
+
+    start = time.monotonic()
+    raises_everywhere(ValueError, "ranks disagree on collective", call)
+    quick = time.monotonic() - start < 2.5
+    want = np.empty_like(x)
+    WORLD.Alltoall(x, want)
+    ok = quick and bool((out == -1.0).all() or rank == g - 1)
+    ok &= hpcring.alltoall(x, comm=comm).tobytes() == want.tobytes()
+    comm.Free()
+    assert everywhere(WORLD, ok)
+
+
+@pytest.mark.parametrize("form", ["equal", "uneven", "warm"])
 @pytest.mark.waits_out
-def test_a_rank_that_never_arrives_is_named(uneven: bool) -> None:
+def test_a_rank_that_never_arrives_is_named(form: str) -> None:
     if WORLD.size == 1:
         pytest.skip("needs a rank to miss")
+    uneven = form == "uneven"
     g, missing, timeout = WORLD.size, WORLD.size - 1, WAIT_OUT  # only the stalled call has it
     comm = WORLD.Dup()
     hpcring.allreduce(np.ones(1), comm=comm)  # hpcring's own communicator exists on every rank
+    if form == "warm":  # the stalled call is the warm call in C
+        for _ in range(3):
+            hpcring.alltoall(np.ones(2 * g), comm=comm)
     ok = True
     if WORLD.rank != missing:
         start = time.monotonic()

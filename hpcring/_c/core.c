@@ -915,6 +915,9 @@ typedef struct {
     char *pair_scratch; /* a two-rank plan: where the other's input comes (``prequest`` is the tuple) */
     PyObject *allocate; /* an all-to-all's (hpcring.exchange): numpy.empty_like, the output where no
                            out= is given; NULL for every other collective */
+    int ahead;          /* an all-to-all's blocks leave ahead of the agreement (hpcring.exchange.send_ahead) */
+    int nahead;         /* this call's sends of them, outstanding in ``ahead_req`` */
+    MPI_Request *ahead_req; /* those sends, then the blocks' receives (2 (size - 1)) */
 } Warm;
 
 static void warm_dealloc(Warm *w) {
@@ -939,14 +942,16 @@ static void warm_dealloc(Warm *w) {
     PyMem_Free(w->words);
     PyMem_Free(w->agree);
     PyMem_Free(w->agree_work);
+    PyMem_Free(w->ahead_req);
     Py_XDECREF(w->inbox);
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
 
 PyDoc_STRVAR(warm_doc, "Warm(call, key, shape, itemsize, state, flight, busy, channel, timeout, comm, words, single, "
-                       "returns_x, blocking, mean, payload, program[, allocate])\n\nAn all-to-all's (hpcring.exchange, "
-                       "found by `exchange_caller`) has ``allocate``: numpy.empty_like, called where no out= is given "
-                       "(its x is only read).\n\nA plan's run has a persistent request instead "
+                       "returns_x, blocking, mean, payload, program[, allocate[, ahead]])\n\nAn all-to-all's "
+                       "(hpcring.exchange, found by `exchange_caller`) has ``allocate``: numpy.empty_like, called where "
+                       "no out= is given (its x is only read), and ``ahead``: its blocks leave ahead of the agreement "
+                       "(hpcring.exchange.send_ahead).\n\nA plan's run has a persistent request instead "
                        "of a program (program=mpi4py's Prequest on the plan's buffers: started, then waited for).\n\n"
                        "One kind of NumPy call, run in C: ``key`` (collective, op, algorithm, root, reproducible, "
                        "wire, out is None, dtype) and ``shape`` what engine.call's warm key compares; the rest what a "
@@ -956,13 +961,17 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     PyObject *call, *key, *shape, *state, *flight, *busy, *channel, *timeout, *comm, *words, *program;
     PyObject *allocate = NULL;
     Py_ssize_t itemsize;
-    int single, returns_x, blocking, mean;
+    int single, returns_x, blocking, mean, ahead = 0;
     long long pdtype, pop, pcount;
-    if (!PyArg_ParseTuple(args, "OO!O!nOOOOOOO!pppi(LLL)O|O", &call, &PyTuple_Type, &key, &PyTuple_Type, &shape,
+    if (!PyArg_ParseTuple(args, "OO!O!nOOOOOOO!pppi(LLL)O|Op", &call, &PyTuple_Type, &key, &PyTuple_Type, &shape,
                           &itemsize, &state, &flight, &busy, &channel, &timeout, &comm, &PyTuple_Type, &words, &single,
-                          &returns_x, &blocking, &mean, &pdtype, &pop, &pcount, &program, &allocate))
+                          &returns_x, &blocking, &mean, &pdtype, &pop, &pcount, &program, &allocate, &ahead))
         return NULL;
     if (allocate == Py_None) allocate = NULL;
+    if (ahead && allocate == NULL) {
+        PyErr_SetString(PyExc_ValueError, "Warm: ahead is an all-to-all's");
+        return NULL;
+    }
     if (allocate != NULL && (!PyCallable_Check(allocate) || returns_x || mean >= 0 || pdtype >= 0)) {
         PyErr_SetString(PyExc_ValueError, "Warm: allocate is an all-to-all's: a callable, out of place, no mean, "
                                           "no payload");
@@ -1079,6 +1088,11 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     else w->program = (Program *)program;
     Py_XINCREF(allocate);
     w->allocate = allocate;
+    if (ahead && !w->exch) {
+        PyErr_SetString(PyExc_ValueError, "Warm: blocks leave ahead only where the agreement exchanges messages");
+        goto fail;
+    }
+    w->ahead = ahead;
     if (paired && (pair_bytes != w->nbytes || !w->fused)) {
         PyErr_SetString(PyExc_ValueError, "Warm: a pair's scratch must hold the call's bytes");
         goto fail;
@@ -1517,8 +1531,20 @@ static int agree(Warm *w, long long number, PyObject *timeout, const char *src, 
         if (agree_wait(w, 1, &req, number, timeout, 0) < 0) return -1;
     }
     if (!hr_agreed(b, width)) { /* every rank takes the slow path: the rows gathered, the same error everywhere */
-        PyObject *n = PyLong_FromLongLong(number);
-        PyObject *r = n ? PyObject_CallMethodObjArgs(w->call, s_disagreed, n, NULL) : NULL;
+        PyObject *n = PyLong_FromLongLong(number), *sends = NULL, *r = NULL;
+        if (n != NULL && w->nahead) { /* an all-to-all's blocks sent ahead: their sends, done in Python */
+            sends = PyTuple_New(w->nahead);
+            for (int k = 0; sends != NULL && k < w->nahead; k++) {
+                PyObject *one = PyMPIRequest_New(w->ahead_req[k]);
+                if (one == NULL) Py_CLEAR(sends);
+                else PyTuple_SET_ITEM(sends, k, one);
+            }
+            w->nahead = 0;
+            if (sends != NULL) r = PyObject_CallMethodObjArgs(w->call, s_disagreed, n, sends, NULL);
+            Py_XDECREF(sends);
+        } else if (n != NULL) {
+            r = PyObject_CallMethodObjArgs(w->call, s_disagreed, n, NULL);
+        }
         Py_XDECREF(n);
         if (r != NULL) {
             Py_DECREF(r);
@@ -1533,6 +1559,46 @@ static int agree(Warm *w, long long number, PyObject *timeout, const char *src, 
         return -1;
     }
     return 1;
+}
+
+/* An all-to-all's blocks of ``src`` sent to every other rank ahead of the agreement
+ * (hpcring.exchange.send_ahead): their requests in ``ahead_req``. 0, or -1 raised. */
+static int send_ahead(Warm *w, const char *src) {
+    int size = w->size, me = w->rank, rc = MPI_SUCCESS;
+    if (w->ahead_req == NULL && (w->ahead_req = PyMem_Malloc(2 * (size_t)size * sizeof(MPI_Request))) == NULL)
+        return PyErr_NoMemory(), -1;
+    size_t block = (size_t)w->nbytes / (size_t)size;
+    w->nahead = 0;
+    for (int q = 0; q < size && rc == MPI_SUCCESS; q++)
+        if (q != me)
+            rc = MPI_Isend(src + q * block, (int)block, MPI_BYTE, q, HR_TAG_AHEAD, w->agree_comm,
+                           &w->ahead_req[w->nahead++]);
+    if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
+    return 0;
+}
+
+/* The blocks sent ahead, received into ``dst`` once every rank agreed (hpcring.exchange.receive),
+ * this rank's own copied; then the sends done. 0, or -1 raised (the requests then left to MPI). */
+static int receive_ahead(Warm *w, long long number, PyObject *timeout, const char *src, char *dst) {
+    int size = w->size, me = w->rank, rc = MPI_SUCCESS, n = w->nahead;
+    size_t block = (size_t)w->nbytes / (size_t)size;
+    MPI_Request *req = w->ahead_req;
+    for (int q = 0; q < size && rc == MPI_SUCCESS; q++)
+        if (q != me) rc = MPI_Irecv(dst + q * block, (int)block, MPI_BYTE, q, HR_TAG_AHEAD, w->agree_comm, &req[n++]);
+    if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
+    if (block >= (1 << 16)) {
+        Py_BEGIN_ALLOW_THREADS
+        memcpy(dst + me * block, src + me * block, block);
+        Py_END_ALLOW_THREADS
+    } else {
+        memcpy(dst + me * block, src + me * block, block);
+    }
+    w->nahead = 0;
+    if (agree_wait(w, n, req, number, timeout, 0) < 0) {
+        w->ahead_req = NULL; /* MPI may still use them: left to it */
+        return -1;
+    }
+    return 0;
 }
 
 static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_obj, PyObject *timeout_obj,
@@ -1660,7 +1726,14 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
         PyObject *n = PyLong_FromLongLong(number);
         int bad = n == NULL || PyObject_SetAttr(w->state, s_calls, n) < 0;
         Py_XDECREF(n);
-        if (bad || (carried = agree(w, number, timeout, src, dst)) < 0) goto fail;
+        if (bad || (w->ahead && send_ahead(w, src) < 0)) goto fail;
+        carried = agree(w, number, timeout, src, dst);
+        if (carried < 0 && w->nahead) { /* a stall or an MPI error: MPI may still use the sends, left to it */
+            w->ahead_req = NULL;
+            w->nahead = 0;
+        }
+        if (carried < 0) goto fail;
+        if (w->ahead && (carried = receive_ahead(w, number, timeout, src, dst) < 0 ? -1 : 1) < 0) goto fail;
     }
     if (store_long(&m_number, slot, number) < 0 || store_long(&m_phase, slot, 2) < 0) goto fail;
     /* the data, where it did not ride with the agreement */
