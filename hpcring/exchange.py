@@ -161,7 +161,7 @@ class Exchange(Call):
         what the header carries, so every rank that agrees decides alike."""
         return (
             not self.uneven
-            and self.options.algorithm == "auto"
+            and self.options.algorithm in algorithms.CHOOSERS
             and self.adapter is NUMPY
             and self.state.agreement.exchanging
             and eager_for(self.channel.size, nbytes)
