@@ -372,10 +372,10 @@ def leaves_ahead(state: CommState, adapter: Adapter, algorithm: Any, uneven: boo
     ahead of the agreement (`Exchange.eager`), and so runs `AHEAD`'s pattern."""
     return (
         not uneven
-        and algorithm == "auto"
         and adapter is NUMPY
         and state.agreement.exchanging
         and eager_for(state.agreement.size, nbytes)
+        and algorithms.spec(ALLTOALL, algorithm).choose is not None  # auto, the chooser
     )
 
 
