@@ -68,6 +68,12 @@ TABLE_RANKS = 64
 # ranks the blocks and the header's message are the whole call; on four, posting every block at
 # once beats MPI_Alltoall after the agreement up to 256 KiB.
 EAGER_UPTO: dict[int, int | None] = {2: None, 3: 256 << 10, 4: 256 << 10}
+# What moves blocks that leave ahead: each rank's block straight to the rank it is for, the
+# pattern (and the bytes, (G-1)/G of the input) of pairwise exchange. So auto's choice for a
+# signature whose blocks leave ahead is this one, for every call of it (check=False's too,
+# which have no agreement to send ahead of): what the trace, the flight record and the bench
+# name, and what the byte formulas count.
+AHEAD = "pairwise"
 
 
 @dataclass(frozen=True)
@@ -145,8 +151,9 @@ class Exchange(Call):
         x, now.x = now.x, None
         if problem is not None or x is None:  # x: set by `plan` where the blocks leave early
             return super()._agree(timeout, problem, payload)
-        agreement = self.state.agreement
-        ahead = send_ahead(agreement, self.adapter.flat(x))
+        agreement, src = self.state.agreement, self.adapter.flat(x)
+        ahead = send_ahead(agreement, src)
+        self.channel.traffic.sent += src.nbytes // agreement.size * len(ahead)  # what left ahead
         agreement.ahead = ahead
         try:
             super()._agree(timeout, problem, payload)
@@ -159,13 +166,7 @@ class Exchange(Call):
         """Whether this call's blocks leave ahead of the agreement: auto's equal blocks of host NumPy
         arrays, at ranks and sizes where that was measured to pay (`EAGER_UPTO`). A function of
         what the header carries, so every rank that agrees decides alike."""
-        return (
-            not self.uneven
-            and self.options.algorithm in algorithms.CHOOSERS
-            and self.adapter is NUMPY
-            and self.state.agreement.exchanging
-            and eager_for(self.channel.size, nbytes)
-        )
+        return leaves_ahead(self.state, self.adapter, self.options.algorithm, self.uneven, nbytes)
 
     # -- per call ---------------------------------------------------------------------------------
 
@@ -292,8 +293,6 @@ class Exchange(Call):
             receive(
                 self.state.agreement, src, dst, pending, self.now.number, channel.timeout or 0.0, self.what
             )
-            if not self.settled:  # auto's choice, made once for the compiled core's warm call
-                self.settle(src.nbytes)
             if self.compiled is None and kernels.ACTIVE == "c":
                 self.compiled = self.compiled_for(self.spec, src, dst, layout)
         elif channel.size > 1 and (self.uneven or src.size):  # uneven: a rank with nothing still meets
@@ -366,6 +365,27 @@ class Exchange(Call):
 
 
 # ---- the blocks sent ahead of the agreement ------------------------------------------------------
+
+
+def leaves_ahead(state: CommState, adapter: Adapter, algorithm: Any, uneven: bool, nbytes: int) -> bool:
+    """Whether an all-to-all of ``nbytes`` per rank on ``state``'s communicator sends its blocks
+    ahead of the agreement (`Exchange.eager`), and so runs `AHEAD`'s pattern."""
+    return (
+        not uneven
+        and adapter is NUMPY
+        and state.agreement.exchanging
+        and eager_for(state.agreement.size, nbytes)
+        and algorithms.spec(ALLTOALL, algorithm).choose is not None  # auto, the chooser
+    )
+
+
+def auto_runs(comm: MPI.Intracomm, x: Any) -> str | None:
+    """What auto runs for an all-to-all of equal blocks of ``x`` on ``comm`` where that is decided
+    before the tuning table (`AHEAD`, where its blocks leave ahead of the agreement), else None:
+    how the bench names its auto rows. Collective where it makes ``comm``'s state."""
+    adapter = adapter_for(x)
+    nbytes = adapter.size(x) * adapter.dtype(x).itemsize
+    return AHEAD if leaves_ahead(state_of(comm), adapter, "auto", False, nbytes) else None
 
 
 def eager_for(size: int, nbytes: int) -> bool:
@@ -640,8 +660,10 @@ def prepare(
         wire=None,
     )
     made = Exchange(options, state, channel, adapter or NUMPY, spec, row, uneven, shape)
-    if spec.choose is None or spec.name != algorithm:
-        made.settled, made.ran = True, spec.name
+    if made.early:  # the blocks leave ahead, pairwise's pattern, in every call (`AHEAD`)
+        made.spec = algorithms.spec(ALLTOALL, AHEAD)
+    if made.early or spec.choose is None or spec.name != algorithm:
+        made.settled, made.ran = True, made.spec.name
     if problem is None:
         problem = made.plan(x, out, sends, recvs, check)
         if problem is not None and not check:
@@ -653,4 +675,4 @@ def prepare(
 # front of it where the compiled core runs (`hpcring.core.exchange_caller`); `run` itself where not.
 run = core.exchange_caller(run)
 
-__all__ = ["CALLER", "Exchange", "ExchangeRow", "first", "prepare", "run", "splits"]
+__all__ = ["AHEAD", "CALLER", "Exchange", "ExchangeRow", "auto_runs", "first", "prepare", "run", "splits"]

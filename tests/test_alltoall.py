@@ -292,6 +292,33 @@ def test_the_checked_exchange_is_mpi_alltoall_on_either_side_of_its_size_limit()
     assert everywhere(WORLD, ok)
 
 
+def test_blocks_sent_ahead_are_counted_and_named_pairwise() -> None:
+    """Where auto's blocks leave ahead of the agreement, each call's traffic counts exactly them
+    ((G-1)/G of the input per rank, pairwise's formula) and the call is named pairwise, the
+    pattern that moved them, in its flight record: on the Python path, its compiled program, the
+    warm call in C and the pure-Python core."""
+    from hpcring import exchange, flight, kernels
+    from hpcring.arrays import adapter_for
+    from hpcring.comm import channel_for, known_state
+
+    g = WORLD.size
+    x = np.arange(4 * g, dtype=np.float64) + 100 * WORLD.rank  # 32 bytes a block
+    want = np.empty_like(x)
+    WORLD.Alltoall(x, want)
+    channel = channel_for(WORLD, adapter_for(x))
+    ahead = exchange.auto_runs(WORLD, x)
+    ok = ahead == ("pairwise" if g in (2, 3, 4) and known_state(WORLD).agreement.exchanging else None)
+    for core in (kernels.ACTIVE,) * 4 + ("python",):
+        with kernels.using(core):
+            before = channel.bytes_sent
+            ok &= hpcring.alltoall(x).tobytes() == want.tobytes()
+            sent = channel.bytes_sent - before
+        ran = flight.facts(known_state(WORLD).flight.recorded()[-1][1].call)["ran"]
+        if ahead is not None:
+            ok &= sent == (g - 1) * 32 and ran == "pairwise"
+    assert everywhere(WORLD, ok)
+
+
 def test_header_mismatches_on_warm_calls_raise_everywhere_with_out_unchanged() -> None:
     """The other ranks on a warm call in C with their blocks sent ahead, one rank with another
     count, dtype or a bad argument: every rank raises the agreement's error, no output is

@@ -1574,7 +1574,12 @@ static int send_ahead(Warm *w, const char *src) {
             rc = MPI_Isend(src + q * block, (int)block, MPI_BYTE, q, HR_TAG_AHEAD, w->agree_comm,
                            &w->ahead_req[w->nahead++]);
     if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
-    return 0;
+    /* what left ahead counts in the channel's traffic, as a program's sends do (`Program.sent`) */
+    PyObject *traffic = PyObject_GetAttr(w->channel, s_traffic);
+    if (traffic == NULL) return -1;
+    int bad = add_to(traffic, s_sent, (long long)block * w->nahead) < 0;
+    Py_DECREF(traffic);
+    return bad ? -1 : 0;
 }
 
 /* The blocks sent ahead, received into ``dst`` once every rank agreed (hpcring.exchange.receive),

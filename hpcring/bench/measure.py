@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .. import __version__, algorithms, exact, info, topology
+from .. import __version__, algorithms, exact, exchange, info, topology
 from ..algorithms import auto, ring_staged, tuning
 from ..algorithms.mpi import user_op
 from ..arrays import adapter_for
@@ -279,6 +279,8 @@ def measure_row(
         if chooser and not reproducible and not kind.uneven
         else None
     )  # collective
+    if chooser and args.collective == "alltoall" and not kind.uneven:
+        chosen = exchange.auto_runs(comm, b.x) or chosen  # blocks sent ahead: pairwise's pattern
     if chooser and kind.uneven:  # uneven blocks: one choice for every size (hpcring.algorithms.auto)
         chosen = auto.choose_alltoall(channel, -1, False, algorithms.uneven(args.collective))
 
