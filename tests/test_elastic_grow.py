@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from mpi4py import MPI
-from ulfm_helpers import NO_ULFM, PYTHON, Job, digest_of, steps_of, ulfm_launch
+from ulfm_helpers import NO_ULFM, PYTHON, Job, digest_of, ran, steps_of, ulfm_launch
 
 from hpcring.examples import train
 
@@ -82,8 +82,8 @@ def sizes(lines: list[str]) -> list[int]:
 def test_lose_one_grow_back_lose_two_grow_back(digests: dict[int, str]) -> None:
     """At 4 ranks: rank 2 dies inside step 8 (or a few on), one replacement joins; rank 1 and the replacement
     (rank 3 by then) die inside step 20, two join; the weights are the uninterrupted run's."""
-    run = job(4, "--grow", "--kill", "8:2:step", "--kill", "20:1:step", "--kill", "20:3:step")
-    lines = run.finish()
+    kills = ["8:2:step", "20:1:step", "20:3:step"]
+    run, lines = ran(lambda: job(4, "--grow", *(word for kill in kills for word in ("--kill", kill))))
     assert set(sizes(lines)) == {4}, run.output()  # grown back before any step on fewer
     assert steps_of(lines)[-1][:2] == (STEPS, STEPS), run.output()
     lost = [m.groups() for line in lines if (m := LOST.match(line))]
@@ -100,19 +100,8 @@ def test_a_failure_during_the_join_is_survived(digests: dict[int, str]) -> None:
     """Rank 1 dies inside step 6; as the state travels to its replacement (rank 3 of the merged
     world), the replacement dies; the survivors shrink again, spawn another and go on. Then
     rank 0 dies as the survivors of a later loss begin to spawn."""
-    run = job(
-        4,
-        "--grow",
-        "--kill",
-        "6:1:step",
-        "--kill",
-        "6:3:transfer",
-        "--kill",
-        "16:2:step",
-        "--kill",
-        "16:0:spawn",
-    )
-    lines = run.finish()
+    kills = ["6:1:step", "6:3:transfer", "16:2:step", "16:0:spawn"]
+    run, lines = ran(lambda: job(4, "--grow", *(word for kill in kills for word in ("--kill", kill))))
     assert sizes(lines)[-1] == 4, run.output()
     assert "# killing myself: kill 1" in run.stderr and "# killing myself: kill 3" in run.stderr, run.stderr
     assert digest_of(lines) == digests[STEPS]
@@ -165,8 +154,8 @@ def test_a_rank_waiting_at_the_rendezvous_joins_when_the_job_has_lost_one(tmp_pa
 
 
 def test_fewer_ranks_than_the_minimum_stop_every_survivor_saying_so() -> None:
-    run = job(4, "--policy", "shrink", "--min-ranks", "3", "--kill", "5:1:step", "--kill", "12:2:boundary")
-    lines = run.finish()
+    flags = ["--policy", "shrink", "--min-ranks", "3", "--kill", "5:1:step", "--kill", "12:2:boundary"]
+    run, lines = ran(lambda: job(4, *flags))
     stopped = [line for line in lines if line.startswith(STOPPED)]
     assert len(stopped) == 2, run.output()  # both survivors
     assert all("2 ranks remain" in line and "fewer than the minimum of 3" in line for line in stopped), (
@@ -213,8 +202,10 @@ def test_soak_kill_schedule(seed: int, digests: dict[int, str]) -> None:
         flags += ["--kill", f"{step}:{rank}:{phase}"]
     began = time.monotonic()
     delay = random.Random(seed).uniform(1, 25)  # ms into the step for a 'step' kill
-    run = job(int(plan["ranks"]), *flags, "--delay", f"{delay:.1f}", steps=SOAK_STEPS)
-    lines = run.finish_after(LAST_WORD, LINGER)
+    run, lines = ran(
+        lambda: job(int(plan["ranks"]), *flags, "--delay", f"{delay:.1f}", steps=SOAK_STEPS),
+        lambda run: run.finish_after(LAST_WORD, LINGER),
+    )
     seconds = time.monotonic() - began
     stopped = [line for line in lines if line.startswith(STOPPED)]
     fired = run.stderr.count("# killing myself")
