@@ -552,6 +552,14 @@ def test_cli_bad_input_exits_2(args: list[str], match: str) -> None:
     assert len(result.stderr.strip().splitlines()) == 1
 
 
+def test_the_command_line_starts_no_mpi_unless_it_measures() -> None:
+    """A prediction needs no MPI: starting it (a singleton MPI_Init, about a second here) is left
+    to --calibrate and --validate."""
+    code = "import sys, hpcring.model.cli; print('mpi4py.MPI' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["False"], done.stderr
+
+
 @pytest.mark.parametrize(
     ("name", "match"),
     [

@@ -14,7 +14,6 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..polling import idle_barrier
 from ..units import parse_size
 from .costs import AGREEMENT_BYTES, MODELLED, Busy, ModelError, Params, log2_floor, predict
 
@@ -54,6 +53,7 @@ def calibrate(comm: Any, *, quick: bool = False, array: str = "numpy") -> Params
     """
     import numpy as np
 
+    from ..polling import idle_barrier
     from ..topology import discover
 
     if comm.Get_size() < 2:
