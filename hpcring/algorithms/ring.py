@@ -33,7 +33,6 @@ from typing import TYPE_CHECKING, Any
 
 from .. import config
 from ..partition import chunk_bounds, segment_bounds
-from . import ring_staged
 from .base import Phase, Spec, Split, no_scratch, same_memory
 
 if TYPE_CHECKING:
@@ -344,7 +343,11 @@ def allreduce(
     ch.step = 0  # exchanges begun in this call: the flight record's step (`hpcring.flight`)
     wait_nap(ch.config)  # read (and refused if bad) before anything moves, on every path
     order = ch.topology().ring
-    pieces = ring_staged.pieces(n, size, src.dtype.itemsize, ch.config) if ch.adapter.device else None
+    pieces = None
+    if ch.adapter.device:
+        from . import ring_staged  # device memory only: a NumPy caller's first call never loads it
+
+        pieces = ring_staged.pieces(n, size, src.dtype.itemsize, ch.config)
     if pieces is not None and not ch.adapter.direct:
         if on_final is not None:
             raise RuntimeError("ring.allreduce: on_final needs memory MPI reads directly, not staging")
