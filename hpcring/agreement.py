@@ -49,9 +49,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
 from functools import cache, partial
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -77,8 +76,7 @@ HINTS = {
 }
 
 
-@dataclass(frozen=True)
-class Row:
+class Row(NamedTuple):
     """What must agree across ranks before a collective's data moves, as this rank sees it.
 
     The array kind is part of it: NumPy on some ranks and CuPy on others would stage and sum
@@ -137,7 +135,7 @@ class Row:
         return str(value)
 
 
-FIELDS = ("call", *(f.name for f in fields(Row)))  # the call's number comes first
+FIELDS = ("call", *Row._fields)  # the call's number comes first
 
 SLOT = 512  # bytes of payload the agreement's collective carries: an `mpi` all-reduce up to this rides along
 # Up to EXCHANGE_RANKS ranks exchange their contributions instead (`Agreement._exchange`): a message
@@ -342,8 +340,7 @@ def collective(compiled: bool | None = None) -> tuple[MPI.Datatype, MPI.Op]:
     return made
 
 
-@dataclass(frozen=True)
-class Payload:
+class Payload(NamedTuple):
     """A call's data riding with its agreement: ``src`` goes in, ``dst`` gets the result (host
     arrays, flat; ``dst`` may be ``src``)."""
 

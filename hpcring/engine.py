@@ -29,8 +29,7 @@ import dataclasses
 import functools
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 from mpi4py import MPI
@@ -70,8 +69,7 @@ _WORLD = MPI.COMM_WORLD
 _serialized = threading.Lock()  # under MPI_THREAD_SERIALIZED, one MPI call at a time in all
 
 
-@dataclass(frozen=True)
-class Options:
+class Options(NamedTuple):
     """What a call was asked to do, beyond its arrays: fixed for its signature.
 
     ``check`` and ``timeout`` are not here: they may change from call to call without changing

@@ -33,7 +33,6 @@ from __future__ import annotations
 import operator
 import threading
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -76,11 +75,12 @@ EAGER_UPTO: dict[int, int | None] = {2: None, 3: 256 << 10, 4: 256 << 10}
 AHEAD = "pairwise"
 
 
-@dataclass(frozen=True)
 class ExchangeRow(Row):
     """The agreement's row of an all-to-all: its count is the whole input for equal blocks, and
     says "uneven, rows of k elements" (UNEVEN - k) for send_splits=, so ranks that mix the two
     forms, or rows of other sizes, are named by what they passed."""
+
+    __slots__ = ()  # a row, as its base: the fields only
 
     def describe(self, field: str, value: int) -> str:
         if field == "count" and value <= UNEVEN:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 
 class Run(Protocol):
@@ -48,8 +48,7 @@ class Run(Protocol):
     def __call__(self, ch: Any, *args: Any) -> None: ...
 
 
-@dataclass(frozen=True)
-class Phase:
+class Phase(NamedTuple):
     """The cost model's step: ``messages`` messages of ``nbytes`` each, one after another, then
     ``reduced`` bytes reduced.
 
@@ -68,8 +67,7 @@ class Phase:
     partial: bool = False
 
 
-@dataclass(frozen=True)
-class Split:
+class Split(NamedTuple):
     """An all-reduce as its two phases, for a caller that works between them: the reproducible
     sum (`hpcring.exact`) reduces integer words and gathers the rounded results.
 

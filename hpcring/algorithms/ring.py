@@ -28,8 +28,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from .. import config
 from ..partition import chunk_bounds, segment_bounds
@@ -66,8 +65,7 @@ UNCHUNKED = 1 << 62  # elements per "chunk" when nothing is chunked: every segme
 DEPTH = 4  # at most: receives posted ahead, and sends in flight
 
 
-@dataclass(frozen=True)
-class Stream:
+class Stream(NamedTuple):
     """One phase of the ring as a stream of chunks (all slices of the flat buffer).
 
     The rank first sends ``first`` (a segment it already holds), then every incoming
@@ -79,8 +77,7 @@ class Stream:
     forward: int  # how many incoming chunks are passed on to the right
 
 
-@dataclass(frozen=True)
-class Schedule:
+class Schedule(NamedTuple):
     """The ring of one call shape, as this rank runs it."""
 
     position: int  # this rank's place in the ring

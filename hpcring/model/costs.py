@@ -334,7 +334,7 @@ WIRE_ITEMSIZE = {"bfloat16": 2, "float16": 2}
 def on_wire(steps: Iterable[Phase], ratio: float) -> list[Phase]:
     """``steps`` with every message ``ratio`` times as large (wire=: narrowed payloads), the
     reductions unchanged: they run in the input dtype."""
-    return [replace(step, nbytes=step.nbytes * ratio) for step in steps]
+    return [step._replace(nbytes=step.nbytes * ratio) for step in steps]
 
 
 def _check_size(nbytes: float, ranks: int) -> None:
