@@ -25,7 +25,6 @@ methods below only on slow paths. This file stays the reference both cores are t
 from __future__ import annotations
 
 import copy
-import dataclasses
 import functools
 import threading
 from collections.abc import Callable
@@ -491,7 +490,7 @@ class Call:
         # timeout (`plan_waited`), so the watchdog, which ends a job stuck in a blocking library
         # call, must not take it for one.
         run = copy.copy(self)
-        run.spec = dataclasses.replace(self.spec, blocking=False)
+        run.spec = self.spec._replace(blocking=False)
         run.planning = True
         key = (ALLREDUCE, self.adapter, self.adapter.shape(x), x.dtype, op, self.ran, out is None)
         if not isinstance(request, MPI.Request):  # a two-rank plan (`hpcring.persistent.Pair`)

@@ -11,7 +11,6 @@ are given), so the cost model and the trace viewer read the Specs too.
 
 from __future__ import annotations
 
-import dataclasses
 import importlib
 
 from .base import Layout, Phase, Spec
@@ -87,7 +86,7 @@ def _load(collective: str, name: str) -> Spec | None:
     if made is None and name in _WHERE[collective]:
         module, attribute = _WHERE[collective][name].split(":")
         found = getattr(importlib.import_module(f".{module}", __name__), attribute)
-        made = _TABLES[collective][name] = dataclasses.replace(found, name=name, collective=collective)
+        made = _TABLES[collective][name] = found._replace(name=name, collective=collective)
     return made
 
 
@@ -101,7 +100,7 @@ def register(collective: str, name: str, spec: Spec) -> Spec:
     """List ``spec`` under ``name`` in ``collective``'s table (a new algorithm's one line, for a
     module outside this package); returns the Spec as the table holds it (named)."""
     _where(collective)
-    named = dataclasses.replace(spec, name=name, collective=collective)
+    named = spec._replace(name=name, collective=collective)
     _TABLES[collective][name] = named
     return named
 

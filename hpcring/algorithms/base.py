@@ -87,8 +87,7 @@ class Split(NamedTuple):
     once: bool = False
 
 
-@dataclass(frozen=True, slots=True)
-class Spec:
+class Spec(NamedTuple):
     """One algorithm of one collective, as its module declares it (module docstring).
 
     ``bytes_sent(count, itemsize, size, rank)`` is the payload this rank hands to MPI in one
@@ -148,8 +147,8 @@ class Spec:
     picture: Callable[[int, int, int], str | None] | None = None
     # all-to-all: runs equal blocks only (MPI_Alltoall), so a call with send_splits= is refused
     equal_only: bool = False
-    name: str = field(default="", compare=False)  # set by the table it is listed in
-    collective: str = field(default="", compare=False)
+    name: str = ""  # set by the table it is listed in
+    collective: str = ""
 
     def sent(
         self,
