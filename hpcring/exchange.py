@@ -39,7 +39,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms, config, core, kernels, tracing
-from .agreement import NO_PAYLOAD, TAG_AHEAD, Agreement, Both, Row
+from .agreement import NO_PAYLOAD, TAG_AHEAD, Agreement, Both, Row, exchanges
 from .algorithms import ALLTOALL, Layout, Spec
 from .arrays import NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
@@ -386,6 +386,14 @@ def auto_runs(comm: MPI.Intracomm, x: Any) -> str | None:
     adapter = adapter_for(x)
     nbytes = adapter.size(x) * adapter.dtype(x).itemsize
     return AHEAD if leaves_ahead(state_of(comm), adapter, "auto", False, nbytes) else None
+
+
+def ahead_upto(size: int) -> int | bool | None:
+    """The bytes per rank up to which equal NumPy blocks leave ahead of the agreement on ``size``
+    ranks (None: any; False: none, where the agreement exchanges no messages or it did not pay)."""
+    if size not in EAGER_UPTO or not exchanges(size):
+        return False
+    return EAGER_UPTO[size]
 
 
 def eager_for(size: int, nbytes: int) -> bool:

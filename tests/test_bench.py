@@ -22,7 +22,7 @@ import pytest
 from helpers import everywhere, launch, launcher_env, mpiexec, run_job
 from mpi4py import MPI
 
-from hpcring import ALGORITHMS, algorithms, config
+from hpcring import ALGORITHMS, algorithms, config, exchange
 from hpcring.algorithms import tuning
 from hpcring.algorithms.tuning import tuning_table
 from hpcring.bench import main, measure
@@ -385,6 +385,18 @@ def test_header_says_auto_is_untuned_and_how_to_fill_predicted() -> None:
     assert "mpi up to 64K, rabenseifner above" in text and "--tune" in text
     assert "# predicted: empty (-), no calibrated cost model at /home/u/.cache/hpcring/model.json" in text
     assert "python -m hpcring.model --calibrate" in text and "--ranks 2 --bytes 1M --link ndr400" in text
+
+
+def test_header_says_which_all_to_all_blocks_auto_sends_ahead() -> None:
+    """On 2-4 ranks auto's all-to-all sends equal NumPy blocks ahead of the check (pairwise's
+    pattern) before any table applies: the header says up to which size, or that none do."""
+    ahead = {**_header_facts()["auto"], "ahead": 256 << 10}
+    text = format_header(_header_facts(auto=ahead, collective="alltoall"))
+    assert "# auto: equal NumPy blocks up to 256K per rank leave ahead of the check and run pairwise" in text
+    text = format_header(_header_facts(auto={**ahead, "ahead": None}, collective="alltoall"))
+    assert "equal NumPy blocks of any size leave ahead" in text
+    assert "leave ahead" not in format_header(_header_facts(collective="alltoall"))
+    assert [exchange.ahead_upto(g) for g in (1, 2, 3, 4, 5)] == [False, None, 256 << 10, 256 << 10, False]
 
 
 def test_header_says_where_a_tuned_table_and_the_model_come_from() -> None:

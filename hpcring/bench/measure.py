@@ -581,4 +581,7 @@ def _auto_facts(size: int, shape: dict[str, Any], in_place: bool, collective: st
         tables = json.loads(path.read_text())["tables"]  # load() just read it without a complaint
         key = next(k for k in keys if k in tables)
     table = [list(t) for t in table]
-    return {"tuned": why is None, "why": why, "path": str(path), "key": key, "table": table}
+    facts = {"tuned": why is None, "why": why, "path": str(path), "key": key, "table": table}
+    if collective == algorithms.ALLTOALL and exchange.ahead_upto(size) is not False:
+        facts["ahead"] = exchange.ahead_upto(size)  # before any table: `exchange.auto_runs`
+    return facts

@@ -104,6 +104,13 @@ def _guidance(h: dict[str, Any]) -> list[str]:
         )
         if h.get("size_is"):  # auto chooses by what each rank passes in, not by a row's size
             table += " (bytes of each rank's input)"
+        if "ahead" in tuning:  # the all-to-all on 2-4 ranks: decided before the table
+            upto = tuning["ahead"]
+            which = "of any size" if upto is None else f"up to {format_size(upto)} per rank"
+            lines.append(
+                f"# auto: equal NumPy blocks {which} leave ahead of the check and run pairwise"
+                " (auto:pairwise); the table below is for the rest"
+            )
         if tuning["tuned"]:
             lines.append(f"# auto: tuned here, table {tuning['key']} of {_home(tuning['path'])}: {table}")
         else:
