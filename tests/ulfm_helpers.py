@@ -215,11 +215,12 @@ def ran(start: Callable[[], Job], finish: Callable[[Job], list[str]] = Job.finis
     """A job ``start``-ed and ``finish``-ed; where Open MPI's PMIx crashed in one of its processes,
     once more.
 
-    Under ULFM, as ranks die around a spawn, a survivor's PMIx progress thread has been seen to
-    corrupt its heap ("corrupted double-linked list" in pmix_ptl_base_process_msg, after libevent's
-    "Epoll ADD ... Bad file descriptor"); the survivor aborts and the launcher loses the job ("LAUNCHER
-    JOB OBJECT NOT FOUND"). That is Open MPI's bug, not the job's: the rerun must pass on its own,
-    and a second such crash fails.
+    Under ULFM, as ranks die around a spawn, a survivor has been seen to abort in its PMIx
+    progress thread ("corrupted double-linked list" in pmix_ptl_base_process_msg, after libevent's
+    "Epoll ADD ... Bad file descriptor"), and the launcher then lost the job ("LAUNCHER JOB OBJECT
+    NOT FOUND"): once in many runs, no hpcring code on that thread's stack. Which code corrupted
+    the heap is not known (Open MPI's spawn and connect under failures is the likely place). The
+    rerun must pass on its own, the crash is printed, and a second such crash fails.
     """
     run = start()
     lines = finish(run)
