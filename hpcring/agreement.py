@@ -251,33 +251,31 @@ def combine_payload(code: int, op: int, a: np.ndarray, b: np.ndarray) -> None:
     b[...] = made
 
 
-# These read a header of a few dozen int64s once as a list: NumPy's per-call cost on arrays this
-# small (about 2.7 us a comparison) was most of an exchange's time on the Python path.
+# These read a header of a few dozen int64s as a list (``header.tolist()``, once per header): NumPy's
+# per-call cost on arrays this small (about 2.7 us a comparison) was most of an exchange's time on
+# the Python path.
 
 
-def _one_value(header: np.ndarray, first: int, last: int) -> bool:
-    """Every column of [first, last) holds one value in ``header`` (max equals min)."""
-    h = header.tolist()
+def _one_value(h: list[int], first: int, last: int) -> bool:
+    """Every column of [first, last) holds one value in the header ``h`` (max equals min)."""
     return h[first:last] == [-v for v in h[WIDTH + first : WIDTH + last]]
 
 
-def _agreed(header: np.ndarray) -> bool:
-    """The ranks in ``header`` agree: one call, one row, no verdict (agree.h's hr_agreed)."""
-    h = header.tolist()
-    return not h[WIDTH - 1] and not h[-1] and h[: WIDTH - 5] == [-v for v in h[WIDTH : 2 * WIDTH - 5]]
+def _agreed(h: list[int]) -> bool:
+    """The ranks in the header ``h`` agree: one call, one row, no verdict (agree.h's hr_agreed)."""
+    return _one_value(h, 0, WIDTH - 5) and not h[WIDTH - 1] and not h[-1]
 
 
-def _carried(header: np.ndarray) -> bool:
-    """Every rank in ``header`` put the same payload in the slot (agree.h's hr_carried)."""
-    h = header.tolist()
-    return h[WIDTH - 5] == 1 and h[WIDTH - 5 : WIDTH - 1] == [-v for v in h[2 * WIDTH - 5 : 2 * WIDTH - 1]]
+def _carried(h: list[int]) -> bool:
+    """Every rank in the header ``h`` put the same payload in the slot (agree.h's hr_carried)."""
+    return h[WIDTH - 5] == 1 and _one_value(h, WIDTH - 5, WIDTH - 1)
 
 
 def _riding(header: np.ndarray) -> int:
     """The payload bytes that travel with a contribution of this ``header`` in an exchange (agree.h's
     hr_riding): those of one payload all its ranks agree on and carry, else 0."""
     h = header.tolist()
-    if h[WIDTH - 5] != 1 or h[WIDTH - 1] or h[-1] or h[: WIDTH - 1] != [-v for v in h[WIDTH : 2 * WIDTH - 1]]:
+    if not (_agreed(h) and _carried(h)):
         return 0
     code, count = h[WIDTH - 4], h[WIDTH - 2]
     dtype = kernels.DTYPES[code] if 0 <= code < len(kernels.DTYPES) else None
@@ -290,7 +288,8 @@ def combine(ins: np.ndarray, outs: np.ndarray, slot: int) -> None:
     bytes): the header's maxima, and the payloads where both sides carry the same one (agree.h's
     hr_agree_combine)."""
     a, b = ins[: 16 * WIDTH].view(np.int64), outs[: 16 * WIDTH].view(np.int64)
-    carry = _agreed(a) and _agreed(b) and _carried(a) and _carried(b) and bool((a[:WIDTH] == b[:WIDTH]).all())
+    ha, hb = a.tolist(), b.tolist()
+    carry = _agreed(ha) and _agreed(hb) and _carried(ha) and _carried(hb) and ha[:WIDTH] == hb[:WIDTH]
     np.maximum(a, b, out=b)
     code, op, count = (int(v) for v in b[WIDTH - 4 : WIDTH - 1])
     dtype = kernels.DTYPES[code] if carry and 0 <= code < len(kernels.DTYPES) else None
@@ -423,9 +422,10 @@ class Agreement:
         except BaseException:  # a stall, or an MPI error (a failed rank): the request may be pending
             self.buffer = None  # MPI may still write it: left to the request (the engine keeps it)
             raise
-        if not _agreed(header):
+        agreed = header.tolist()
+        if not _agreed(agreed):
             self.disagree(words, row, problem, caller)
-        if not (carrying and _carried(header)):
+        if not (carrying and _carried(agreed)):
             return False
         payload.dst.view(np.uint8)[...] = slot[: payload.src.nbytes]
         return True
@@ -504,7 +504,7 @@ class Agreement:
         except BaseException:
             self.buffer = self.incoming = self.work = None  # MPI may still use them: left to the requests
             raise
-        if not _agreed(header):
+        if not _agreed(header.tolist()):
             self.disagree(words, row, problem, caller)
         if not (carrying and riding):
             return False
