@@ -582,6 +582,7 @@ def _auto_facts(size: int, shape: dict[str, Any], in_place: bool, collective: st
         key = next(k for k in keys if k in tables)
     table = [list(t) for t in table]
     facts = {"tuned": why is None, "why": why, "path": str(path), "key": key, "table": table}
-    if collective == algorithms.ALLTOALL and exchange.ahead_upto(size) is not False:
-        facts["ahead"] = exchange.ahead_upto(size)  # before any table: `exchange.auto_runs`
+    upto = exchange.ahead_upto(size) if collective == algorithms.ALLTOALL else False
+    if upto is not False:
+        facts["ahead"] = upto  # before any table: `exchange.auto_runs`
     return facts
