@@ -28,7 +28,10 @@ from hpcring.examples import train
 CLUSTER = Path(__file__).resolve().parent / "cluster.sh"
 HOSTS = int(os.environ.get("HPCRING_CLUSTER_HOSTS", "0"))
 PER_HOST = int(os.environ.get("HPCRING_CLUSTER_PER_HOST", "0"))
-STEPS = 60
+# The kill is sent once step 20's line shows, and must land before the run ends: at about 5 ms a
+# step, 60 steps left 0.2 s, which a loaded machine's `cluster.sh kill-ranks` once overran (the
+# run ended whole). 300, as tests/test_elastic_grow.py's kills from outside.
+STEPS = 300
 
 pytestmark = pytest.mark.skipif(
     HOSTS < 2 or PER_HOST < 1 or os.geteuid() != 0,
