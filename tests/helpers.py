@@ -49,6 +49,35 @@ def identical_everywhere(comm: MPI.Intracomm, array: Any) -> bool:
     return len(set(hashes)) == 1
 
 
+class Verdicts:
+    """Checks kept on each rank and settled in one collective: a test that makes many calls asserts
+    the same things on every rank, as `everywhere` and `identical_everywhere` do per check, at the
+    cost of one ``allgather`` (not one collective per check and call)."""
+
+    def __init__(self, comm: MPI.Intracomm) -> None:
+        self.comm = comm
+        self.failed: list[str] = []  # this rank's: "where: what"
+        self.digests: list[tuple[str, str]] = []  # (where, digest) of each result that must agree
+
+    def check(self, where: str, **checks: bool) -> None:
+        """Record each named check that does not hold on this rank."""
+        self.failed += [f"{where}: {name}" for name, ok in checks.items() if not ok]
+
+    def same_bits(self, where: str, array: Any) -> None:
+        """Record ``array``'s hash: it must be the same on every rank."""
+        self.digests.append((where, digest(array)))
+
+    def settle(self) -> None:
+        """Assert, on every rank alike, that every check held on every rank and that every recorded
+        result has the same bits on every rank (collective)."""
+        every = self.comm.allgather((self.failed, self.digests))
+        failed = [f"rank {rank}: {line}" for rank, (lines, _) in enumerate(every) for line in lines]
+        assert not failed, "\n".join(failed[:20])
+        assert len({len(d) for _, d in every}) == 1, "the ranks recorded different numbers of results"
+        differ = [where for i, (where, _) in enumerate(every[0][1]) if len({d[i][1] for _, d in every}) != 1]
+        assert not differ, f"different bits across ranks: {differ[:10]}"
+
+
 def raises_everywhere(kind: type[Exception], match: str, call: Callable[[], object]) -> None:
     """``call()`` raises ``kind`` with ``match`` in its message on every rank of COMM_WORLD, quickly."""
     world = MPI.COMM_WORLD

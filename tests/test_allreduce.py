@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import BACKENDS, FULL, everywhere, identical_everywhere
+from helpers import BACKENDS, FULL, Verdicts, everywhere, identical_everywhere
 from mpi4py import MPI
 
 import hpcring
@@ -118,6 +118,7 @@ def check_sizes(comm: MPI.Intracomm, algorithm: str, dtype: np.dtype, op: str) -
     own answer and the same bits on every rank, and ``x`` untouched out of place (the compact
     check of the two-level and cross-host tests)."""
     g = comm.size
+    verdicts = Verdicts(comm)
     for n in sorted({1, g - 1, g + 1, 7, 1001, 2**16 + 3}):
         host = make_input(comm.rank, n, dtype, op)
         oracle = mpi_allreduce(comm, host, op)
@@ -126,11 +127,14 @@ def check_sizes(comm: MPI.Intracomm, algorithm: str, dtype: np.dtype, op: str) -
             out = None if in_place else np.full_like(host, 99)
             got = hpcring.allreduce(x, op=op, algorithm=algorithm, comm=comm, out=out)
             where = f"{algorithm} {dtype} {op} n={n} in_place={in_place}"
-            assert everywhere(comm, np.array_equal(got, expected(g, n, dtype, op))), where
-            assert everywhere(comm, oracle is None or np.array_equal(got, oracle)), where
-            assert everywhere(comm, identical_everywhere(comm, got)), where
-            if not in_place:
-                assert everywhere(comm, np.array_equal(x, host)), where
+            verdicts.check(
+                where,
+                closed_form=np.array_equal(got, expected(g, n, dtype, op)),
+                mpi_answer=oracle is None or np.array_equal(got, oracle),
+                input_untouched=in_place or np.array_equal(x, host),
+            )
+            verdicts.same_bits(where, got)
+    verdicts.settle()
 
 
 def applies(op: str, dtype: np.dtype) -> bool:
@@ -156,6 +160,7 @@ def test_matrix(algorithm: str, dtype: np.dtype, op: str, comm_name: str, backen
         and mpi_allreduce(comm, make_input(comm.rank, 1, dtype, op), op) is None
     ):
         pytest.skip(f"this MPI library cannot reduce {dtype}")  # hpcring's mpi carries bfloat16 itself
+    verdicts = Verdicts(comm)  # every check below, settled on every rank in one collective
     for n in sizes(comm.size, large_case(op, comm_name)):
         want = expected(comm.size, n, dtype, op)
         host = make_input(comm.rank, n, dtype, op).reshape(_shape(n))
@@ -166,13 +171,16 @@ def test_matrix(algorithm: str, dtype: np.dtype, op: str, comm_name: str, backen
             got = hpcring.allreduce(x, op=op, algorithm=algorithm, comm=comm, out=out)
             result = to_host(got).reshape(-1)
             where = f"{algorithm} {dtype} {op} {comm_name} n={n} in_place={in_place}"
-            assert everywhere(comm, got is (x if in_place else out)), where
-            assert everywhere(comm, to_host(got).shape == host.shape), where
-            assert everywhere(comm, np.array_equal(result, want)), where
-            assert everywhere(comm, oracle is None or np.array_equal(result, oracle)), where
-            assert everywhere(comm, identical_everywhere(comm, result)), where
-            if not in_place:  # out= leaves the input as it was
-                assert everywhere(comm, np.array_equal(to_host(x), host)), where
+            verdicts.check(
+                where,
+                returns_its_target=got is (x if in_place else out),
+                shape=to_host(got).shape == host.shape,
+                closed_form=np.array_equal(result, want),
+                mpi_answer=oracle is None or np.array_equal(result, oracle),
+                input_untouched=in_place or np.array_equal(to_host(x), host),  # out= leaves it as it was
+            )
+            verdicts.same_bits(where, result)
+    verdicts.settle()
 
 
 def _shape(n: int) -> tuple[int, ...]:
