@@ -622,6 +622,8 @@ def call(
     take (an unhashable op, an array kind it does not know) takes the full path, whose
     validation says what is wrong. (An `ExactSum`'s call, ``parts``, is never warm.)"""
     key = None
+    if out is x and collective == ALLREDUCE:  # out=x is in place: the same call as out=None, warm too
+        out = None
     adapter = known_adapter(x)
     if adapter is not None:
         try:  # an adapter's question that raises (a dtype it has no name for) is the full path's

@@ -1785,6 +1785,8 @@ static inline int tracing_off(void) {
     return tracer != NULL && Py_TYPE(tracer) == null_tracer_type;
 }
 
+static PyObject *s_allreduce;
+
 /* engine.call(collective, x, out, op, algorithm, comm, check, timeout, root, reproducible, wire[, parts]) */
 static PyObject *caller(PyObject *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
@@ -1792,7 +1794,14 @@ static PyObject *caller(PyObject *self, PyObject *const *args, size_t nargsf, Py
         PyErr_SetString(PyExc_RuntimeError, "hpcring: the compiled engine.call has no Python call behind it");
         return NULL;
     }
+    PyObject *in_place[12]; /* the arguments with out=None, where out=x (lives until the return) */
     if (enabled && kwnames == NULL && (nargs == 11 || (nargs == 12 && args[11] == Py_None)) && tracing_off()) {
+        if (args[2] == args[1] && same(args[0], s_allreduce)) { /* out=x: in place, as out=None (engine.call) */
+            memcpy(in_place, args, (size_t)nargs * sizeof(PyObject *));
+            in_place[2] = Py_None;
+            args = in_place;
+            nargsf = (size_t)nargs; /* no slot before args[0] to lend the callee */
+        }
         hr_ndarray *x = NULL;
         Warm *w = lookup(args, &x);
         char *src, *dst;
@@ -2097,7 +2106,8 @@ PyMODINIT_FUNC HR_CAT(PyInit_, HR_CORE_NAME)(void) {
         intern(&s_end, "end") || intern(&s_scratch, "scratch") || intern(&s_tracer, "TRACER") ||
         intern(&s_on, "on") || intern(&s_stalled, "compiled_stalled") || intern(&s_disagreed, "compiled_disagreed") ||
         intern(&s_failed, "compiled_failed") || intern(&s_divide, "divide") || intern(&s_resolve, "resolve_timeout") ||
-        intern(&s_plan_waited, "plan_waited") || intern(&s_alltoall, "alltoall"))
+        intern(&s_plan_waited, "plan_waited") || intern(&s_alltoall, "alltoall") ||
+        intern(&s_allreduce, "allreduce"))
         return NULL;
     if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL) return NULL;
     WarmType.tp_methods = warm_methods;
