@@ -151,7 +151,7 @@ class Call:
         self.single = level < MPI.THREAD_SERIALIZED  # MPI allows the main thread alone
         self.serial = _serialized if level == MPI.THREAD_SERIALIZED else None
         self.timeout = state.timeout  # HPCRING_TIMEOUT as the communicator took it (None: unread)
-        self.ready = _READY[options.collective](adapter)
+        self.ready = _READY[options.collective](adapter, self)
         args = [f"op={options.op!r}"] if options.op else []
         args += [f"root={options.root}"] if options.collective == BROADCAST else []
         # The call as a StallError names it: hpcring.allreduce(op='sum', algorithm='ring')
@@ -800,29 +800,50 @@ def _chosen(spec: Spec, channel: Channel, nbytes: int, in_place: bool) -> str | 
     return channel.cached(("auto", spec.collective, nbytes, in_place))
 
 
-_READY: dict[str, Callable[[Adapter], Callable[[Any, Any], bool]]] = {
-    ALLREDUCE: lambda adapter: adapter.ready,
-    BROADCAST: lambda adapter: lambda x, out: out is None and adapter.ready(x, None),
+# Per collective, from the adapter and the call: whether a warm call of the same key can run on
+# (x, out) as it is, without the full path's validation.
+_READY: dict[str, Callable[[Adapter, Call], Callable[[Any, Any], bool]]] = {
+    ALLREDUCE: lambda adapter, made: adapter.ready,
+    BROADCAST: lambda adapter, made: lambda x, out: out is None and adapter.ready(x, None),
 }
 
 
-def _ready_gathered(adapter: Adapter) -> Callable[[Any, Any], bool]:
-    """reduce_scatter and allgather: ``x`` contiguous on this rank's device (it is only read),
-    ``out`` either absent (a new one is made) or the full path is asked again."""
+def _ready_gathered(adapter: Adapter, made: Call) -> Callable[[Any, Any], bool]:
+    """reduce_scatter and allgather: ``x`` contiguous on this rank's device (it is only read), and
+    ``out`` absent (a new one is made) or an output of the kind the full path validated, apart
+    from x (an FSDP step passes its own each time); in place, the full path is asked again, as
+    for an all-to-all's out= (its own `exchange` call asks that)."""
+    collective, size, count = made.options.collective, made.channel.size, made.row.count
+
+    def fits(x: Any, out: Any) -> bool:  # out's elements: validate's rule, for this call's x
+        if collective == REDUCE_SCATTER and count is not None:
+            start, stop = segment(count, size, made.channel.rank)
+            return adapter.size(out) == stop - start
+        return collective == ALLGATHER and adapter.shape(out) == (size, *adapter.shape(x))
 
     def ready(x: Any, out: Any) -> bool:
-        if out is not None:
-            return False
         try:
             adapter.check_device(x, "x")
+            if out is None:
+                return bool(adapter.flags(x).c_contiguous)
+            if not (adapter.flags(x).c_contiguous and adapter.owns(out)):
+                return False
+            adapter.check_device(out, "out")
         except ValueError:
             return False
-        return bool(adapter.flags(x).c_contiguous)
+        flags = adapter.flags(out)
+        return bool(
+            flags.c_contiguous
+            and flags.writeable
+            and adapter.dtype(out) == adapter.dtype(x)
+            and fits(x, out)
+            and not adapter.shares_memory(x, out)
+        )
 
     return ready
 
 
-_READY[REDUCE_SCATTER] = _READY[ALLGATHER] = _READY[ALLTOALL] = _ready_gathered
+_READY[REDUCE_SCATTER] = _READY[ALLGATHER] = _READY[ALLTOALL] = _ready_gathered  # (all-to-all: out=None)
 
 
 # ---- validation: one place, through the adapter ----------------------------------------------

@@ -129,6 +129,41 @@ def test_reduce_scatter_is_mpi_reduce_scatter(comms: dict[str, MPI.Intracomm], a
     assert everywhere(WORLD, not bad), bad[:5]
 
 
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+def test_an_out_of_the_call_s_own_kind_is_served_warm(
+    fresh_world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, collective: str
+) -> None:
+    """A new ``out=`` on each call (as an FSDP step passes) runs the warm call, not the full path's
+    validation and setup each time, and the result lands in it; an out of another size, or x's
+    own part (in place), still takes the full path: refused, or run in place."""
+    from hpcring import engine
+
+    full = []
+    real = engine.first
+    monkeypatch.setattr(engine, "first", lambda *args: full.append(1) or real(*args))
+    g, rank, n = fresh_world.size, fresh_world.rank, 7
+    run = getattr(hpcring, collective)
+    x = np.arange(n * g if collective == "reduce_scatter" else n, dtype=np.float64) + rank
+    if collective == "reduce_scatter":
+        start, stop = segment(x.size, g, rank)
+        want = (np.arange(x.size, dtype=np.float64) * g + g * (g - 1) / 2)[start:stop]
+        shape: tuple[int, ...] = (stop - start,)
+    else:
+        want = np.arange(n, dtype=np.float64) + np.arange(g, dtype=np.float64)[:, None]
+        shape = (g, n)
+    ok = True
+    for _ in range(3):
+        out = np.full(shape, -1.0)
+        ok = ok and run(x, comm=fresh_world, algorithm="mpi", out=out) is out and np.array_equal(out, want)
+    assert everywhere(fresh_world, bool(ok) and len(full) == 1)  # the first call's, then warm
+    wrong = np.empty(shape[-1] + 1)
+    raises_everywhere(ValueError, "out must have", lambda: run(x, comm=fresh_world, out=wrong))
+    if collective == "reduce_scatter":  # x's own part: in place
+        mine = x[start:stop]
+        got = run(x, comm=fresh_world, algorithm="mpi", out=mine)
+        assert everywhere(fresh_world, got is mine and np.array_equal(mine, want))
+
+
 @pytest.mark.parametrize("algorithm", NAMES["allgather"])
 def test_allgather_is_mpi_allgather(comms: dict[str, MPI.Intracomm], algorithm: str) -> None:
     bad = []
