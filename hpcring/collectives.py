@@ -45,7 +45,8 @@ def allreduce(
 ) -> Any:
     """Reduce ``x`` over all ranks of ``comm`` and return the result on every rank.
 
-    In place unless ``out`` is given (then ``x`` is left as it was); a jax.Array comes back as
+    In place unless ``out`` is given (then ``x`` is left as it was; ``out=x`` is in place, the same
+    call as none); a jax.Array comes back as
     a new array. ``op`` is one of sum, mean, max, min, prod (or mpi4py's MPI.SUM, MAX, MIN,
     PROD); ``algorithm`` one of `hpcring.ALGORITHMS` (docs/choosing.md says which when).
 
