@@ -708,9 +708,7 @@ def _cacheable(made: Call, out: Any) -> bool:
     collective = made.options.collective
     if collective == ALLREDUCE:
         return made.in_place == (out is None)
-    if collective in (REDUCE_SCATTER, ALLGATHER):
-        return not made.in_place
-    return True
+    return True  # reduce_scatter, allgather: their warm call asks the placement (`_ready_gathered`)
 
 
 def prepare(
@@ -810,16 +808,29 @@ _READY: dict[str, Callable[[Adapter, Call], Callable[[Any, Any], bool]]] = {
 
 def _ready_gathered(adapter: Adapter, made: Call) -> Callable[[Any, Any], bool]:
     """reduce_scatter and allgather: ``x`` contiguous on this rank's device (it is only read), and
-    ``out`` absent (a new one is made) or an output of the kind the full path validated, apart
-    from x (an FSDP step passes its own each time); in place, the full path is asked again, as
-    for an all-to-all's out= (its own `exchange` call asks that)."""
+    ``out`` absent (a new one is made) or an output of the kind the full path validated (an FSDP
+    step passes its own each time): apart from x where this call ran out of place, x's own part
+    (reduce_scatter) or x its row (allgather) where it ran in place. (An all-to-all's out= is its
+    own `exchange` call's question.)"""
     collective, size, count = made.options.collective, made.channel.size, made.row.count
+    own = count is not None and count >= 0 and collective == REDUCE_SCATTER  # a count, not a marker
+    start, stop = segment(count, size, made.channel.rank) if own else (0, 0)
 
     def fits(x: Any, out: Any) -> bool:  # out's elements: validate's rule, for this call's x
-        if collective == REDUCE_SCATTER and count is not None:
-            start, stop = segment(count, size, made.channel.rank)
+        if own:
             return adapter.size(out) == stop - start
         return collective == ALLGATHER and adapter.shape(out) == (size, *adapter.shape(x))
+
+    def placed(x: Any, out: Any) -> bool:  # the placement this call was made for
+        if not adapter.shares_memory(x, out):
+            return not made.in_place
+        if not made.in_place:
+            return False
+        flat_x, flat_out = adapter.flat(x), adapter.flat(out)
+        if collective == REDUCE_SCATTER:
+            return algorithms.base.same_memory(flat_out, flat_x[start:stop])
+        row = made.channel.rank * flat_x.size
+        return algorithms.base.same_memory(flat_x, flat_out[row : row + flat_x.size])
 
     def ready(x: Any, out: Any) -> bool:
         try:
@@ -837,7 +848,7 @@ def _ready_gathered(adapter: Adapter, made: Call) -> Callable[[Any, Any], bool]:
             and flags.writeable
             and adapter.dtype(out) == adapter.dtype(x)
             and fits(x, out)
-            and not adapter.shares_memory(x, out)
+            and placed(x, out)
         )
 
     return ready

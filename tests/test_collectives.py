@@ -134,8 +134,8 @@ def test_an_out_of_the_call_s_own_kind_is_served_warm(
     fresh_world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, collective: str
 ) -> None:
     """A new ``out=`` on each call (as an FSDP step passes) runs the warm call, not the full path's
-    validation and setup each time, and the result lands in it; an out of another size, or x's
-    own part (in place), still takes the full path: refused, or run in place."""
+    validation and setup each time, and the result lands in it; so do calls in place (x's own
+    part as out, or x a row of out) once one has run. An out of another size is refused."""
     from hpcring import engine
 
     full = []
@@ -158,10 +158,17 @@ def test_an_out_of_the_call_s_own_kind_is_served_warm(
     assert everywhere(fresh_world, bool(ok) and len(full) == 1)  # the first call's, then warm
     wrong = np.empty(shape[-1] + 1)
     raises_everywhere(ValueError, "out must have", lambda: run(x, comm=fresh_world, out=wrong))
-    if collective == "reduce_scatter":  # x's own part: in place
-        mine = x[start:stop]
-        got = run(x, comm=fresh_world, algorithm="mpi", out=mine)
-        assert everywhere(fresh_world, got is mine and np.array_equal(mine, want))
+    full.clear()
+    for _ in range(3):  # in place: the first call takes the full path, the next ones the warm call
+        if collective == "reduce_scatter":  # out= x's own part
+            ours = x.copy()
+            out = ours[start:stop]
+        else:  # x is this rank's row of out
+            out = np.full(shape, -1.0)
+            ours = out[rank]
+            ours[...] = x
+        ok = ok and run(ours, comm=fresh_world, algorithm="mpi", out=out) is out and np.array_equal(out, want)
+    assert everywhere(fresh_world, bool(ok) and len(full) == 1)
 
 
 @pytest.mark.parametrize("algorithm", NAMES["allgather"])
