@@ -815,6 +815,14 @@ def _ready_gathered(adapter: Adapter, made: Call) -> Callable[[Any, Any], bool]:
     collective, size, count = made.options.collective, made.channel.size, made.row.count
     own = count is not None and count >= 0 and collective == REDUCE_SCATTER  # a count, not a marker
     start, stop = segment(count, size, made.channel.rank) if own else (0, 0)
+    # auto: warm while its channel still holds the choice this call runs (the channel keeps a few
+    # schedules; one dropped is chosen again from the table, as the full path then does)
+    itemsize = 0 if made.row.dtype is None else made.row.dtype.itemsize
+    choice = ("auto", collective, (count or 0) * itemsize, False)
+    try:
+        chooser = algorithms.spec(collective, made.options.algorithm).choose is not None
+    except ValueError:  # a bad algorithm: its call is never warm
+        chooser = False
 
     def fits(x: Any, out: Any) -> bool:  # out's elements: validate's rule, for this call's x
         if own:
@@ -833,6 +841,8 @@ def _ready_gathered(adapter: Adapter, made: Call) -> Callable[[Any, Any], bool]:
         return algorithms.base.same_memory(flat_x, flat_out[row : row + flat_x.size])
 
     def ready(x: Any, out: Any) -> bool:
+        if chooser and made.channel.cached(choice) != made.ran:
+            return False
         try:
             adapter.check_device(x, "x")
             if out is None:

@@ -129,9 +129,10 @@ def test_reduce_scatter_is_mpi_reduce_scatter(comms: dict[str, MPI.Intracomm], a
     assert everywhere(WORLD, not bad), bad[:5]
 
 
+@pytest.mark.parametrize("algorithm", ["mpi", "auto"])
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
 def test_an_out_of_the_call_s_own_kind_is_served_warm(
-    fresh_world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, collective: str
+    fresh_world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, collective: str, algorithm: str
 ) -> None:
     """A new ``out=`` on each call (as an FSDP step passes) runs the warm call, not the full path's
     validation and setup each time, and the result lands in it; so do calls in place (x's own
@@ -154,7 +155,8 @@ def test_an_out_of_the_call_s_own_kind_is_served_warm(
     ok = True
     for _ in range(3):
         out = np.full(shape, -1.0)
-        ok = ok and run(x, comm=fresh_world, algorithm="mpi", out=out) is out and np.array_equal(out, want)
+        got = run(x, comm=fresh_world, algorithm=algorithm, out=out)
+        ok = ok and got is out and np.array_equal(out, want)
     assert everywhere(fresh_world, bool(ok) and len(full) == 1)  # the first call's, then warm
     wrong = np.empty(shape[-1] + 1)
     raises_everywhere(ValueError, "out must have", lambda: run(x, comm=fresh_world, out=wrong))
@@ -167,7 +169,8 @@ def test_an_out_of_the_call_s_own_kind_is_served_warm(
             out = np.full(shape, -1.0)
             ours = out[rank]
             ours[...] = x
-        ok = ok and run(ours, comm=fresh_world, algorithm="mpi", out=out) is out and np.array_equal(out, want)
+        got = run(ours, comm=fresh_world, algorithm=algorithm, out=out)
+        ok = ok and got is out and np.array_equal(out, want)
     assert everywhere(fresh_world, bool(ok) and len(full) == 1)
 
 
