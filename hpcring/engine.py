@@ -809,9 +809,9 @@ _READY: dict[str, Callable[[Adapter, Call], Callable[[Any, Any], bool]]] = {
 def _ready_gathered(adapter: Adapter, made: Call) -> Callable[[Any, Any], bool]:
     """reduce_scatter and allgather: ``x`` contiguous on this rank's device (it is only read), and
     ``out`` absent (a new one is made) or an output of the kind the full path validated (an FSDP
-    step passes its own each time): apart from x where this call ran out of place, x's own part
-    (reduce_scatter) or x its row (allgather) where it ran in place. (An all-to-all's out= is its
-    own `exchange` call's question.)"""
+    step passes its own each time): apart from x where this call ran out of place; where it ran
+    in place, x's own part (reduce_scatter), or the output whose row this rank's x is (allgather).
+    (An all-to-all's out= is its own `exchange` call's question.)"""
     collective, size, count = made.options.collective, made.channel.size, made.row.count
     own = count is not None and count >= 0 and collective == REDUCE_SCATTER  # a count, not a marker
     start, stop = segment(count, size, made.channel.rank) if own else (0, 0)
