@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import threading
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -808,58 +809,42 @@ _READY: dict[str, Callable[[Adapter, Call], Callable[[Any, Any], bool]]] = {
 
 def _ready_gathered(adapter: Adapter, made: Call) -> Callable[[Any, Any], bool]:
     """reduce_scatter and allgather: ``x`` contiguous on this rank's device (it is only read), and
-    ``out`` absent (a new one is made) or an output of the kind the full path validated (an FSDP
-    step passes its own each time): apart from x where this call ran out of place; where it ran
-    in place, x's own part (reduce_scatter), or the output whose row this rank's x is (allgather).
-    (An all-to-all's out= is its own `exchange` call's question.)"""
-    collective, size, count = made.options.collective, made.channel.size, made.row.count
-    own = count is not None and count >= 0 and collective == REDUCE_SCATTER  # a count, not a marker
-    start, stop = segment(count, size, made.channel.rank) if own else (0, 0)
+    ``out`` absent (a new one is made) or one the full path's own check (`_output`) takes as this
+    call was made: apart from x, or in place (an FSDP step passes its own each time). An
+    all-to-all's out= is its own `exchange` call's question."""
+    collective, channel, count = made.options.collective, made.channel, made.row.count
+    own = None  # reduce_scatter: this rank's part of x, as validate cuts it
+    if collective == REDUCE_SCATTER and count is not None and count >= 0:  # a count, not a marker
+        own = segment(count, channel.size, channel.rank)
     # auto: warm while its channel still holds the choice this call runs (the channel keeps a few
     # schedules; one dropped is chosen again from the table, as the full path then does)
-    itemsize = 0 if made.row.dtype is None else made.row.dtype.itemsize
-    choice = ("auto", collective, (count or 0) * itemsize, False)
     try:
-        chooser = algorithms.spec(collective, made.options.algorithm).choose is not None
+        spec = algorithms.spec(collective, made.options.algorithm)
     except ValueError:  # a bad algorithm: its call is never warm
-        chooser = False
-
-    def fits(x: Any, out: Any) -> bool:  # out's elements: validate's rule, for this call's x
-        if own:
-            return adapter.size(out) == stop - start
-        return collective == ALLGATHER and adapter.shape(out) == (size, *adapter.shape(x))
-
-    def placed(x: Any, out: Any) -> bool:  # the placement this call was made for
-        if not adapter.shares_memory(x, out):
-            return not made.in_place
-        if not made.in_place:
-            return False
-        flat_x, flat_out = adapter.flat(x), adapter.flat(out)
-        if collective == REDUCE_SCATTER:
-            return algorithms.base.same_memory(flat_out, flat_x[start:stop])
-        row = made.channel.rank * flat_x.size
-        return algorithms.base.same_memory(flat_x, flat_out[row : row + flat_x.size])
+        spec = None
+    chooser = spec is not None and spec.choose is not None
+    nbytes = 0 if count is None or made.row.dtype is None else count * made.row.dtype.itemsize
 
     def ready(x: Any, out: Any) -> bool:
-        if chooser and made.channel.cached(choice) != made.ran:
+        if chooser and _chosen(spec, channel, nbytes, False) != made.ran:
             return False
         try:
             adapter.check_device(x, "x")
-            if out is None:
-                return bool(adapter.flags(x).c_contiguous)
-            if not (adapter.flags(x).c_contiguous and adapter.owns(out)):
+            if not adapter.flags(x).c_contiguous:
                 return False
-            adapter.check_device(out, "out")
-        except ValueError:
+            if out is None:
+                return True
+            dtype = adapter.dtype(x)
+            if own is not None:
+                in_place = _output(adapter, x, out, (own[1] - own[0],), dtype, own)
+            elif collective == ALLGATHER:
+                shape = (channel.size, *adapter.shape(x))
+                in_place = _output(adapter, x, out, shape, dtype, None, channel.rank * adapter.size(x))
+            else:
+                return False
+        except (TypeError, ValueError):  # an out the full path refuses: it says why there
             return False
-        flags = adapter.flags(out)
-        return bool(
-            flags.c_contiguous
-            and flags.writeable
-            and adapter.dtype(out) == adapter.dtype(x)
-            and fits(x, out)
-            and placed(x, out)
-        )
+        return in_place == made.in_place
 
     return ready
 
@@ -973,7 +958,7 @@ def _output(
             f"got {type(out).__module__}.{type(out).__name__}"
         )
     out_shape, out_dtype = adapter.shape(out), adapter.dtype(out)
-    count = int(np.prod(shape, dtype=np.int64))
+    count = math.prod(shape)
     if adapter.size(out) != count or out_dtype != dtype or (own is None and out_shape != shape):
         want = f"{count} elements" if own is not None else f"shape {shape}"
         raise ValueError(f"out must have {want} and dtype {dtype}, got shape {out_shape} and {out_dtype}")
