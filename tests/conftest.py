@@ -102,3 +102,15 @@ def routed(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
 
     monkeypatch.setattr(wrap, "route", spy)
     yield calls
+
+
+@pytest.fixture
+def full_path(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Grows by one for each call that takes the engine's full path (`hpcring.engine.first`), not a
+    warm one: a test of the warm path counts them."""
+    from hpcring import engine
+
+    calls: list[int] = []
+    real = engine.first
+    monkeypatch.setattr(engine, "first", lambda *args: calls.append(1) or real(*args))
+    return calls

@@ -132,16 +132,11 @@ def test_reduce_scatter_is_mpi_reduce_scatter(comms: dict[str, MPI.Intracomm], a
 @pytest.mark.parametrize("algorithm", ["mpi", "auto"])
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
 def test_an_out_of_the_call_s_own_kind_is_served_warm(
-    fresh_world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch, collective: str, algorithm: str
+    fresh_world: MPI.Intracomm, full_path: list[int], collective: str, algorithm: str
 ) -> None:
     """A new ``out=`` on each call (as an FSDP step passes) runs the warm call, not the full path's
     validation and setup each time, and the result lands in it; so do calls in place (x's own
     part as out, or x a row of out) once one has run. An out of another size is refused."""
-    from hpcring import engine
-
-    full = []
-    real = engine.first
-    monkeypatch.setattr(engine, "first", lambda *args: full.append(1) or real(*args))
     g, rank, n = fresh_world.size, fresh_world.rank, 7
     run = getattr(hpcring, collective)
     x = np.arange(n * g if collective == "reduce_scatter" else n, dtype=np.float64) + rank
@@ -157,10 +152,10 @@ def test_an_out_of_the_call_s_own_kind_is_served_warm(
         out = np.full(shape, -1.0)
         got = run(x, comm=fresh_world, algorithm=algorithm, out=out)
         ok = ok and got is out and np.array_equal(out, want)
-    assert everywhere(fresh_world, bool(ok) and len(full) == 1)  # the first call's, then warm
+    assert everywhere(fresh_world, bool(ok) and len(full_path) == 1)  # the first call's, then warm
     wrong = np.empty(shape[-1] + 1)
     raises_everywhere(ValueError, "out must have", lambda: run(x, comm=fresh_world, out=wrong))
-    full.clear()
+    full_path.clear()
     for _ in range(3):  # in place: the first call takes the full path, the next ones the warm call
         if collective == "reduce_scatter":  # out= x's own part
             ours = x.copy()
@@ -171,7 +166,7 @@ def test_an_out_of_the_call_s_own_kind_is_served_warm(
             ours[...] = x
         got = run(ours, comm=fresh_world, algorithm=algorithm, out=out)
         ok = ok and got is out and np.array_equal(out, want)
-    assert everywhere(fresh_world, bool(ok) and len(full) == 1)
+    assert everywhere(fresh_world, bool(ok) and len(full_path) == 1)
 
 
 @pytest.mark.parametrize("algorithm", NAMES["allgather"])
