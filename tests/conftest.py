@@ -9,6 +9,10 @@ from typing import Any
 import pytest
 
 from hpcring import config
+from hpcring.arrays import available
+
+# A test that hangs ends the run with every thread's stack (in place of pytest-timeout: why there)
+pytest_plugins = ("hangs",)
 
 # tests/run.sh --full (as helpers.FULL, which tests import: importing helpers here would start MPI)
 FULL = os.environ.get("HPCRING_TEST_FULL") == "1"
@@ -42,6 +46,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """Cases marked ``full`` (soaks, many examples, large sizes) run only in the full run; MPI
     tests marked ``one_count`` run at ONE_COUNT ranks only, and those marked ``waits_out`` (they
     wait out a timeout) at WAIT_OUT_COUNTS, except in the full run."""
+    if "cupy" not in available():
+        _deselect_gpu_cases(config, items)
     if FULL:
         return
     skip = pytest.mark.skip(reason="a long case: tests/run.sh --full runs it")
@@ -56,6 +62,25 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(elsewhere)
         elif size is not None and size not in WAIT_OUT_COUNTS and "waits_out" in item.keywords:
             item.add_marker(fewer)
+
+
+def _deselect_gpu_cases(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Without CuPy and a GPU, the cases marked ``gpu`` are left out rather than skipped one by
+    one: the correctness matrix has a thousand, and each skip costs a test's setup on every rank.
+    The header says how many and why; where a GPU is, they run."""
+    gpu = [item for item in items if "gpu" in item.keywords]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if "gpu" not in item.keywords]
+        config.stash[_GPU_LEFT_OUT] = len(gpu)
+
+
+_GPU_LEFT_OUT = pytest.StashKey[int]()
+
+
+def pytest_report_collectionfinish(config: pytest.Config) -> str | None:
+    left_out = config.stash.get(_GPU_LEFT_OUT, 0)
+    return f"{left_out} GPU cases deselected: they need CuPy and a GPU" if left_out else None
 
 
 @pytest.fixture(autouse=True)

@@ -49,7 +49,7 @@ read -r -a serial <<< "${HPCRING_TEST_SERIAL:-}"
 phase "serial tests" python -m pytest -q --durations=10 "${parallel[@]}" "${serial[@]}" "$@"
 for ranks in ${HPCRING_TEST_RANKS:-1 2 3 4}; do
   echo "== MPI tests at $ranks rank(s)"
-  # pytest-timeout ends a stuck test (and with it the job); `timeout` is the last resort.
+  # tests/hangs.py ends a stuck test (and with it the job); `timeout` is the last resort.
   # Only rank 0 reports the slowest tests (each rank times the same ones).
   phase "MPI tests at $ranks rank(s)" timeout --signal=KILL 1500 "${MPIEXEC[@]}" -n "$ranks" \
     python -m pytest -q --with-mpi -m mpi --durations=10 "$@"
