@@ -145,6 +145,12 @@ SLOT = 512  # bytes of payload the agreement's collective carries: an `mpi` all-
 EXCHANGE_RANKS = 4
 PAIR_SLOT = 64 << 10
 PAIR_INLINE = 1 << 10  # bytes of payload sent inside the header's message (a larger one apart: no copy)
+# In place on two ranks, up to this many bytes ride: above, writing the result into the buffer the
+# other rank has just read costs more than the second collective saves (bench, 2 ranks in place,
+# median of 5 passes: 64 KiB 24.0 us riding against 14.9 apart and 14.5 bare; 32 KiB 13.8 against
+# 10.6; 16 KiB 8.8 against 8.4 and 9.0). Out of place, and on three or four ranks, riding wins
+# at every size up to PAIR_SLOT (2 ranks out of place at 64 KiB: 9.7 us against 17.6 bare).
+PAIR_IN_PLACE = 16 << 10
 TAG_AGREE = 32002  # the pair's header message (the stall notices are 32001; the algorithms use small tags)
 TAG_AGREE_DATA = 32003  # the pair's payload, where it travels apart
 # An all-to-all's blocks, sent ahead of its agreement (hpcring.exchange.send_ahead); a mismatch
@@ -170,10 +176,12 @@ def exchanges(size: int, limit: int | None = None) -> bool:
     return 2 <= size <= limit
 
 
-def slot_bytes(size: int, limit: int | None = None) -> int:
+def slot_bytes(size: int, limit: int | None = None, in_place: bool = False) -> int:
     """The bytes of payload a checked call on ``size`` ranks may carry (`PAIR_SLOT` where they
-    exchange messages, `SLOT` in the collective)."""
-    return PAIR_SLOT if exchanges(size, limit) else SLOT
+    exchange messages, `PAIR_IN_PLACE` where two do in place, `SLOT` in the collective)."""
+    if not exchanges(size, limit):
+        return SLOT
+    return PAIR_IN_PLACE if in_place and size == 2 else PAIR_SLOT
 
 
 # The steps of an exchange (`steps`): send the contribution so far; receive the other's and
@@ -205,13 +213,13 @@ def steps(rank: int, size: int) -> tuple[tuple[int, int], ...]:
 
 
 def payload_descriptor(
-    dtype: np.dtype, ufunc: str, count: int, size: int = 0, limit: int | None = None
+    dtype: np.dtype, ufunc: str, count: int, size: int = 0, limit: int | None = None, in_place: bool = False
 ) -> tuple[int, int, int]:
     """The descriptor of an `mpi` all-reduce of ``count`` elements on ``size`` ranks (exchanging up
-    to ``limit``: `exchanges`) whose data may ride along, or NO_PAYLOAD: what every rank computes
-    alike from what they agree on."""
+    to ``limit``: `exchanges`), in place or not, whose data may ride along, or NO_PAYLOAD: what
+    every rank computes alike from what they agree on."""
     name = dtype.name
-    if count <= 0 or count * dtype.itemsize > slot_bytes(size, limit) or ufunc not in _OP_CODES:
+    if count <= 0 or count * dtype.itemsize > slot_bytes(size, limit, in_place) or ufunc not in _OP_CODES:
         return NO_PAYLOAD
     if name in _REAL or (name in ("complex64", "complex128") and ufunc == "add"):
         return kernels.DTYPE_CODES[dtype], _OP_CODES[ufunc], count

@@ -220,7 +220,12 @@ class Call:
         ):
             return NO_PAYLOAD
         return payload_descriptor(
-            self.row.dtype, reduction.ufunc, self.row.count, self.channel.size, self.state.exchange_ranks
+            self.row.dtype,
+            reduction.ufunc,
+            self.row.count,
+            self.channel.size,
+            self.state.exchange_ranks,
+            self.in_place,
         )
 
     def agree(

@@ -182,8 +182,9 @@ def _near_mpis(comm: Any, dtype: np.dtype, count: int) -> None:
 @pytest.mark.parametrize("count", RIDING_COUNTS)
 def test_float_sums_ride_with_mpis_bits(fresh_world: Any, compiled: bool, name: str, count: int) -> None:
     """A float sum rides with the agreement (up to PAIR_SLOT bytes where the ranks exchange
-    messages): every rank gets the same bits, on the compiled core and the Python reference
-    alike, warm and cold, in place and not; and so does a plan. On two ranks (and in the
+    messages, PAIR_IN_PLACE in place on two ranks): every rank gets the same bits, on the
+    compiled core and the Python reference alike, warm and cold, in place and not; and so does a
+    plan. On two ranks (and in the
     collective) those are MPI's own MPI_Allreduce's wherever at most one rank holds a NaN (of
     two NaNs the payload keeps the larger bits, where MPI's order decides); past two ranks the
     exchange's tree decides, and the bits are that tree's, computed here from every rank's
@@ -234,9 +235,17 @@ def test_float_sums_ride_with_mpis_bits(fresh_world: Any, compiled: bool, name: 
         mean = hpcring.allreduce(x, op="mean", algorithm="mpi", out=np.empty_like(x), comm=fresh_world)
         assert identical_everywhere(fresh_world, mean)
         state = _state(fresh_world)
-        fused = [c.fuse for c in state.warm.values() if c.options.op == "sum"]
-        if fresh_world.size > 1:  # one rank: nothing travels
-            assert everywhere(fresh_world, all((f != agreement.NO_PAYLOAD) == rides for f in fused))
+        size, nbytes = fresh_world.size, count * dtype.itemsize
+        # (rides or not, whether it should): in place on two ranks, only up to PAIR_IN_PLACE
+        fused = [
+            (c.fuse != agreement.NO_PAYLOAD, nbytes <= agreement.slot_bytes(size, in_place=bool(c.in_place)))
+            for c in state.warm.values()
+            if c.options.op == "sum"
+        ]
+        if size > 1:  # one rank: nothing travels
+            assert everywhere(fresh_world, all(got == want for got, want in fused))
+            if size == 2 and agreement.PAIR_IN_PLACE < nbytes <= agreement.PAIR_SLOT:
+                assert everywhere(fresh_world, {want for _, want in fused} == {True, False})
     finally:
         kernels.select()
 
