@@ -33,7 +33,7 @@ from mpi4py import MPI
 
 from .collectives import allreduce, broadcast
 from .comm import known_state
-from .ops import DTYPES
+from .ops import supported
 
 POLICIES = ("shrink", "replace", "replace-when-available")
 PACK_BELOW = 1 << 20  # bytes: NumPy arrays smaller than this travel packed in one buffer, one call
@@ -276,7 +276,7 @@ def _packable(array: Any) -> bool:
     hpcring's collectives do not take (its bytes travel as they are)."""
     if not isinstance(array, np.ndarray) or not array.flags.c_contiguous:
         return False
-    return array.nbytes < PACK_BELOW or array.dtype not in DTYPES
+    return array.nbytes < PACK_BELOW or not supported(array.dtype)
 
 
 def _pack(arrays: Sequence[np.ndarray], into: np.ndarray) -> None:

@@ -33,6 +33,8 @@ CALLS = {
         " a = hpcring.ExactSum(like=x); a.add(x); a.allreduce()"
     ),
     "info": "hpcring.info()",
+    # what the training example loads for --elastic (growth's state transfer took ml_dtypes once)
+    "elastic": "import hpcring.elastic, hpcring.growth",
 }
 
 
