@@ -8,7 +8,8 @@ takes (`local_device`, `node_local_rank`, `select_device`), a GPU's identity acr
 (`gpu_identity`), and the two copy bandwidths the bench prints (`copyto_bandwidth`,
 `pinned_d2h_bandwidth`).
 
-CuPy is optional: ``cupy`` is the module, or None where it is missing or fails to import.
+CuPy is optional: ``cupy`` is the module, or None where it is missing or fails to import; it is
+imported when first needed, not with this module.
 """
 
 from __future__ import annotations
@@ -27,17 +28,36 @@ import numpy as np
 
 from . import config
 
+_CUPY: list[Any] = []  # [the module, or None], once asked for (`_cupy`)
 _CUPY_IMPORT_ERROR = ""  # why `import cupy` failed, where it is installed but broken
-try:  # CuPy is optional: without it (or without a GPU) only the NumPy adapter computes.
-    import cupy
-except Exception as error:  # ImportError, or a CUDA library that fails to load
-    cupy = None
-    if not (isinstance(error, ModuleNotFoundError) and error.name == "cupy"):
-        _CUPY_IMPORT_ERROR = f"{type(error).__name__}: {error}"
+
+
+def _cupy() -> Any:
+    """CuPy, or None where it is missing or fails to import; imported when first asked for, not
+    with this module: the bench and the examples ask for a GPU only with ``--device gpu``, and
+    importing CuPy costs about half a second a process."""
+    global _CUPY_IMPORT_ERROR
+    if not _CUPY:
+        try:
+            import cupy
+        except Exception as error:  # ImportError, or a CUDA library that fails to load
+            cupy = None
+            if not (isinstance(error, ModuleNotFoundError) and error.name == "cupy"):
+                _CUPY_IMPORT_ERROR = f"{type(error).__name__}: {error}"
+        _CUPY.append(cupy)
+    return _CUPY[0]
+
+
+def __getattr__(name: str) -> Any:
+    """``cupy``: the module or None (`_cupy`), imported on first use."""
+    if name == "cupy":
+        return _cupy()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def cupy_problem() -> str:
     """Why CuPy can't compute here ('' when it can), in words fit for a one-line error."""
+    cupy = _cupy()
     if cupy is None:
         if _CUPY_IMPORT_ERROR:
             return f"CuPy fails to import ({_CUPY_IMPORT_ERROR})"
@@ -81,7 +101,8 @@ def cuda_aware() -> tuple[bool, str]:
     if given:
         if cupy_problem():
             return True, "HPCRING_CUDA_AWARE=1 (not verified: no GPU here)"
-        failure = verify_cuda_aware([sys.executable, "-m", "hpcring.cudaprobe", str(cupy.cuda.Device().id)])
+        device = _cupy().cuda.Device().id
+        failure = verify_cuda_aware([sys.executable, "-m", "hpcring.cudaprobe", str(device)])
         if failure is None:
             return True, "HPCRING_CUDA_AWARE=1, verified by a device-buffer exchange"
         warnings.warn(
@@ -144,6 +165,7 @@ def gpu_identity() -> str:
 
     Two ranks that see the same id share a GPU, whatever CUDA_VISIBLE_DEVICES each has.
     """
+    cupy = _cupy()
     device = cupy.cuda.Device()
     for read in (lambda: device.pci_bus_id, lambda: cupy.cuda.runtime.deviceGetPCIBusId(device.id)):
         try:
@@ -175,6 +197,7 @@ def pinned_d2h_bandwidth(nbytes: int = 256 << 20, repeats: int = 5) -> float:
     """
     import cupyx
 
+    cupy = _cupy()
     device = cupy.zeros(nbytes, dtype=np.uint8)
     host = cupyx.empty_pinned(nbytes, dtype=np.uint8)
     stream = cupy.cuda.Stream(non_blocking=True)
@@ -229,6 +252,7 @@ def select_device(comm: Any = None) -> int | None:
     local_rank = node_local_rank(comm)
     if gpu_problem():
         return None
+    cupy = _cupy()
     device = local_device(local_rank, cupy.cuda.runtime.getDeviceCount())
     if device is not None:
         cupy.cuda.Device(device).use()

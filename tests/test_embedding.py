@@ -35,6 +35,10 @@ CALLS = {
     "info": "hpcring.info()",
     # what the training example loads for --elastic (growth's state transfer took ml_dtypes once)
     "elastic": "import hpcring.elastic, hpcring.growth",
+    # the entry points users launch on every rank: each loaded ml_dtypes or CuPy at import once
+    "bench and examples": (
+        "import hpcring.bench.cli, hpcring.examples.train, hpcring.examples.zero, hpcring.jobenv"
+    ),
 }
 
 

@@ -41,8 +41,8 @@ from ..model.params import default_path, load_params
 from ..ops import OPS
 from ..polling import idle_barrier
 from ..units import busbw_factor
-from ..wire import WIRES
 from ..wire import bytes_sent as wire_bytes_sent
+from ..wire import wire_dtype
 from .collectives import COLLECTIVES, Buffers, Collective, kind_of
 from .data import expected_bytes_sent
 
@@ -351,7 +351,7 @@ def measure_row(
 
     spec = None if bare else algorithms.spec(args.collective, ran)
     if wire is not None and (chosen is None or auto.keep_wire(channel, spec)):
-        narrowed = WIRES[wire]  # what travels: the formula in the wire's itemsize (auto: where it narrows)
+        narrowed = wire_dtype(wire)  # what travels: the formula in its itemsize (auto: where it narrows)
 
         def formula_of(ran: str, nbytes: int, size: int, rank: int, itemsize: int, per_node: int = 1) -> Any:
             return wire_bytes_sent(ran, nbytes // itemsize, itemsize, narrowed, size, rank, per_node)
