@@ -47,7 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
         import torch
-        from sklearn.datasets import load_digits
+
+        from hpcring.examples.train import digits
+
+        pixels, targets = digits()
     except ImportError as error:
         raise SystemExit(
             f"hpcring.examples.torch_ddp needs PyTorch and scikit-learn ({error}): "
@@ -65,9 +68,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, DTYPES[args.dtype])
     hpcring.torch.init_process_group("gloo")
 
-    data = load_digits()
-    images = torch.tensor(data.data / 16.0, dtype=dtype)
-    labels = torch.tensor(data.target, dtype=torch.int64)
+    images = torch.tensor(pixels / 16.0, dtype=dtype)
+    labels = torch.tensor(targets, dtype=torch.int64)
     torch.manual_seed(args.seed)  # the same weights everywhere (DDP broadcasts rank 0's anyway)
     net = torch.nn.Sequential(
         torch.nn.Linear(64, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10)

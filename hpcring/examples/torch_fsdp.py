@@ -46,7 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     try:
         import torch
-        from sklearn.datasets import load_digits
+
+        from hpcring.examples.train import digits
+
+        pixels, targets = digits()
     except ImportError as error:
         raise SystemExit(
             f"hpcring.examples.torch_fsdp needs PyTorch and scikit-learn ({error}): "
@@ -67,9 +70,8 @@ def main(argv: list[str] | None = None) -> int:
     dtype = getattr(torch, args.dtype)
     hpcring.torch.init_process_group(algorithm=args.algorithm)  # the default group: hpcring's
     groups = {"hpcring": dist.group.WORLD, "gloo": dist.new_group(backend="gloo")}
-    data = load_digits()
-    images = torch.tensor(data.data / 16.0, dtype=dtype)
-    labels = torch.tensor(data.target, dtype=torch.int64)
+    images = torch.tensor(pixels / 16.0, dtype=dtype)
+    labels = torch.tensor(targets, dtype=torch.int64)
     share = args.batch // comm.size
 
     def run(strategy: str, group: Any) -> tuple[torch.Tensor, list[float]]:
