@@ -145,12 +145,15 @@ SLOT = 512  # bytes of payload the agreement's collective carries: an `mpi` all-
 EXCHANGE_RANKS = 4
 PAIR_SLOT = 64 << 10
 PAIR_INLINE = 1 << 10  # bytes of payload sent inside the header's message (a larger one apart: no copy)
-# In place on two ranks, up to this many bytes ride: above, writing the result into the buffer the
-# other rank has just read costs more than the second collective saves (bench, 2 ranks in place,
-# median of 5 passes: 64 KiB 24.0 us riding against 14.9 apart and 14.5 bare; 32 KiB 13.8 against
-# 10.6; 16 KiB 8.8 against 8.4 and 9.0). Out of place, and on three or four ranks, riding wins
-# at every size up to PAIR_SLOT (2 ranks out of place at 64 KiB: 9.7 us against 17.6 bare).
-PAIR_IN_PLACE = 16 << 10
+# On two ranks fewer bytes ride: the other rank's single-copy read of a buffer just written (as
+# a code's data is before each call) costs more there than the second exchange saves. Measured
+# with the input written before each call (medians of 3 x 400 calls, 2 ranks): out of place,
+# 64 KiB took 20.2-21.0 us riding against 18.0-18.5 apart (bare 17.1-17.7), 32 KiB 11.8-12.5
+# against 12.0; in place, 64 KiB 24.0 against 14.9 (bare 14.5), 32 KiB 13.8 against 10.6,
+# 16 KiB 8.8 against 8.4-9.0. On three or four ranks riding wins up to PAIR_SLOT (4 ranks,
+# 64 KiB: 52-53 us against 58-62 apart, bare 49-53).
+TWO_RANKS = 32 << 10
+TWO_RANKS_IN_PLACE = 16 << 10
 TAG_AGREE = 32002  # the pair's header message (the stall notices are 32001; the algorithms use small tags)
 TAG_AGREE_DATA = 32003  # the pair's payload, where it travels apart
 # An all-to-all's blocks, sent ahead of its agreement (hpcring.exchange.send_ahead); a mismatch
@@ -178,10 +181,13 @@ def exchanges(size: int, limit: int | None = None) -> bool:
 
 def slot_bytes(size: int, limit: int | None = None, in_place: bool = False) -> int:
     """The bytes of payload a checked call on ``size`` ranks may carry (`PAIR_SLOT` where they
-    exchange messages, `PAIR_IN_PLACE` where two do in place, `SLOT` in the collective)."""
+    exchange messages, `TWO_RANKS` or `TWO_RANKS_IN_PLACE` where two do, `SLOT` in the
+    collective)."""
     if not exchanges(size, limit):
         return SLOT
-    return PAIR_IN_PLACE if in_place and size == 2 else PAIR_SLOT
+    if size == 2:
+        return TWO_RANKS_IN_PLACE if in_place else TWO_RANKS
+    return PAIR_SLOT
 
 
 # The steps of an exchange (`steps`): send the contribution so far; receive the other's and

@@ -139,8 +139,16 @@ def test_what_may_ride(dtype: str, ufunc: str, count: int, rides: bool) -> None:
 # ---- riding, under MPI (1-4 ranks): the bits MPI gives, and every mismatch raised ---------------
 
 # Counts of float32: in the header's message, apart from it (past PAIR_INLINE), the largest that
-# rides on two ranks, and one past it (then MPI's own all-reduce moves it after the agreement).
-RIDING_COUNTS = [1, agreement.PAIR_INLINE // 4 + 1, agreement.PAIR_SLOT // 4, agreement.PAIR_SLOT // 4 + 1]
+# rides on three or four ranks, and one past it (then MPI's own all-reduce moves it after the
+# agreement).
+# The largest that rides on two ranks out of place (not in place) comes too.
+RIDING_COUNTS = [
+    1,
+    agreement.PAIR_INLINE // 4 + 1,
+    agreement.TWO_RANKS // 4,
+    agreement.PAIR_SLOT // 4,
+    agreement.PAIR_SLOT // 4 + 1,
+]
 
 
 def _rank_values(dtype: np.dtype, count: int, rank: int) -> np.ndarray:
@@ -182,7 +190,7 @@ def _near_mpis(comm: Any, dtype: np.dtype, count: int) -> None:
 @pytest.mark.parametrize("count", RIDING_COUNTS)
 def test_float_sums_ride_with_mpis_bits(fresh_world: Any, compiled: bool, name: str, count: int) -> None:
     """A float sum rides with the agreement (up to PAIR_SLOT bytes where the ranks exchange
-    messages, PAIR_IN_PLACE in place on two ranks): every rank gets the same bits, on the
+    messages; fewer on two ranks, `slot_bytes`): every rank gets the same bits, on the
     compiled core and the Python reference alike, warm and cold, in place and not; and so does a
     plan. On two ranks (and in the
     collective) those are MPI's own MPI_Allreduce's wherever at most one rank holds a NaN (of
@@ -236,7 +244,7 @@ def test_float_sums_ride_with_mpis_bits(fresh_world: Any, compiled: bool, name: 
         assert identical_everywhere(fresh_world, mean)
         state = _state(fresh_world)
         size, nbytes = fresh_world.size, count * dtype.itemsize
-        # (rides or not, whether it should): in place on two ranks, only up to PAIR_IN_PLACE
+        # (rides or not, whether it should): on two ranks up to TWO_RANKS, in place TWO_RANKS_IN_PLACE
         fused = [
             (c.fuse != agreement.NO_PAYLOAD, nbytes <= agreement.slot_bytes(size, in_place=bool(c.in_place)))
             for c in state.warm.values()
@@ -244,7 +252,7 @@ def test_float_sums_ride_with_mpis_bits(fresh_world: Any, compiled: bool, name: 
         ]
         if size > 1:  # one rank: nothing travels
             assert everywhere(fresh_world, all(got == want for got, want in fused))
-            if size == 2 and agreement.PAIR_IN_PLACE < nbytes <= agreement.PAIR_SLOT:
+            if size == 2 and agreement.TWO_RANKS_IN_PLACE < nbytes <= agreement.TWO_RANKS:
                 assert everywhere(fresh_world, {want for _, want in fused} == {True, False})
     finally:
         kernels.select()

@@ -29,6 +29,7 @@ from hpcring.model.costs import (
     NO_SOFTWARE,
     PRESETS,
     RIDES_UP_TO,
+    TWO_RANKS_RIDE_UP_TO,
     Busy,
     Link,
     ModelError,
@@ -236,7 +237,8 @@ def test_the_step_pays_at_both_levels_of_a_two_level_algorithm() -> None:
 def test_a_checked_call_pays_the_agreements_collective_once(p: int) -> None:
     """The agreement is an MPI all-reduce of AGREEMENT_BYTES, priced as `mpi` is; an `mpi`
     all-reduce of up to RIDES_UP_TO bytes rides in it and costs nothing more, and where the ranks
-    exchange messages one of up to EXCHANGE_RIDES_UP_TO bytes rides, costing what its bytes add."""
+    exchange messages one of up to EXCHANGE_RIDES_UP_TO bytes (TWO_RANKS_RIDE_UP_TO on two) rides,
+    costing what its bytes add."""
     agreement = predict("mpi", AGREEMENT_BYTES, p, LINK, gamma=GAMMA, software=NO_SOFTWARE)
     checked = Software(0.0, CALL)
     for algorithm in ("ring", "rabenseifner", "naive", "ps", "mpi"):  # too large to ride
@@ -244,7 +246,8 @@ def test_a_checked_call_pays_the_agreements_collective_once(p: int) -> None:
     small = RIDES_UP_TO
     assert predict("mpi", small, p, LINK, gamma=GAMMA, software=checked) == pytest.approx(CALL + agreement)
     largest = rides_up_to(p)
-    assert largest == (EXCHANGE_RIDES_UP_TO if p <= EXCHANGE_RANKS else RIDES_UP_TO)
+    exchanged = EXCHANGE_RIDES_UP_TO if p <= EXCHANGE_RANKS else RIDES_UP_TO
+    assert largest == (TWO_RANKS_RIDE_UP_TO if p == 2 else exchanged)
     if largest > small:  # exchanging ranks: a larger one rides too, its bytes added to the agreement's
         rides = predict("mpi", largest, p, LINK, gamma=GAMMA, software=checked)
         doubling, fold = int(math.log2(p)), p & (p - 1) != 0  # the ranks past a power of two fold in and out
@@ -276,6 +279,7 @@ def test_the_agreements_size_is_hpcring_agreements() -> None:
     assert AGREEMENT_BYTES == 16 * agreement.WIDTH + agreement.SLOT
     assert RIDES_UP_TO == agreement.SLOT
     assert EXCHANGE_RIDES_UP_TO == agreement.PAIR_SLOT
+    assert TWO_RANKS_RIDE_UP_TO == agreement.TWO_RANKS
     assert EXCHANGE_RANKS == agreement.EXCHANGE_RANKS
     for ranks in range(1, 12):
         assert rides_up_to(ranks) == agreement.slot_bytes(ranks)

@@ -85,13 +85,15 @@ class Busy:
 # The agreement's collective (`hpcring.agreement`): one all-reduce of a 16 * WIDTH-byte header
 # and a SLOT of 512 bytes on every checked call; an `mpi` all-reduce of up to SLOT bytes rides
 # in it. From 2 to EXCHANGE_RANKS ranks the agreement is an exchange of messages instead
-# (recursive doubling), in which an `mpi` all-reduce of up to EXCHANGE_RIDES_UP_TO bytes rides,
+# (recursive doubling), in which an `mpi` all-reduce of up to EXCHANGE_RIDES_UP_TO bytes rides
+# (TWO_RANKS_RIDE_UP_TO on two ranks; an out-of-place call's figure: in place rides less there),
 # its bytes in every step (tests/test_model.py checks these against hpcring.agreement, which this
 # module does not import: it loads NumPy and MPI).
 AGREEMENT_BYTES = 768
 RIDES_UP_TO = 512
 EXCHANGE_RANKS = 4
 EXCHANGE_RIDES_UP_TO = 64 << 10
+TWO_RANKS_RIDE_UP_TO = 32 << 10
 
 
 def exchange_phases(nbytes: float, ranks: int) -> list[Phase]:
@@ -107,7 +109,9 @@ def exchange_phases(nbytes: float, ranks: int) -> list[Phase]:
 
 def rides_up_to(ranks: int) -> int:
     """The bytes of an `mpi` all-reduce that ride in a checked call's agreement on ``ranks``."""
-    return EXCHANGE_RIDES_UP_TO if 2 <= ranks <= EXCHANGE_RANKS else RIDES_UP_TO
+    if ranks == 2:
+        return TWO_RANKS_RIDE_UP_TO
+    return EXCHANGE_RIDES_UP_TO if 2 < ranks <= EXCHANGE_RANKS else RIDES_UP_TO
 
 
 @dataclass(frozen=True)
