@@ -23,6 +23,8 @@ from mpi4py import MPI
 import hpcring
 from hpcring import algorithms, core, engine
 from hpcring.comm import known_state
+from hpcring.flight import AGREEMENT, DONE, MASK
+from hpcring.flight import _phase as phase_of
 from hpcring.ops import DTYPES, OPS, kind
 from hpcring.partition import segment, segment_bounds
 
@@ -432,6 +434,12 @@ def warm_table(comm: MPI.Intracomm) -> int:
     return 0 if table is None else table.count()
 
 
+def last_slot(comm: MPI.Intracomm) -> Any:
+    """The flight record's slot of the last call on ``comm``."""
+    flight = known_state(comm).flight
+    return flight.slots[flight.seq & MASK]
+
+
 def placed(collective: str, variant: str, x: np.ndarray, g: int, rank: int) -> tuple[np.ndarray, Any]:
     """(x, out) for one call: ``variant`` "new" (no out=), "out" (out= apart from x) or "in place"
     (out= x's own part; x this rank's row of out); x copied, out filled with a sentinel."""
@@ -489,6 +497,10 @@ def test_a_warm_call_runs_in_c_with_the_python_path_s_bits(
             if IN_C and g > 1:
                 verdicts.check(where, python_twice=len(python_runs) == 2)
                 verdicts.check(where, listed=warm_table(fresh_world) == before + 1)
+            slot = last_slot(fresh_world)  # the flight record of the last call: done, agreed on
+            verdicts.check(where, recorded=slot.call.options.collective == collective)
+            verdicts.check(where, done=phase_of(slot) == DONE)
+            verdicts.check(where, numbered=slot.number == (known_state(fresh_world).calls if g > 1 else 0))
     verdicts.settle()
 
 
@@ -531,6 +543,8 @@ def test_a_mismatch_on_one_rank_after_the_call_went_warm_in_c_raises_everywhere(
             lambda: run(ours, comm=fresh_world, out=out, **kwargs),  # noqa: B023
         )
         ok &= ours.tobytes() == kept.tobytes() and out.tobytes() == kept_out.tobytes()
+        slot = last_slot(fresh_world)  # recorded as failed in the agreement, saying why
+        ok &= slot.phase == -AGREEMENT and f"disagree on {what}" in slot.error
         if IN_C and not last:
             ok &= not python_runs
     ok &= good()
