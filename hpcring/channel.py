@@ -141,6 +141,11 @@ class Channel:
             self._schedules.move_to_end(key)
         return made
 
+    def schedules(self) -> OrderedDict[tuple[Any, ...], Any]:
+        """The schedules themselves (least recently used first), for the compiled core's warm calls
+        to look a key up as `cached` does (hpcring.engine.Call._warm)."""
+        return self._schedules
+
     def resource(self, name: str, build: Callable[[], Any]) -> Any:
         """An object made once per channel by ``build()`` and kept as long as it (a library's own
         communicator, say); unlike schedules, never evicted. ``build`` may be collective."""

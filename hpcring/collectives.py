@@ -85,7 +85,8 @@ def reduce_scatter(
     part straight to its owner), rabenseifner (recursive halving), mpi (MPI_Reduce_scatter),
     auto.
     """
-    return call(REDUCE_SCATTER, x, out, op, algorithm, comm, check, timeout)
+    # every argument given: the compiled core's front door takes a warm call only so
+    return call(REDUCE_SCATTER, x, out, op, algorithm, comm, check, timeout, 0, False, None)
 
 
 def allgather(
@@ -106,7 +107,8 @@ def allgather(
     Algorithms: ring, naive (every rank to every rank), rabenseifner (recursive doubling), mpi
     (MPI_Allgather), auto.
     """
-    return call(ALLGATHER, x, out, None, algorithm, comm, check, timeout)
+    # every argument given: the compiled core's front door takes a warm call only so
+    return call(ALLGATHER, x, out, None, algorithm, comm, check, timeout, 0, False, None)
 
 
 def broadcast(

@@ -8,10 +8,11 @@ hpcring's compiled core is two C extensions, both optional (setup.py builds them
   MPI's ``mpi.h`` and mpi4py's C API, and named after that MPI's family, so builds for both live
   side by side (two virtual environments on one source tree). It runs the step tables that
   `hpcring.program` records from the algorithms (`program`) and the warm call of a NumPy
-  all-reduce or broadcast (`caller`, `Table`, `warm`), returning to Python only on slow paths. An
-  extension built against Open MPI's header must not run against MPICH (handles are pointers in
-  one and integers in the other), so it is used only where its view of ``MPI_COMM_WORLD``, the
-  size of a handle and the library's version string are mpi4py's, as mpi4jax checks at import.
+  all-reduce, broadcast, reduce-scatter or all-gather (`caller`, `Table`, `warm`), returning to
+  Python only on slow paths. An extension built against Open MPI's header must not run against
+  MPICH (handles are pointers in one and integers in the other), so it is used only where its view
+  of ``MPI_COMM_WORLD``, the size of a handle and the library's version string are mpi4py's, as
+  mpi4jax checks at import.
 
 ``HPCRING_CORE=python`` turns both off; ``HPCRING_CORE=c`` makes a missing ``_kernels`` an
 ImportError. The pure-Python core is the reference: both give the same bits.

@@ -17,9 +17,10 @@ Error messages name the collective that was called. The front ends (`hpcring.col
 
 Where the compiled core runs (`hpcring.core`), a Call's data movement from its second run on is
 the algorithm's steps recorded as a table (`hpcring.program`) and run in C with the GIL
-released; and a warm NumPy all-reduce or broadcast runs in C from the arguments to the result
-(`Call.compiled_warm`: the same key, exclusion, flight record and agreement), coming back to the
-methods below only on slow paths. This file stays the reference both cores are tested against.
+released; and a warm NumPy all-reduce, broadcast, reduce-scatter or all-gather runs in C from
+the arguments to the result (`Call.compiled_warm`: the same key, exclusion, flight record and
+agreement), coming back to the methods below only on slow paths. This file stays the reference
+both cores are tested against.
 """
 
 from __future__ import annotations
@@ -472,9 +473,10 @@ class Call:
 
     def compiled_warm(self, comm: Any, key: tuple[Any, ...], x: Any) -> Any:
         """The warm call of this kind run in C from now on (`hpcring.core.warm`), or False where
-        the compiled core cannot take it whole: not a NumPy all-reduce or broadcast, no program,
-        another thread level than MPI_THREAD_MULTIPLE's or the main thread's, a mean it does not
-        divide. Listed in the communicator's table, found by the user's communicator's handle."""
+        the compiled core cannot take it whole: not a NumPy all-reduce, broadcast, reduce-scatter
+        or all-gather, no program, another thread level than MPI_THREAD_MULTIPLE's or the main
+        thread's, a mean it does not divide. Listed in the communicator's table, found by the
+        user's communicator's handle."""
         if not core.active():
             return None  # asked again on a later call
         if not self.compiled or not self._warmable(x):
@@ -510,7 +512,7 @@ class Call:
             self.serial is not None
             or self.adapter is not NUMPY
             or type(x) is not np.ndarray
-            or self.options.collective not in (ALLREDUCE, BROADCAST)
+            or self.options.collective not in (ALLREDUCE, BROADCAST, REDUCE_SCATTER, ALLGATHER)
             or self.exact
             or (self.mean and x.dtype not in (np.float32, np.float64))
         )
@@ -523,7 +525,30 @@ class Call:
         if self.mean:
             mean = 2 if dtype == np.float32 else 3  # the kernels' codes (hpcring.kernels.DTYPE_CODES)
         kind = (self.options.collective, op, algorithm, root, reproducible, wire, out_none, dtype)
+        if self.options.collective in (REDUCE_SCATTER, ALLGATHER):
+            made, layout = self._layout(shape, dtype)
+            made = made if out_none else None
+            return self._core_warm(kind, shape, dtype, program, False, mean, self.fuse, made, False, layout)
         return self._core_warm(kind, shape, dtype, program, self.returns_x, mean, self.fuse)
+
+    def _layout(self, shape: tuple[int, ...], dtype: np.dtype) -> tuple[Any, tuple[Any, ...]]:
+        """A reduce-scatter's or an all-gather's warm call in C: (what makes its result where no out=
+        is given, called with x; the layout the compiled `ready` checks out= against, as
+        `_ready_gathered` does: (form, the result's bytes, x's own part's byte offset in x or x's
+        row's in out, in place, auto's (schedules, key, choice) or None))."""
+        channel, collective = self.channel, self.options.collective
+        itemsize, count = dtype.itemsize, math.prod(shape)
+        if collective == REDUCE_SCATTER:
+            start, stop = segment(count, channel.size, channel.rank)
+            made: tuple[int, ...] = (stop - start,)
+            form, part = 1, start * itemsize
+        else:
+            made, form, part = (channel.size, *shape), 2, channel.rank * count * itemsize
+        chosen = None  # auto: warm while the channel holds its choice still, as `_ready_gathered` asks
+        if algorithms.spec(collective, self.options.algorithm).choose is not None:
+            chosen = (channel.schedules(), _choice(collective, count * itemsize, False), self.ran)
+        layout = (form, math.prod(made) * itemsize, part, bool(self.in_place), chosen)
+        return functools.partial(_allocate, made, dtype), layout
 
     def _core_warm(
         self,
@@ -536,11 +561,13 @@ class Call:
         fuse: tuple[int, int, int],
         allocate: Any = None,
         ahead: bool = False,
+        layout: tuple[Any, ...] | None = None,
     ) -> Any:
         """`hpcring.core.warm` for this call: the signature ``kind`` as the compiled front door
         matches it, the rest from this call's state; ``allocate`` makes an output where no out=
-        is given (an all-to-all's), else None; ``ahead``, an all-to-all's blocks sent ahead of the
-        agreement (`hpcring.exchange.send_ahead`)."""
+        is given (an all-to-all's, a reduce-scatter's, an all-gather's), else None; ``ahead``, an
+        all-to-all's blocks sent ahead of the agreement (`hpcring.exchange.send_ahead`);
+        ``layout``, a reduce-scatter's or an all-gather's result (`_layout`)."""
         agreement_collective(compiled=True)  # the compiled agreement's datatype and op, made once
         return core.warm(
             self,
@@ -562,6 +589,7 @@ class Call:
             program,
             allocate,
             ahead,
+            layout,
         )
 
     def plan_waited(self, request: MPI.Prequest, timeout: float | None) -> None:
@@ -801,7 +829,18 @@ def prepare(
 
 def _chosen(spec: Spec, channel: Channel, nbytes: int, in_place: bool) -> str | None:
     """auto's choice for a size on this channel where a call has made it (local: no communication)."""
-    return channel.cached(("auto", spec.collective, nbytes, in_place))
+    return channel.cached(_choice(spec.collective, nbytes, in_place))
+
+
+def _choice(collective: str, nbytes: int, in_place: bool) -> tuple[Any, ...]:
+    """Where auto keeps its choice among the channel's schedules (`hpcring.algorithms.auto.choose`)."""
+    return ("auto", collective, nbytes, in_place)
+
+
+def _allocate(shape: tuple[int, ...], dtype: np.dtype, x: Any) -> np.ndarray:
+    """A warm reduce-scatter's or all-gather's result in C where no out= is given: what
+    `NumPyAdapter.allocate` makes."""
+    return np.empty(shape, dtype=dtype)
 
 
 # Per collective, from the adapter and the call: whether a warm call of the same key can run on

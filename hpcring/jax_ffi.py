@@ -4,10 +4,10 @@
 place of the collective, with XLA's buffers: it wraps them as NumPy arrays, without a copy, and
 calls `hpcring.engine.call`, the entry every front end uses. So inside ``jit`` a collective is the
 same call as outside it (the agreement, the timeouts and `StallError`, every algorithm and dtype,
-the same bits), and a warm all-reduce or broadcast runs in the compiled core from the arguments to
-the result. An error reaches the host as JAX raises a failed execution (``JaxRuntimeError``, or
-``ValueError`` from JAX's C++ dispatch), its message XLA's code, then hpcring's exception type
-and text (``DEADLINE_EXCEEDED: hpcring.errors.StallError: ...``).
+the same bits), and a warm all-reduce, broadcast, reduce-scatter or all-gather runs in the compiled
+core from the arguments to the result. An error reaches the host as JAX raises a failed execution
+(``JaxRuntimeError``, or ``ValueError`` from JAX's C++ dispatch), its message XLA's code, then
+hpcring's exception type and text (``DEADLINE_EXCEEDED: hpcring.errors.StallError: ...``).
 
 **Ordering.** Every rank must run its collectives in the same order. Within a function body the
 lowered calls are chained by XLA tokens: each takes the token the previous one returned, so XLA

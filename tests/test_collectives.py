@@ -11,16 +11,19 @@ reduction: there the reference is NumPy's over every rank's input (gathered as b
 from __future__ import annotations
 
 import time
+import types
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import WAIT_OUT, everywhere, identical_everywhere, raises_everywhere
+from helpers import WAIT_OUT, Verdicts, everywhere, identical_everywhere, raises_everywhere
 from mpi4py import MPI
 
 import hpcring
-from hpcring import algorithms
+from hpcring import algorithms, core, engine
+from hpcring.comm import known_state
+from hpcring.flight import AGREEMENT, MASK, MOVING
 from hpcring.ops import DTYPES, OPS, kind
 from hpcring.partition import segment, segment_bounds
 
@@ -403,3 +406,307 @@ def _importable(name: str) -> bool:
     import importlib.util
 
     return importlib.util.find_spec(name) is not None
+
+
+# ---- the warm call in C: the Python path's guarantees, kept ------------------------------------
+
+# Whether the compiled core serves warm calls here (not under HPCRING_CORE=python): then a warm
+# NumPy reduce_scatter or allgather runs from its third call on without entering the engine's
+# Python Call (its first call is the full path's, its second records the program).
+IN_C = core.active() and not isinstance(engine.call, types.FunctionType)
+
+
+@pytest.fixture
+def python_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Grows by one for each call the engine's Python `Call` runs (full path or warm): a call the
+    compiled core serves whole never enters it."""
+    calls: list[int] = []
+    real = engine.Call.__call__
+    monkeypatch.setattr(engine.Call, "__call__", lambda *args: calls.append(1) or real(*args))
+    return calls
+
+
+def warm_table(comm: MPI.Intracomm) -> int:
+    """The warm calls the compiled core lists for ``comm``."""
+    state = known_state(comm)
+    table = None if state is None else state.made.get("compiled-warm-calls")
+    return 0 if table is None else table.count()
+
+
+def last_slot(comm: MPI.Intracomm) -> Any:
+    """The flight record's slot of the last call on ``comm``."""
+    flight = known_state(comm).flight
+    return flight.slots[flight.seq & MASK]
+
+
+def placed(collective: str, variant: str, x: np.ndarray, g: int, rank: int) -> tuple[np.ndarray, Any]:
+    """(x, out) for one call: ``variant`` "new" (no out=), "out" (out= apart from x) or "in place"
+    (out= x's own part; x this rank's row of out); x copied, out filled with a sentinel."""
+    if collective == "reduce_scatter":
+        start, stop = segment(x.size, g, rank)
+        ours = x.copy()
+        if variant == "in place":
+            return ours, ours[start:stop]
+        return ours, None if variant == "new" else np.full(stop - start, -7, x.dtype)
+    out = np.full((g, *x.shape), -7, x.dtype)
+    if variant == "in place":
+        out[rank] = x
+        return out[rank], out
+    return x.copy(), None if variant == "new" else out
+
+
+@pytest.mark.parametrize("algorithm", ["mpi", "ring", "auto"])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+def test_a_warm_call_runs_in_c_with_the_python_path_s_bits(
+    fresh_world: MPI.Intracomm, full_path: list[int], python_runs: list[int], collective: str, algorithm: str
+) -> None:
+    """Each placement, run six times: the full path once, the Python warm call once (it records
+    the program), then the compiled core's warm call, listed in its table; every call gives the
+    first call's bits (Python's algorithm), and, under mpi, MPI_Reduce_scatter's or
+    MPI_Allgather's on the same inputs. Inputs are random floats: the order of a sum shows."""
+    g, rank = fresh_world.size, fresh_world.rank
+    verdicts = Verdicts(fresh_world)
+    run = getattr(hpcring, collective)
+    for n in (1, 2 * g + 1, 3000):
+        x = np.random.default_rng(rank * 7919 + n).standard_normal(n).astype(np.float32)
+        if collective == "reduce_scatter":
+            start, stop = segment(n, g, rank)
+            want = np.empty(stop - start, np.float32)
+            fresh_world.Reduce_scatter(x, want, [b - a for a, b in segment_bounds(n, g)], MPI.SUM)
+        else:
+            want = np.empty((g, n), np.float32)
+            fresh_world.Allgather(x, want)
+        for variant in ("new", "out", "in place"):
+            full_path.clear()
+            python_runs.clear()
+            before = warm_table(fresh_world)
+            results = []
+            for _ in range(6):
+                ours, out = placed(collective, variant, x, g, rank)
+                got = run(ours, algorithm=algorithm, comm=fresh_world, out=out)
+                results.append(got.tobytes())
+                where = f"{variant} n={n}"
+                verdicts.check(where, returned_out=out is None or got is out)
+            verdicts.check(where, same_bits_every_call=len(set(results)) == 1)
+            if algorithm == "mpi":
+                verdicts.check(where, mpi_s_bits=results[-1] == want.tobytes())
+            if variant == "in place" and collective == "reduce_scatter" and not want.size:
+                continue  # an empty own part shares no memory with x: out of place, the call before
+            verdicts.check(where, full_path_once=len(full_path) == 1)
+            if IN_C and g > 1:
+                verdicts.check(where, python_twice=len(python_runs) == 2)
+                verdicts.check(where, listed=warm_table(fresh_world) == before + 1)
+            slot = last_slot(fresh_world)  # the flight record of the last call: done, agreed on
+            verdicts.check(where, recorded=slot.call.options.collective == collective)
+            verdicts.check(where, done=slot.phase == MOVING and slot.end >= slot.start)  # its end stored
+            verdicts.check(where, numbered=slot.number == (known_state(fresh_world).calls if g > 1 else 0))
+    verdicts.settle()
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+def test_a_mismatch_on_one_rank_after_the_call_went_warm_in_c_raises_everywhere(
+    fresh_world: MPI.Intracomm, python_runs: list[int], collective: str
+) -> None:
+    """A call warm in C on every rank but the last, which differs (count, dtype, op, algorithm):
+    the same ValueError on every rank, raised by the compiled core's own agreement on the others
+    (the engine's Python Call never entered there), x and out untouched everywhere; the warm call
+    then runs on as before."""
+    g, rank = fresh_world.size, fresh_world.rank
+    if g == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    last = rank == g - 1
+    run = getattr(hpcring, collective)
+    x = np.arange(12, dtype=np.float64) + rank
+
+    def good() -> bool:
+        ours, out = placed(collective, "out", x, g, rank)
+        got = run(ours, algorithm="ring", comm=fresh_world, out=out)
+        return bool(np.array_equal(got, run(x, algorithm="ring", comm=fresh_world)))
+
+    ok = all([good() for _ in range(3)])
+    cases: list[tuple[str, np.ndarray, dict[str, Any]]] = [
+        ("count", x[:11] if last else x, {}),
+        ("dtype", x.astype(np.float32) if last else x, {}),
+        ("algorithm", x, {"algorithm": "naive" if last else "ring"}),
+    ]
+    if collective == "reduce_scatter":
+        cases.append(("op", x, {"op": "max" if last else "sum"}))
+    for what, mine, kwargs in cases:
+        ours, out = placed(collective, "out", mine, g, rank)
+        kept, kept_out = ours.copy(), out.copy()
+        python_runs.clear()
+        kwargs = {"algorithm": "ring", **kwargs}
+        raises_everywhere(
+            ValueError,
+            f"hpcring.{collective}: ranks disagree on {what}",
+            lambda: run(ours, comm=fresh_world, out=out, **kwargs),  # noqa: B023
+        )
+        ok &= ours.tobytes() == kept.tobytes() and out.tobytes() == kept_out.tobytes()
+        slot = last_slot(fresh_world)  # recorded as failed in the agreement, saying why
+        ok &= slot.phase == -AGREEMENT and f"disagree on {what}" in slot.error
+        if IN_C and not last:
+            ok &= not python_runs
+    ok &= good()
+    assert everywhere(fresh_world, ok)
+
+
+def misused(collective: str, what: str, x: np.ndarray, g: int, rank: int) -> tuple[np.ndarray, Any, str]:
+    """(x, a bad out, what the full path says of it) on a warm call's path."""
+    part = segment(x.size, g, rank) if collective == "reduce_scatter" else None
+    shape = (part[1] - part[0],) if part else (g, *x.shape)
+    if what == "size":
+        return x, np.empty(shape[-1] + 1), "out must have"
+    if what == "dtype":
+        return x, np.empty(shape, np.float32), "out must have"
+    if what == "read-only":
+        out = np.empty(shape)
+        out.flags.writeable = False
+        return x, out, "out is read-only"
+    if what == "strided":
+        return x, np.empty((*shape[:-1], 2 * shape[-1]))[..., ::2], "out must be C-contiguous"
+    # overlapping x other than as in place: part of x but not its own (reduce-scatter), x a row
+    # of out but not its own (all-gather)
+    if part:
+        m, start = shape[0], 0 if part[0] else 1
+        return x, x[start : start + m], "out overlaps x other than as x's own part"
+    out = np.zeros((g, *x.shape))
+    other = out[(rank + 1) % g]
+    other[...] = x
+    return other, out, "out overlaps x other than as x's row of out"
+
+
+@pytest.mark.parametrize("what", ["size", "dtype", "read-only", "strided", "overlap"])
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+def test_a_bad_out_on_one_rank_on_the_warm_path_raises_everywhere(
+    fresh_world: MPI.Intracomm, python_runs: list[int], collective: str, what: str
+) -> None:
+    """out= misused on the last rank of a call warm in C (the compiled core's check refuses it,
+    the full path says why): the same ValueError on every rank, raised on the others by the
+    compiled core's agreement, x and every out untouched."""
+    g, rank = fresh_world.size, fresh_world.rank
+    if g == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    last = rank == g - 1
+    run = getattr(hpcring, collective)
+    x = np.arange(4 * g, dtype=np.float64) + rank
+    for _ in range(3):
+        ours, out = placed(collective, "out", x, g, rank)
+        run(ours, comm=fresh_world, out=out)
+    ours, out = placed(collective, "out", x, g, rank)
+    bad_x, bad_out, match = misused(collective, what, ours, g, rank)  # every rank raises what it says
+    if last:
+        ours, out = bad_x, bad_out
+    kept, kept_out = ours.copy(), out.copy()
+    python_runs.clear()
+    raises_everywhere(ValueError, match, lambda: run(ours, comm=fresh_world, out=out))
+    ok = ours.tobytes() == kept.tobytes() and out.tobytes() == kept_out.tobytes()
+    if IN_C and not last:
+        ok &= not python_runs
+    assert everywhere(fresh_world, ok)
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+def test_auto_s_warm_call_in_c_serves_only_the_choice_the_channel_holds(
+    fresh_world: MPI.Intracomm, full_path: list[int], python_runs: list[int], collective: str
+) -> None:
+    """auto warm in C: each call is a use of its choice among the channel's schedules (as the
+    Python path's look-up makes it: the least recently used go first); a choice the channel
+    then holds otherwise, or no longer, takes the full path, which runs what the channel says
+    or chooses again, never the choice the warm call was made with."""
+    g, rank = fresh_world.size, fresh_world.rank
+    if g == 1:
+        pytest.skip("auto chooses nothing on one rank: its one rank copies x")
+    run = getattr(hpcring, collective)
+    x = np.arange(6 * g, dtype=np.float64) + rank
+    want = run(x, comm=fresh_world, algorithm="mpi")
+    ok = all(np.array_equal(run(x, algorithm="auto", comm=fresh_world), want) for _ in range(4))
+    state = known_state(fresh_world)
+    made = next(call for key, call in state.warm.items() if key[0] == collective and key[5] == "auto")
+    schedules = made.channel.schedules()
+    key = ("auto", collective, x.nbytes, False)
+    ok &= schedules.get(key) == made.ran and len(full_path) == 2  # mpi's first call, auto's
+    schedules.move_to_end(key, last=False)  # the least recently used
+    python_runs.clear()
+    ok &= np.array_equal(run(x, algorithm="auto", comm=fresh_world), want)
+    ok &= next(reversed(schedules)) == key  # the warm call used it
+    if IN_C:
+        ok &= not python_runs
+    other = "ring" if made.ran != "ring" else "mpi"
+    schedules[key] = other  # the channel's choice is now another
+    ok &= np.array_equal(run(x, algorithm="auto", comm=fresh_world), want)
+    ok &= len(full_path) == 3
+    now = next(call for k, call in state.warm.items() if k[0] == collective and k[5] == "auto")
+    ok &= now.ran == other
+    del schedules[key]  # dropped: chosen again (every rank is in the call)
+    ok &= np.array_equal(run(x, algorithm="auto", comm=fresh_world), want)
+    ok &= len(full_path) == 4 and key in schedules
+    assert everywhere(fresh_world, bool(ok))
+
+
+@pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
+@pytest.mark.waits_out
+def test_a_rank_that_misses_a_call_warm_in_c_is_named(python_runs: list[int], collective: str) -> None:
+    """The last rank skips a call the others run warm in C: they raise StallError naming it
+    within the timeout, from the compiled core's agreement (the Python Call never entered)."""
+    if WORLD.size == 1:
+        pytest.skip("needs a rank to miss")
+    missing, timeout = WORLD.size - 1, WAIT_OUT
+    comm = WORLD.Dup()
+    run = getattr(hpcring, collective)
+    x = np.ones(100)
+    for _ in range(3):
+        run(x, comm=comm, out=placed(collective, "out", x, WORLD.size, WORLD.rank)[1])
+    ok = True
+    if WORLD.rank != missing:
+        python_runs.clear()
+        start = time.monotonic()
+        try:
+            run(x, comm=comm, timeout=timeout, out=placed(collective, "out", x, WORLD.size, WORLD.rank)[1])
+            ok = False
+        except hpcring.StallError as error:
+            elapsed = time.monotonic() - start
+            ok = error.missing == [missing] and timeout - 0.1 <= elapsed <= timeout + 2.0
+        if IN_C:
+            ok &= not python_runs
+    assert everywhere(WORLD, ok)
+    comm.Free()
+
+
+@pytest.mark.parametrize("algorithm", ["ring", "mpi"])
+def test_every_dtype_and_op_warm_in_c_gives_the_reference(
+    comms: dict[str, MPI.Intracomm], python_runs: list[int], algorithm: str
+) -> None:
+    """Each dtype and op (mean's division included), five calls of one kind: the first two in
+    Python, the rest in C where the compiled core runs; every one the library's result (NumPy's
+    where it has no type), on every communicator."""
+    bad = []
+    for label, comm in comms.items():
+        g, rank = comm.Get_size(), comm.Get_rank()
+        n = 3 * g + 2
+        in_c = IN_C and g > 1
+        for dtype, op in cases():
+            x = inputs(rank, n, dtype, op)
+            start, stop = segment(n, g, rank)
+            want = reduced(comm, x, op)[start:stop].tobytes()
+            python_runs.clear()
+            for _ in range(5):
+                out = np.full(stop - start, 99, dtype)
+                hpcring.reduce_scatter(x, op=op, algorithm=algorithm, comm=comm, out=out)
+                if out.tobytes() != want:
+                    bad.append(("reduce_scatter", label, dtype.name, op))
+            # left to Python: a mean the compiled core does not divide (but float32's and float64's),
+            # and MPI_Reduce_scatter on a type MPI lacks (a user-defined op: no step table)
+            divides = op != "mean" or dtype in (np.float32, np.float64)
+            recorded = algorithm != "mpi" or dtype.name not in ("float16", "bfloat16")
+            if in_c and divides and recorded and len(python_runs) > 2:
+                bad.append(("reduce_scatter not in C", label, dtype.name, op))
+            if op != "sum":
+                continue
+            rows = gathered(comm, x).tobytes()
+            python_runs.clear()
+            for _ in range(5):
+                if hpcring.allgather(x, algorithm=algorithm, comm=comm).tobytes() != rows:
+                    bad.append(("allgather", label, dtype.name))
+            if in_c and len(python_runs) > 2:
+                bad.append(("allgather not in C", label, dtype.name))
+    assert everywhere(WORLD, not bad), bad[:5]

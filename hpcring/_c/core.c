@@ -9,11 +9,12 @@
  *   the reductions of reduce.h, the wire's narrowing and widening, library collectives. A wait
  *   that lasts longer than SPIN_SECONDS goes back to Python's bounded wait (the channel's), so
  *   stall notices, naps and the StallError that names ranks stay where they are;
- * - `Warm` and `Table`: the warm call of a NumPy all-reduce or broadcast, from the arguments to
- *   the result: the key and flags check, the exclusion, the flight record's stores, the
- *   agreement (MPI_Iallreduce of the row, tested against the deadline) and the program. Every
- *   slow path (a mismatch, a long wait, an error) calls back into the engine's Python, so every
- *   rank raises what the pure-Python core raises;
+ * - `Warm` and `Table`: the warm call of a NumPy all-reduce, broadcast, reduce-scatter or
+ *   all-gather, from the arguments to the result: the key and flags check (a reduce-scatter's or
+ *   an all-gather's out= as the engine's _output takes it, auto's choice still the channel's), the
+ *   exclusion, the flight record's stores, the agreement (MPI_Iallreduce of the row, tested
+ *   against the deadline) and the program. Every slow path (a mismatch, a long wait, an error)
+ *   calls back into the engine's Python, so every rank raises what the pure-Python core raises;
  * - `caller`: hpcring.engine.call as the front ends call it: a warm call found in a `Table` runs
  *   here, anything else goes on to the Python function.
  *
@@ -918,7 +919,18 @@ typedef struct {
     int ahead;          /* an all-to-all's blocks leave ahead of the agreement (hpcring.exchange.send_ahead) */
     int nahead;         /* this call's sends of them, outstanding in ``ahead_req`` */
     MPI_Request *ahead_req; /* those sends, then the blocks' receives (2 (size - 1)) */
+    /* a reduce-scatter's or an all-gather's (``layout``): its result is not x's shape */
+    int form;              /* F_SAME (the result has x's shape), F_REDUCE_SCATTER, F_ALLGATHER */
+    int in_place;          /* its call ran in place: out is x's own part, or x is out's row */
+    Py_ssize_t out_nbytes; /* the result's bytes (x's, for F_SAME) */
+    Py_ssize_t part;       /* where x's own part starts in x (reduce-scatter), x's row in out (all-gather) */
+    PyObject *schedules;   /* auto: its channel's schedules (engine._chosen reads them), else NULL */
+    PyObject *choice_key;  /* auto's key there for this call's size */
+    PyObject *choice;      /* what this call runs: it is warm while the channel still holds that choice */
+    PyObject *touch;       /* schedules.move_to_end: a look-up is a use of it, as Channel.cached makes it */
 } Warm;
+
+enum { F_SAME, F_REDUCE_SCATTER, F_ALLGATHER };
 
 static void warm_dealloc(Warm *w) {
     Py_XDECREF(w->collective);
@@ -944,11 +956,19 @@ static void warm_dealloc(Warm *w) {
     PyMem_Free(w->agree_work);
     PyMem_Free(w->ahead_req);
     Py_XDECREF(w->inbox);
+    Py_XDECREF(w->schedules);
+    Py_XDECREF(w->choice_key);
+    Py_XDECREF(w->choice);
+    Py_XDECREF(w->touch);
     Py_TYPE(w)->tp_free((PyObject *)w);
 }
 
 PyDoc_STRVAR(warm_doc, "Warm(call, key, shape, itemsize, state, flight, busy, channel, timeout, comm, words, single, "
-                       "returns_x, blocking, mean, payload, program[, allocate[, ahead]])\n\nAn all-to-all's "
+                       "returns_x, blocking, mean, payload, program[, allocate[, ahead[, layout]]])\n\n"
+                       "A reduce-scatter's or an all-gather's has ``layout``: (form (1 reduce-scatter, 2 all-gather), "
+                       "the result's bytes, x's own part's byte offset in x or x's row's in out, in place, auto's "
+                       "(schedules, key, choice) or None), and ``allocate`` where no out= is given: called with x, it "
+                       "makes the result.\n\nAn all-to-all's "
                        "(hpcring.exchange, found by `exchange_caller`) has ``allocate``: numpy.empty_like, called where "
                        "no out= is given (its x is only read), and ``ahead``: its blocks leave ahead of the agreement "
                        "(hpcring.exchange.send_ahead).\n\nA plan's run has a persistent request instead "
@@ -959,22 +979,41 @@ PyDoc_STRVAR(warm_doc, "Warm(call, key, shape, itemsize, state, flight, busy, ch
 
 static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *call, *key, *shape, *state, *flight, *busy, *channel, *timeout, *comm, *words, *program;
-    PyObject *allocate = NULL;
+    PyObject *allocate = NULL, *layout = NULL;
     Py_ssize_t itemsize;
     int single, returns_x, blocking, mean, ahead = 0;
     long long pdtype, pop, pcount;
-    if (!PyArg_ParseTuple(args, "OO!O!nOOOOOOO!pppi(LLL)O|Op", &call, &PyTuple_Type, &key, &PyTuple_Type, &shape,
+    if (!PyArg_ParseTuple(args, "OO!O!nOOOOOOO!pppi(LLL)O|OpO", &call, &PyTuple_Type, &key, &PyTuple_Type, &shape,
                           &itemsize, &state, &flight, &busy, &channel, &timeout, &comm, &PyTuple_Type, &words, &single,
-                          &returns_x, &blocking, &mean, &pdtype, &pop, &pcount, &program, &allocate, &ahead))
+                          &returns_x, &blocking, &mean, &pdtype, &pop, &pcount, &program, &allocate, &ahead, &layout))
         return NULL;
     if (allocate == Py_None) allocate = NULL;
-    if (ahead && allocate == NULL) {
+    if (layout == Py_None) layout = NULL;
+    /* a reduce-scatter's or an all-gather's result: (form, bytes, part, in place, auto's choice or None) */
+    int form = F_SAME, in_place = 0;
+    Py_ssize_t out_nbytes = 0, part = 0;
+    PyObject *chosen = Py_None;
+    if (layout != NULL) {
+        if (!PyArg_ParseTuple(layout, "innpO", &form, &out_nbytes, &part, &in_place, &chosen)) return NULL;
+        if ((form != F_REDUCE_SCATTER && form != F_ALLGATHER) || out_nbytes < 0 || part < 0 || returns_x ||
+            pdtype >= 0 || ahead || Py_TYPE(program) != &ProgramType || (mean >= 0 && form != F_REDUCE_SCATTER) ||
+            (in_place && allocate != NULL) ||
+            (chosen != Py_None && (!PyTuple_Check(chosen) || PyTuple_GET_SIZE(chosen) != 3 ||
+                                   !PyDict_Check(PyTuple_GET_ITEM(chosen, 0))))) {
+            PyErr_SetString(PyExc_ValueError, "Warm: a layout is a reduce-scatter's or an all-gather's: out of place "
+                                              "or in place as it says, no payload, a program, a mean only where "
+                                              "it reduces, auto's choice as (schedules, key, choice)");
+            return NULL;
+        }
+    }
+    if (ahead && (allocate == NULL || layout != NULL)) {
         PyErr_SetString(PyExc_ValueError, "Warm: ahead is an all-to-all's");
         return NULL;
     }
-    if (allocate != NULL && (!PyCallable_Check(allocate) || returns_x || mean >= 0 || pdtype >= 0)) {
-        PyErr_SetString(PyExc_ValueError, "Warm: allocate is an all-to-all's: a callable, out of place, no mean, "
-                                          "no payload");
+    if (allocate != NULL &&
+        (!PyCallable_Check(allocate) || returns_x || (mean >= 0 && layout == NULL) || pdtype >= 0)) {
+        PyErr_SetString(PyExc_ValueError, "Warm: allocate is an all-to-all's, a reduce-scatter's or an all-gather's: "
+                                          "a callable, out of place, no payload");
         return NULL;
     }
     int persistent = Py_TYPE(program) != &ProgramType;
@@ -1093,6 +1132,26 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         goto fail;
     }
     w->ahead = ahead;
+    w->form = form;
+    w->in_place = in_place;
+    w->out_nbytes = layout != NULL ? out_nbytes : w->nbytes;
+    w->part = part;
+    /* the part (x's own part, x's row) lies inside the whole (x, out), and the program moves these bytes */
+    Py_ssize_t whole = form == F_ALLGATHER ? out_nbytes : w->nbytes;
+    Py_ssize_t piece = form == F_ALLGATHER ? w->nbytes : out_nbytes;
+    if (layout != NULL && (w->program->src_nbytes != w->nbytes || w->program->dst_nbytes != out_nbytes ||
+                           out_nbytes % (itemsize ? itemsize : 1) || part + piece > whole ||
+                           (form == F_ALLGATHER && out_nbytes != w->nbytes * w->size))) {
+        PyErr_SetString(PyExc_ValueError, "Warm: the layout's bytes are not its program's");
+        goto fail;
+    }
+    if (chosen != Py_None) {
+        w->schedules = Py_NewRef(PyTuple_GET_ITEM(chosen, 0));
+        w->choice_key = Py_NewRef(PyTuple_GET_ITEM(chosen, 1));
+        w->choice = Py_NewRef(PyTuple_GET_ITEM(chosen, 2));
+        w->touch = PyObject_GetAttrString(w->schedules, "move_to_end");
+        if (w->touch == NULL) goto fail;
+    }
     if (paired && (pair_bytes != w->nbytes || !w->fused)) {
         PyErr_SetString(PyExc_ValueError, "Warm: a pair's scratch must hold the call's bytes");
         goto fail;
@@ -1275,9 +1334,63 @@ static Warm *lookup(PyObject *const *a, hr_ndarray **xo) {
     return NULL;
 }
 
+/* engine._ready_gathered in C, out given (or made by ``allocate``): x C-contiguous, and out the
+ * result's size and x's dtype (an all-gather's: shape (G, *x.shape)), C-contiguous, writable, and
+ * placed as the call was: apart from x, or (in place) x's own part of a writable x (reduce-scatter)
+ * or x its row (all-gather), as engine._output tells them; aligned as the program needs. 0 ready,
+ * 1 not: the Python path asks again, and its full path says what is wrong. */
+static int ready_part(Warm *w, hr_ndarray *x, PyObject *out, char **src, char **dst) {
+    if (!(x->flags & NPY_C_CONTIGUOUS) || Py_TYPE(out) != ndarray_type) return 1;
+    hr_ndarray *o = (hr_ndarray *)out;
+    if (!(o->flags & NPY_C_CONTIGUOUS) || !(o->flags & NPY_WRITEABLE) || o->descr != x->descr) return 1;
+    if (w->form == F_ALLGATHER) { /* (G, *x.shape) */
+        if (o->nd != w->ndim + 1 || o->dimensions[0] != w->size) return 1;
+        for (int d = 0; d < w->ndim; d++)
+            if (o->dimensions[d + 1] != w->shape[d]) return 1;
+    } else { /* this rank's part's elements, any shape */
+        Py_ssize_t count = 1;
+        for (int d = 0; d < o->nd; d++) count *= o->dimensions[d];
+        if (count * w->itemsize != w->out_nbytes) return 1;
+    }
+    char *xs = x->data, *os = o->data;
+    Py_ssize_t xn = w->nbytes, on = w->out_nbytes;
+    int in_place = 0;
+    if (xn && on && os < xs + xn && xs < os + on) { /* they overlap (both contiguous: np.shares_memory) */
+        if (w->form == F_REDUCE_SCATTER && os == xs + w->part && (x->flags & NPY_WRITEABLE)) in_place = 1;
+        else if (w->form == F_ALLGATHER && xs == os + w->part) in_place = 1;
+        else return 1; /* any other overlap: the full path refuses it */
+    }
+    if (in_place != w->in_place) return 1; /* the other placement: another call */
+    int align = w->program->align;
+    if ((uintptr_t)xs % align || (uintptr_t)os % align) return 1;
+    *src = xs;
+    *dst = os;
+    return 0;
+}
+
+/* auto's reduce-scatter or all-gather: whether the channel still holds the choice this warm call
+ * runs (engine._chosen's look-up, a use of it as Channel.cached makes it); one dropped is chosen
+ * again on the full path. 1 yes (or not auto), 0 no (no error set). */
+static int still_chosen(Warm *w) {
+    if (w->schedules == NULL) return 1;
+    PyObject *made = PyDict_GetItemWithError(w->schedules, w->choice_key); /* borrowed */
+    if (made == NULL) {
+        PyErr_Clear();
+        return 0;
+    }
+    Py_INCREF(made);
+    PyObject *r = PyObject_CallOneArg(w->touch, w->choice_key);
+    int ok = r != NULL && same(made, w->choice);
+    Py_XDECREF(r);
+    Py_DECREF(made);
+    if (!ok) PyErr_Clear();
+    return ok;
+}
+
 /* NumPyAdapter.ready in C: x (and out) as a warm call of this kind may take them; ``src``,
  * ``dst``: their data. 0 ready, 1 not (the Python path then asks again and says why). */
 static int ready(Warm *w, hr_ndarray *x, PyObject *out, char **src, char **dst) {
+    if (w->form != F_SAME) return out == Py_None ? 1 : ready_part(w, x, out, src, dst);
     Py_ssize_t nbytes = w->itemsize;
     for (int d = 0; d < w->ndim; d++) nbytes *= w->shape[d];
     if (!(x->flags & NPY_C_CONTIGUOUS)) return 1;
@@ -1748,7 +1861,7 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
         if (moved < 0) goto fail;
     }
     if (w->mean >= 0) {
-        Py_ssize_t nbytes = w->nbytes;
+        Py_ssize_t nbytes = w->out_nbytes;
         if (nbytes >= (1 << 16)) {
             Py_BEGIN_ALLOW_THREADS
             divide(w->mean, dst, nbytes, w->size);
@@ -1805,14 +1918,23 @@ static PyObject *caller(PyObject *self, PyObject *const *args, size_t nargsf, Py
         hr_ndarray *x = NULL;
         Warm *w = lookup(args, &x);
         char *src, *dst;
-        if (w != NULL && !ready(w, x, args[2], &src, &dst)) {
-            Py_INCREF(w);
-            PyObject *result = warm_run(w, args[1], args[2], args[6], args[7], src, dst);
-            Py_DECREF(w);
-            if (result != Py_NotImplemented) return result;
-            Py_DECREF(result);
+        PyObject *out = args[2], *made = NULL, *result = NULL;
+        Py_XINCREF(w); /* Python runs below (auto's look-up, the allocation): the table may change */
+        /* a reduce-scatter or an all-gather: auto's choice still held, and its result made here where
+         * no out= is given (where that fails, the Python path makes it again and raises there) */
+        int go = w != NULL && (w->form == F_SAME || still_chosen(w));
+        if (go && w->form != F_SAME && out == Py_None && w->allocate != NULL) {
+            out = made = PyObject_CallOneArg(w->allocate, args[1]);
+            if (made == NULL) {
+                PyErr_Clear();
+                go = 0;
+            }
         }
-        if (PyErr_Occurred()) return NULL;
+        if (go && !ready(w, x, out, &src, &dst)) result = warm_run(w, args[1], out, args[6], args[7], src, dst);
+        Py_XDECREF(w);
+        Py_XDECREF(made);
+        if (result != Py_NotImplemented && (result != NULL || PyErr_Occurred())) return result;
+        Py_XDECREF(result);
     }
     return PyObject_Vectorcall(fallback, args, nargsf, kwnames);
 }
