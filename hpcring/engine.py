@@ -202,7 +202,7 @@ class Call:
             )
         return False
 
-    def fusion(self) -> tuple[int, int, int]:
+    def fusion(self, planned: bool = False) -> tuple[int, int, int]:
         """The descriptor of this call's data where it rides with the agreement: an all-reduce that
         runs the library's own (`Spec.rides`) on host memory, small enough for the agreement's
         slot, of a dtype and op whose reductions commute bitwise
@@ -227,6 +227,7 @@ class Call:
             self.channel.size,
             self.state.exchange_ranks,
             self.in_place,
+            planned,
         )
 
     def agree(
@@ -502,6 +503,7 @@ class Call:
         run.planning = True
         key = (ALLREDUCE, self.adapter, self.adapter.shape(x), x.dtype, op, self.ran, out is None)
         if not isinstance(request, MPI.Request):  # a two-rank plan (`hpcring.persistent.Pair`)
+            run.fuse = request.descriptor  # its op's (it may carry more than a call's agreement)
             request = (*request.requests, request.scratch)
         made = run._warm((*key, None, 0, None, False), request)
         return functools.partial(made.run, x, out, timeout)

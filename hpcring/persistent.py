@@ -31,8 +31,8 @@ PAIR_TAGS = 32100, 668  # a two-rank plan's tag: the first, and how many (by the
 
 
 class Pair:
-    """A two-rank plan of an `mpi` all-reduce small enough to ride with the agreement
-    (`hpcring.agreement.PAIR_SLOT`): a persistent send of the input and receive of the other's,
+    """A two-rank plan of an `mpi` all-reduce of up to `hpcring.agreement.PAIR_SLOT` bytes
+    (`hpcring.agreement.slot_bytes`, planned): a persistent send of the input and receive of the other's,
     and the agreement's own op applied here (bitwise commutative: both ranks get the same bits,
     the bits a checked call gets). Under Open MPI 5 the persistent all-reduce cost 1.1-1.2x the
     blocking call at 8 B-4 KiB on two ranks; this one message each way costs less."""
@@ -85,10 +85,11 @@ class Plan:
         if spec.persistent is not None and call.channel.size > 1 and adapter.size(x) > 0:
             src = adapter.flat(x)
             dst = src if call.in_place else adapter.flat(out)
-            if call.channel.size == 2 and call.fuse is not NO_PAYLOAD and adapter is NUMPY:
+            paired = call.fusion(planned=True) if call.channel.size == 2 else NO_PAYLOAD
+            if paired is not NO_PAYLOAD and adapter is NUMPY:
                 # the tag from the plan's agreed call number: the same on both ranks
                 tag = PAIR_TAGS[0] + call.state.calls % PAIR_TAGS[1]
-                self._request = Pair(call.state.comm, src, dst, call.fuse, tag)
+                self._request = Pair(call.state.comm, src, dst, paired, tag)
             else:
                 self._request = spec.persistent(call.channel, src, dst, call.reduction)
         # p() on NumPy arrays, where the compiled core runs: with a persistent request (`mpi`), its

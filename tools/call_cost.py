@@ -1,6 +1,6 @@
 """Per-call cost of hpcring against the bare library call, same buffers, same run.
 
-    mpiexec -n 2 python tools/call_cost.py [--sizes 8,4K,64K,1M] [-d float32,float64] [--in-place]
+    mpiexec -n 2 python tools/call_cost.py [--sizes 8,4K,64K,1M] [-d float32,float64] [--in-place] [--fresh]
     mpiexec -n 2 python tools/call_cost.py --late-rank 1 --late-us 300
     mpiexec -n 2 python tools/call_cost.py --sizes 8,4K --rows wrap,wrap:nocheck,wrap:typed,bare:typed
     python tools/call_cost.py --python-only          # one rank: hpcring's dispatch against np.copyto
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import statistics
 import sys
@@ -66,6 +67,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add("-f", "--stepfactor", type=float, default=2.0, help="... by this factor (default 2)")
     add("-d", "--dtype", default="float32", help="float32, float64 or both, comma-separated")
     add("--in-place", action="store_true", help="in place (default: out of place)")
+    add(
+        "--fresh",
+        action="store_true",
+        help="write the input before each call, untimed, as a code's data is written before it is "
+        "reduced (default: the same input every call; in place, the last call's result)",
+    )
     add("--rows", default=DEFAULT_ROWS, help=f"hpcring variants after bare (default {DEFAULT_ROWS})")
     add("--passes", type=int, default=5, help="passes per variant (default 5)")
     add("--iters", type=int, default=200, help="calls per pass, fewer for large sizes (default 200)")
@@ -184,8 +191,18 @@ def spin(seconds: float) -> None:
         pass
 
 
-def timed(call: Call, calls: int, late: float) -> float:
-    """Seconds per call of ``calls`` calls on this rank (spinning ``late`` seconds before each)."""
+def timed(call: Call, calls: int, late: float, fresh: Call | None = None) -> float:
+    """Seconds per call of ``calls`` calls on this rank (spinning ``late`` seconds before each);
+    with ``fresh``, it runs before each call, untimed (the input written, as a code's is)."""
+    if fresh is not None:
+        total = 0.0
+        for _ in range(calls):
+            fresh()
+            spin(late)
+            start = time.perf_counter()
+            call()
+            total += time.perf_counter() - start
+        return total / calls
     if late:
         start = time.perf_counter()
         for _ in range(calls):
@@ -198,7 +215,9 @@ def timed(call: Call, calls: int, late: float) -> float:
     return (time.perf_counter() - start) / calls
 
 
-def measure(calls: list[Call], args: argparse.Namespace, late: float) -> tuple[int, list[list[float]]]:
+def measure(
+    calls: list[Call], args: argparse.Namespace, late: float, fresh: Call | None = None
+) -> tuple[int, list[list[float]]]:
     """(N, per-pass seconds per call for each of ``calls``): warm-up, then interleaved passes.
 
     The warm-up sets up what a first call makes (duplicated communicator, plans, scratch,
@@ -212,14 +231,15 @@ def measure(calls: list[Call], args: argparse.Namespace, late: float) -> tuple[i
     for call in calls:
         call()
         if half:
-            slowest = max(slowest, min(timed(call, half, late), timed(call, args.warmup - half, late)))
+            first, second = timed(call, half, late, fresh), timed(call, args.warmup - half, late, fresh)
+            slowest = max(slowest, min(first, second))
     slowest = comm.allreduce(slowest, op=MPI.MAX)
     n = max(1, min(args.iters, int(PASS_SECONDS / slowest))) if slowest > 0 else args.iters
     passes: list[list[float]] = [[] for _ in calls]
     for _ in range(args.passes):
         for call, figures in zip(calls, passes, strict=True):
             comm.Barrier()
-            figures.append(comm.allreduce(timed(call, n, late), op=MPI.MAX))
+            figures.append(comm.allreduce(timed(call, n, late, fresh), op=MPI.MAX))
     return n, passes
 
 
@@ -231,6 +251,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         "hpcring": hpcring.__file__,
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "placement": "in place" if args.in_place else "out of place",
+        "fresh": args.fresh,
         "passes": args.passes,
         "iters": args.iters,
         "late_rank": args.late_rank,
@@ -245,7 +266,11 @@ def rows_for(nbytes: int, dtype: np.dtype, args: argparse.Namespace) -> list[dic
     x = np.full(count, 0, dtype=dtype)  # written (np.zeros maps the zero page); sums stay finite
     out = None if args.in_place else np.full(count, 0, dtype=dtype)
     late = args.late_us * 1e-6 if MPI.COMM_WORLD.rank == args.late_rank else 0.0
-    n, passes = measure([v.make(x, out) for v in args.variants], args, late)
+    fresh = None
+    if args.fresh:  # the input written before each call (untimed), as a code's data is
+        written = x.copy()
+        fresh = functools.partial(np.copyto, x, written)
+    n, passes = measure([v.make(x, out) for v in args.variants], args, late, fresh)
     base = statistics.median(passes[0]) * 1e6
     rows = []
     for variant, figures in zip(args.variants, passes, strict=True):
@@ -283,10 +308,11 @@ def print_table(head: dict[str, Any], rows: list[dict[str, Any]], names: list[st
     late = ""
     if head["late_rank"] is not None:
         late = f"; rank {head['late_rank']} {head['late_us']:g} us late at every call"
+    written = ", input written before each call" if head["fresh"] else ""
     print(f"# call_cost: G={head['ranks']}  MPI: {head['mpi']}  hpcring: {head['hpcring']}  {head['date']}")
     print(
-        f"# sum, {head['placement']}{late}; us per call, median of {head['passes']} passes x N calls "
-        f"(max over ranks); in brackets: {'+us over' if delta else 'ratio to'} {base}"
+        f"# sum, {head['placement']}{written}{late}; us per call, median of {head['passes']} passes x N "
+        f"calls (max over ranks); in brackets: {'+us over' if delta else 'ratio to'} {base}"
     )
     widths = [max(len(name), 18) for name in names]
     print("#    size     type  iters " + " ".join(n.rjust(w) for n, w in zip(names, widths, strict=True)))
