@@ -19,7 +19,8 @@ Where replacements may join, give ``--marks`` (a folder every process sees; by d
 of the first ranks makes one and tells the others). FLAGS: the example's own (``--grow``,
 ``--policy``, ``--min-ranks``...). Prints what the example
 prints: ``step S/T ranks G`` per step from rank 0, a line per recovery and join, the weights
-digest last (or ``# stopped: ...`` where fewer ranks remain than the minimum, status 3).
+digest last, after the final test accuracy (or ``# stopped: ...`` where fewer ranks remain than
+the minimum, status 3).
 """
 
 from __future__ import annotations
@@ -136,6 +137,7 @@ def main(argv: list[str]) -> int:
     try:
         result = train.train_elastic(
             MPI.COMM_WORLD,
+            epochs=args.epochs,
             max_steps=args.max_steps,
             reproducible=args.reproducible,
             algorithm=args.algorithm,
@@ -155,6 +157,8 @@ def main(argv: list[str]) -> int:
         print(f"# could not join: {error}", file=sys.stderr, flush=True)
         return 4
     if result.comm.Get_rank() == 0:
+        if result.epochs:  # as the example says it
+            print(f"# final test accuracy {100 * result.epochs[-1]['accuracy']:.1f}%", flush=True)
         print(f"# weights digest {train._digest(result.params, np)}", flush=True)
     return 0
 
