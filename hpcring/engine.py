@@ -40,6 +40,7 @@ from . import wire as wires
 from .agreement import NO_PAYLOAD, REPRODUCIBLE, Both, Payload, Row, payload_descriptor
 from .agreement import collective as agreement_collective
 from .algorithms import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCE_SCATTER, Spec
+from .algorithms.base import choice_key
 from .arrays import NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
 from .comm import CommState, intracomm, known_state, state_of
@@ -548,9 +549,9 @@ class Call:
             made, form, part = (channel.size, *shape), 2, channel.rank * count * itemsize
         chosen = None  # auto: warm while the channel holds its choice still, as `_ready_gathered` asks
         if algorithms.spec(collective, self.options.algorithm).choose is not None:
-            chosen = (channel.schedules(), _choice(collective, count * itemsize, False), self.ran)
+            chosen = (channel.schedules(), choice_key(collective, count * itemsize, False), self.ran)
         layout = (form, math.prod(made) * itemsize, part, bool(self.in_place), chosen)
-        return functools.partial(_allocate, made, dtype), layout
+        return functools.partial(_allocate, made), layout
 
     def _core_warm(
         self,
@@ -831,18 +832,13 @@ def prepare(
 
 def _chosen(spec: Spec, channel: Channel, nbytes: int, in_place: bool) -> str | None:
     """auto's choice for a size on this channel where a call has made it (local: no communication)."""
-    return channel.cached(_choice(spec.collective, nbytes, in_place))
+    return channel.cached(choice_key(spec.collective, nbytes, in_place))
 
 
-def _choice(collective: str, nbytes: int, in_place: bool) -> tuple[Any, ...]:
-    """Where auto keeps its choice among the channel's schedules (`hpcring.algorithms.auto.choose`)."""
-    return ("auto", collective, nbytes, in_place)
-
-
-def _allocate(shape: tuple[int, ...], dtype: np.dtype, x: Any) -> np.ndarray:
-    """A warm reduce-scatter's or all-gather's result in C where no out= is given: what
-    `NumPyAdapter.allocate` makes."""
-    return np.empty(shape, dtype=dtype)
+def _allocate(shape: tuple[int, ...], x: Any) -> np.ndarray:
+    """A warm reduce-scatter's or all-gather's result in C where no out= is given: the NumPy
+    adapter's own (`NumPyAdapter.allocate`)."""
+    return NUMPY.allocate(x, shape)[0]
 
 
 # Per collective, from the adapter and the call: whether a warm call of the same key can run on

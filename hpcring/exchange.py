@@ -41,6 +41,7 @@ from mpi4py import MPI
 from . import algorithms, config, core, kernels, tracing
 from .agreement import NO_PAYLOAD, TAG_AHEAD, Agreement, Both, Row, exchanges
 from .algorithms import ALLTOALL, Layout, Spec
+from .algorithms.base import choice_key
 from .arrays import NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
 from .comm import CommState, intracomm, known_state, state_of
@@ -646,7 +647,7 @@ def prepare(
         try:
             count = adapter.size(x)
             if spec.choose is not None and not uneven:
-                name = channel.cached(("auto", ALLTOALL, count * dtype.itemsize, False))
+                name = channel.cached(choice_key(ALLTOALL, count * dtype.itemsize, False))
                 if name is not None:
                     spec = algorithms.spec(ALLTOALL, name)
             check_memory(channel, spec, count, dtype)

@@ -6,9 +6,9 @@
  *
  * The handler is narrow on purpose: it wraps XLA's buffers as NumPy arrays (no copy) and calls
  * hpcring.engine.call, the entry every front end uses. A warm NumPy all-reduce, broadcast,
- * reduce-scatter or all-gather then runs in the compiled core (hpcring/_c/core.c) from the arguments to the result; everything
- * else (first calls, the agreement's slow paths, StallError, the other collectives) runs where it
- * always does. An exception becomes an ffi::Error whose message begins with hpcring's exception
+ * reduce-scatter or all-gather then runs in the compiled core (hpcring/_c/core.c) from the
+ * arguments to the result; everything else (first calls, the agreement's slow paths, StallError,
+ * the other collectives) runs where it always does. An exception becomes an ffi::Error whose message begins with hpcring's exception
  * type and carries its text, and XLA raises it on the host.
  *
  * Each call site is one int64 attribute, "site": an index into the table of engine.call argument

@@ -25,7 +25,7 @@ from functools import partial
 from typing import TYPE_CHECKING
 
 from . import tuning
-from .base import Spec
+from .base import Spec, choice_key
 
 if TYPE_CHECKING:
     from ..channel import Channel
@@ -63,7 +63,7 @@ def choose(collective: str, ch: Channel, nbytes: int, in_place: bool, known: Seq
     names ``known``; kept once chosen (collective the first time on a channel, as the table's
     broadcast is: every rank is inside the call then)."""
     return ch.schedule(
-        ("auto", collective, nbytes, in_place),
+        choice_key(collective, nbytes, in_place),
         lambda: tuning.choose(nbytes, _table(ch, collective, in_place, known)),
     )
 

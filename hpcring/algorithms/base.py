@@ -171,6 +171,12 @@ class Spec(NamedTuple):
         return self.bytes_sent(count, wire or itemsize, size, rank)
 
 
+def choice_key(collective: str, nbytes: int, in_place: bool) -> tuple[str, str, int, bool]:
+    """Where auto keeps its choice for a call among its channel's schedules: what
+    `hpcring.algorithms.auto.choose` stores and the engine's warm calls look up."""
+    return ("auto", collective, nbytes, in_place)
+
+
 @dataclass(frozen=True, slots=True)
 class Layout:
     """Where an all-to-all's blocks lie, in elements of the flat arrays: MPI_Alltoallv's four
