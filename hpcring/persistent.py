@@ -205,6 +205,8 @@ def plan(
     argument on any rank raises on every rank); each run then moves data only. Do not resize
     or reallocate the buffers while the plan lives: a plan on changed buffers is refused."""
     comm = intracomm(comm, "hpcring.plan")
+    if out is x:  # in place, as hpcring.allreduce takes out=x: the same plan as out=None
+        out = None
     call, problem = prepare(Options(ALLREDUCE, op, algorithm), x, out, comm, True, timeout)
     if problem is None and call.adapter.immutable:  # the kind is agreed: every rank refuses alike
         problem = TypeError("hpcring.plan: these arrays cannot be written in place; use hpcring.allreduce")

@@ -16,15 +16,16 @@ WORLD = MPI.COMM_WORLD
 G = WORLD.size
 
 
-@pytest.mark.parametrize("placement", ["in place", "out="])
+@pytest.mark.parametrize("placement", ["in place", "out=x", "out="])
 @pytest.mark.parametrize("algorithm", [*hpcring.ALGORITHMS])
 def test_repeated_runs_give_the_closed_form(
     fresh_world: MPI.Intracomm, algorithm: str, placement: str
 ) -> None:
     """Each run reads what the buffers hold then: rank r holds r + k on run k, so the sum is
-    G(G-1)/2 + G k, exactly, and the same bits on every rank."""
+    G(G-1)/2 + G k, exactly, and the same bits on every rank. ``out=x`` is in place, as
+    `hpcring.allreduce` takes it."""
     x = np.zeros(1001, dtype=np.float64)
-    out = None if placement == "in place" else np.empty_like(x)
+    out = {"in place": None, "out=x": x}.get(placement, np.empty_like(x))
     p = hpcring.plan(x, algorithm=algorithm, comm=fresh_world, out=out)
     ok = True
     for k in range(4):
