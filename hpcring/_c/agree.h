@@ -106,36 +106,42 @@ static inline int hr_steps(int rank, int size, int *kinds, int *peers) {
         }                                                                                         \
     }
 
-/* Sums and products: blocks without two NaNs at one place (almost always all of them) run
- * IEEE's op as a vector loop, which gives the same bits; a block with such a place runs
- * element by element. */
-#define HR_PAYLOAD_BLOCK 256
-#define HR_PAYLOAD_FAST(NAME, T)                                                                  \
+/* Sums and products in one branchless pass, vectorized (and cloned for AVX2 and AVX-512, as the
+ * kernels are): IEEE's op, except where both operands are NaN, where the larger bits, quieted.
+ * One read of each operand: on a buffer just received, a separate pass looking for two NaNs
+ * paid the cache misses that the op then did not (a two-rank plan of 64 KiB ran at 0.5x
+ * NumPy's add). */
+#define HR_PAYLOAD_FAST(NAME, T, U, BITS, FROM, QUIET)                                           \
+    HR_CLONES static void NAME##_sum(const T *a, const T *b, T *out, size_t n) {                \
+        for (size_t i = 0; i < n; i++) {                                                          \
+            T x = a[i], y = b[i];                                                                 \
+            U ux = BITS(x), uy = BITS(y), r = BITS(x + y);                                        \
+            U nan = (U)0 - (U)((x != x) & (y != y)); /* all ones where both are NaN */            \
+            out[i] = FROM((r & ~nan) | (((ux > uy ? ux : uy) | QUIET) & nan));                    \
+        }                                                                                         \
+    }                                                                                             \
+    HR_CLONES static void NAME##_prod(const T *a, const T *b, T *out, size_t n) {               \
+        for (size_t i = 0; i < n; i++) {                                                          \
+            T x = a[i], y = b[i];                                                                 \
+            U ux = BITS(x), uy = BITS(y), r = BITS(x * y);                                        \
+            U nan = (U)0 - (U)((x != x) & (y != y));                                              \
+            out[i] = FROM((r & ~nan) | (((ux > uy ? ux : uy) | QUIET) & nan));                    \
+        }                                                                                         \
+    }                                                                                             \
     static void NAME(int op, const T *a, const T *b, T *out, size_t n) {                         \
-        if (op != HR_SUM && op != HR_PROD) {                                                      \
+        if (op == HR_SUM)                                                                         \
+            NAME##_sum(a, b, out, n);                                                             \
+        else if (op == HR_PROD)                                                                   \
+            NAME##_prod(a, b, out, n);                                                            \
+        else                                                                                      \
             NAME##_each(op, a, b, out, n);                                                        \
-            return;                                                                               \
-        }                                                                                         \
-        for (size_t s = 0; s < n; s += HR_PAYLOAD_BLOCK) {                                        \
-            size_t m = n - s < HR_PAYLOAD_BLOCK ? n - s : HR_PAYLOAD_BLOCK;                       \
-            const T *x = a + s, *y = b + s;                                                       \
-            T *o = out + s;                                                                       \
-            int both = 0;                                                                         \
-            for (size_t i = 0; i < m; i++) both |= (x[i] != x[i]) & (y[i] != y[i]);               \
-            if (both)                                                                             \
-                NAME##_each(op, x, y, o, m);                                                      \
-            else if (op == HR_SUM)                                                                \
-                for (size_t i = 0; i < m; i++) o[i] = x[i] + y[i];                                \
-            else                                                                                  \
-                for (size_t i = 0; i < m; i++) o[i] = x[i] * y[i];                                \
-        }                                                                                         \
     }
 
 HR_PAYLOAD_FLOAT(hr_payload_f32, float, uint32_t, hr_bits32, hr_float32, 0x00400000u, 0x80000000u)
 HR_PAYLOAD_FLOAT(hr_payload_f64, double, uint64_t, hr_bits64, hr_float64, 0x0008000000000000ull,
                  0x8000000000000000ull)
-HR_PAYLOAD_FAST(hr_payload_f32, float)
-HR_PAYLOAD_FAST(hr_payload_f64, double)
+HR_PAYLOAD_FAST(hr_payload_f32, float, uint32_t, hr_bits32, hr_float32, 0x00400000u)
+HR_PAYLOAD_FAST(hr_payload_f64, double, uint64_t, hr_bits64, hr_float64, 0x0008000000000000ull)
 
 /* The (dtype, op) pairs a payload may carry: those whose reduction is bitwise commutative here. */
 static inline int hr_payload_ok(int dtype, int op) {
