@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -41,36 +40,40 @@ _creating_any: list[bool] = []  # the first state made here read the wait policy
 FIRST_CALL = "the first hpcring call on this communicator"
 
 
-@dataclass(eq=False)
 class CommState:
-    """What hpcring keeps for one user communicator."""
+    """What hpcring keeps for one user communicator. (A plain class: a dataclass costs every
+    process its creation at the first call.)"""
 
-    comm: MPI.Intracomm  # the private duplicate every hpcring message travels on
-    lock: threading.Lock  # held while something is made for this communicator (possibly collectively)
-    owned: bool = True  # ``comm`` is freed with this state (not where it was adopted: `adopt`)
-    background: MPI.Intracomm | None = None  # the progress engine's duplicate (`adopt`ed), freed with it
-    busy: threading.Lock = field(default_factory=threading.Lock)  # one collective at a time
-    channels: dict[Any, Channel] = field(default_factory=dict)  # per array adapter and device
-    made: dict[str, Any] = field(default_factory=dict)  # `attached` objects, by key
-    closers: list[Callable[[], None]] = field(default_factory=list)
-    calls: int = 0  # checked calls so far: the agreement names the call a rank stopped at
-    warm: dict[Any, Any] = field(default_factory=dict)  # `hpcring.engine`'s warm calls, by signature
-    flight: Recorder = field(init=False)  # the last calls on this rank (`hpcring.flight`), made once
-    settings: config.Config = field(init=False)  # the HPCRING_* values this communicator runs under
-    timeout: float | None = field(init=False)  # HPCRING_TIMEOUT as it took it (None: a bad value)
-    exchange_ranks: int = field(init=False)  # HPCRING_EXCHANGE_RANKS as it took it (0: a bad value)
-    _agreement: Agreement | None = None
-
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        comm: MPI.Intracomm,
+        lock: threading.Lock,
+        owned: bool = True,
+        background: MPI.Intracomm | None = None,
+    ) -> None:
+        self.comm = comm  # the private duplicate every hpcring message travels on
+        self.lock = lock  # held while something is made for this communicator (possibly collectively)
+        self.owned = owned  # ``comm`` is freed with this state (not where it was adopted: `adopt`)
+        self.background = background  # the progress engine's duplicate (`adopt`ed), freed with it
+        self.busy = threading.Lock()  # one collective at a time
+        self.channels: dict[Any, Channel] = {}  # per array adapter and device
+        self.made: dict[str, Any] = {}  # `attached` objects, by key
+        self.closers: list[Callable[[], None]] = []
+        self.calls = 0  # checked calls so far: the agreement names the call a rank stopped at
+        self.warm: dict[Any, Any] = {}  # `hpcring.engine`'s warm calls, by signature
+        self._agreement: Agreement | None = None
         # MPI errors come back as exceptions whatever the user's communicator does with them: under
         # MPI's fault tolerance a failed rank is then an error of the test loops too (`hpcring.ulfm`).
         self.comm.Set_errhandler(MPI.ERRORS_RETURN)
+        # the last calls on this rank (`hpcring.flight`), made once
         self.flight = Recorder(self.comm.Get_rank(), self.comm.Get_size())
-        self.settings = config.current()
+        self.settings: config.Config = config.current()  # the HPCRING_* values it runs under
+        self.timeout: float | None  # HPCRING_TIMEOUT as it took it (None: a bad value)
         try:  # read once: a read costs ~1 us; a bad value is read again per call, and raises there
             self.timeout = self.settings.timeout
         except ValueError:
             self.timeout = None
+        self.exchange_ranks: int  # HPCRING_EXCHANGE_RANKS as it took it (0: a bad value)
         try:  # checked alike on every rank at the first call (`agree_on_exchange`)
             self.exchange_ranks = self.settings.exchange_ranks
         except ValueError:

@@ -14,7 +14,6 @@ one (`code`) costs nothing.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -83,14 +82,28 @@ def kind(dtype: np.dtype) -> str:
     return "f" if dtype.kind == "V" and is_bfloat16(dtype) else dtype.kind
 
 
-@dataclass(frozen=True)
 class Op:
-    """One reduction: ``ufunc`` names the element-wise function in NumPy and CuPy alike."""
+    """One reduction: ``ufunc`` names the element-wise function in NumPy and CuPy alike. Equal
+    and hashed by its fields, as a frozen record (a plain class: a dataclass costs every process
+    its creation at the first call, and a NamedTuple would not let the tracer hook `reduce`)."""
 
-    name: str
-    ufunc: str
-    mpi_name: str
-    kinds: str  # numpy dtype kinds it applies to: f float, i int, c complex
+    __slots__ = ("kinds", "mpi_name", "name", "ufunc")
+
+    def __init__(self, name: str, ufunc: str, mpi_name: str, kinds: str) -> None:
+        self.name, self.ufunc, self.mpi_name = name, ufunc, mpi_name
+        self.kinds = kinds  # numpy dtype kinds it applies to: f float, i int, c complex
+
+    def _fields(self) -> tuple[str, str, str, str]:
+        return self.name, self.ufunc, self.mpi_name, self.kinds
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is Op and self._fields() == other._fields()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._fields())
+
+    def __repr__(self) -> str:
+        return f"Op{self._fields()!r}"
 
     @reduction
     def reduce(self, xp: Any, acc: Any, other: Any) -> None:

@@ -17,7 +17,6 @@ and to run the two-level algorithm on one machine in tests. It is read (from
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
@@ -30,20 +29,32 @@ if TYPE_CHECKING:
     from .channel import Channel
 
 
-@dataclass
 class Topology:
-    """The nodes of one communicator, as seen from this rank."""
+    """The nodes of one communicator, as seen from this rank. (A plain class: a dataclass costs
+    every process its creation at the first call, and this one is never compared.)"""
 
-    size: int
-    rank: int
-    node: int  # index of this rank's node (nodes numbered by their lowest rank)
-    local_rank: int
-    per_node: tuple[int, ...]  # ranks on each node, in node order
-    order: tuple[int, ...]  # ranks grouped by node: a ring in this order crosses nodes H times
-    local: MPI.Intracomm | None = None  # the ranks of this node (None when unused)
-    cross: MPI.Intracomm | None = None  # same local rank on every node (two-level case only)
-    ring: tuple[int, ...] | None = None  # ``order`` where it differs from rank order, else None
-    _channels: dict[Any, tuple[Channel, Channel]] = field(default_factory=dict, repr=False)
+    def __init__(
+        self,
+        size: int,
+        rank: int,
+        node: int,
+        local_rank: int,
+        per_node: tuple[int, ...],
+        order: tuple[int, ...],
+    ) -> None:
+        self.size, self.rank = size, rank
+        self.node = node  # index of this rank's node (nodes numbered by their lowest rank)
+        self.local_rank = local_rank
+        self.per_node = per_node  # ranks on each node, in node order
+        self.order = order  # ranks grouped by node: a ring in this order crosses nodes H times
+        self.local: MPI.Intracomm | None = None  # the ranks of this node (None when unused)
+        self.cross: MPI.Intracomm | None = None  # same local rank on every node (two-level case only)
+        self.ring: tuple[int, ...] | None = None  # ``order`` where it differs from rank order, else None
+        self._channels: dict[Any, tuple[Channel, Channel]] = {}
+
+    def __repr__(self) -> str:
+        where = f"rank {self.rank}, node {self.node}, local rank {self.local_rank}"
+        return f"Topology({self.describe()}, {where})"
 
     @property
     def nodes(self) -> int:

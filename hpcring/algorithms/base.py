@@ -38,7 +38,6 @@ exchange.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
 
@@ -177,8 +176,7 @@ def choice_key(collective: str, nbytes: int, in_place: bool) -> tuple[str, str, 
     return ("auto", collective, nbytes, in_place)
 
 
-@dataclass(frozen=True, slots=True)
-class Layout:
+class Layout(NamedTuple):
     """Where an all-to-all's blocks lie, in elements of the flat arrays: MPI_Alltoallv's four
     arrays. ``send_counts[i]`` elements from ``send_displs[i]`` of this rank's input go to rank i;
     ``recv_counts[i]`` elements from rank i land at ``recv_displs[i]`` of its output."""
@@ -187,7 +185,7 @@ class Layout:
     send_displs: tuple[int, ...]
     recv_counts: tuple[int, ...]
     recv_displs: tuple[int, ...]
-    equal: bool = field(default=False, compare=False)  # every block the same size: MPI_Alltoall's
+    equal: bool = False  # every block the same size: MPI_Alltoall's (follows from the counts)
 
     @property
     def block(self) -> int:
