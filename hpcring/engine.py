@@ -505,7 +505,7 @@ class Call:
         key = (ALLREDUCE, self.adapter, self.adapter.shape(x), x.dtype, op, self.ran, out is None)
         if not isinstance(request, MPI.Request):  # a two-rank plan (`hpcring.persistent.Pair`)
             run.fuse = request.descriptor  # its op's (it may carry more than a call's agreement)
-            request = (*request.requests, request.scratch)
+            request = request.program
         made = run._warm((*key, None, 0, None, False), request)
         return functools.partial(made.run, x, out, timeout)
 
@@ -599,7 +599,7 @@ class Call:
         """A plan's run in C went on past its spinning: wait within ``timeout`` (None: no limit),
         or raise StallError naming the ranks that never started theirs."""
         waiter = self.state.agreement.waiter
-        if isinstance(request, tuple):  # a two-rank plan's (receive, send, scratch)
+        if isinstance(request, tuple):  # a two-rank plan's (receive, send, ...)
             request = Both(*request[:2])
         woke = waiter.bounded(request, timeout)
         if woke is not None:

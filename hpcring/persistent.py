@@ -30,29 +30,88 @@ from .ulfm import rank_failed
 PAIR_TAGS = 32100, 668  # a two-rank plan's tag: the first, and how many (by the plan's agreed call number)
 
 
+# In place, a two-rank plan of more than this many bytes exchanges halves (`Pair`'s ``halves``).
+# Writing the buffer just sent costs here what the exchange does: the other rank has just read
+# it, and each cache line written goes back to this core. 2 ranks, written before each run, us:
+# the whole buffer sent, then summed into it: 8.3 at 16 KiB, 26 at 32 KiB, 54 at 64 KiB; bare
+# MPI_Allreduce in place 8.2, 9.4-11.7, 14.0-14.4 (Open MPI's ring there: halves).
+PAIR_WHOLE_IN_PLACE = 16 << 10
+
+
 class Pair:
     """A two-rank plan of an `mpi` all-reduce of up to `hpcring.agreement.PAIR_SLOT` bytes
     (`hpcring.agreement.slot_bytes`, planned): a persistent send of the input and receive of the other's,
     and the agreement's own op applied here (bitwise commutative: both ranks get the same bits,
     the bits a checked call gets). Under Open MPI 5 the persistent all-reduce cost 1.1-1.2x the
-    blocking call at 8 B-4 KiB on two ranks; this one message each way costs less."""
+    blocking call at 8 B-4 KiB on two ranks; this one message each way costs less.
+
+    ``halves`` (in place, above `PAIR_WHOLE_IN_PLACE`): rank 0 owns the first half, rank 1 the
+    rest; each sends the other's half, combines its own with what came, then the two send their
+    results. No rank writes a part the other has just read."""
 
     def __init__(
-        self, comm: MPI.Intracomm, src: Any, dst: Any, descriptor: tuple[int, int, int], tag: int
+        self,
+        comm: MPI.Intracomm,
+        src: Any,
+        dst: Any,
+        descriptor: tuple[int, int, int],
+        tag: int,
+        halves: bool = False,
     ) -> None:
         self.src, self.dst, self.descriptor = src, dst, descriptor
-        self.scratch = np.empty(src.nbytes, np.uint8)
         peer = 1 - comm.Get_rank()
+        self.halves = halves
+        if not halves:
+            self.scratch = np.empty(src.nbytes, np.uint8)
+            self.requests = [
+                comm.Recv_init([self.scratch, MPI.BYTE], peer, tag),
+                comm.Send_init([src, MPI.BYTE], peer, tag),
+            ]
+            self._both = Both(*self.requests)
+            return
+        mine, theirs = self.parts(src.nbytes, src.itemsize, comm.Get_rank())
+        self.mine = mine
+        self.scratch = np.empty(mine.stop - mine.start, np.uint8)
+        data = dst.view(np.uint8)
+        # the same tag both times: MPI matches one sender's messages of one tag in order
         self.requests = [
             comm.Recv_init([self.scratch, MPI.BYTE], peer, tag),
-            comm.Send_init([src, MPI.BYTE], peer, tag),
+            comm.Send_init([data[theirs], MPI.BYTE], peer, tag),
+            comm.Recv_init([data[theirs], MPI.BYTE], peer, tag),
+            comm.Send_init([data[mine], MPI.BYTE], peer, tag),
         ]
-        self._both = Both(*self.requests)
+        self._both = Both(*self.requests[:2])
+        self._second = False  # the results' exchange is started
+
+    @staticmethod
+    def parts(nbytes: int, itemsize: int, rank: int) -> tuple[slice, slice]:
+        """(this rank's half, the other's) in bytes: rank 0 the first half of the elements, rank 1
+        the rest (core.c's run_persistent splits alike)."""
+        half = nbytes // itemsize // 2 * itemsize
+        first, second = slice(0, half), slice(half, nbytes)
+        return (first, second) if rank == 0 else (second, first)
+
+    @property
+    def program(self) -> tuple[Any, ...]:
+        """What the compiled plan runs (`hpcring.engine.Call.planned`): (receive, send, scratch)
+        and, halved, the results' (receive, send)."""
+        return (*self.requests[:2], self.scratch, *self.requests[2:])
 
     def Start(self) -> None:  # MPI.Prequest's names, which the plan and its waits call
-        MPI.Prequest.Startall(self.requests)
+        MPI.Prequest.Startall(self.requests[:2])
+        if self.halves:
+            self._second = False
+            self._both = Both(*self.requests[:2])
 
     def Test(self) -> bool:
+        if not self._both.Test():
+            return False
+        if not self.halves or self._second:
+            return True
+        self._combine(self.mine)  # this rank's half is final: send it, take the other's
+        self._second = True
+        MPI.Prequest.Startall(self.requests[2:])
+        self._both = Both(*self.requests[2:])
         return self._both.Test()
 
     def Free(self) -> None:
@@ -60,13 +119,17 @@ class Pair:
             request.Free()
 
     def finish(self) -> None:
-        """The result, once both requests are done: this rank's input (op) the other's."""
+        """The result, once both requests are done: this rank's input (op) the other's (halved:
+        done as the halves came)."""
+        if not self.halves:
+            if self.dst is not self.src:
+                self.dst.view(np.uint8)[...] = self.src.view(np.uint8)
+            self._combine(slice(0, self.src.nbytes))
+
+    def _combine(self, part: slice) -> None:
         code, op, _ = self.descriptor
         dtype = kernels.DTYPES[code]
-        dst = self.dst.view(dtype)
-        if self.dst is not self.src:
-            dst[...] = self.src.view(dtype)
-        combine_payload(code, op, self.scratch.view(dtype), dst)
+        combine_payload(code, op, self.scratch.view(dtype), self.dst.view(np.uint8)[part].view(dtype))
 
 
 class Plan:
@@ -89,7 +152,8 @@ class Plan:
             if paired is not NO_PAYLOAD and adapter is NUMPY:
                 # the tag from the plan's agreed call number: the same on both ranks
                 tag = PAIR_TAGS[0] + call.state.calls % PAIR_TAGS[1]
-                self._request = Pair(call.state.comm, src, dst, paired, tag)
+                halves = call.in_place and adapter.nbytes(x) > PAIR_WHOLE_IN_PLACE
+                self._request = Pair(call.state.comm, src, dst, paired, tag, halves)
             else:
                 self._request = spec.persistent(call.channel, src, dst, call.reduction)
         # p() on NumPy arrays, where the compiled core runs: with a persistent request (`mpi`), its

@@ -914,6 +914,8 @@ typedef struct {
     Program *program;   /* the data movement; NULL where a persistent request moves it (a plan) */
     PyObject *prequest; /* that request (mpi4py's Prequest, on the plan's buffers), or a pair's tuple */
     char *pair_scratch; /* a two-rank plan: where the other's input comes (``prequest`` is the tuple) */
+    int pair_halves;    /* ... that exchanges halves, then the results (hpcring.persistent.Pair's halves) */
+    PyObject *pair_second; /* ... whose second exchange is this (receive, send) tuple, for plan_waited */
     PyObject *allocate; /* an all-to-all's (hpcring.exchange): numpy.empty_like, the output where no
                            out= is given; NULL for every other collective */
     int ahead;          /* an all-to-all's blocks leave ahead of the agreement (hpcring.exchange.send_ahead) */
@@ -950,6 +952,7 @@ static void warm_dealloc(Warm *w) {
     Py_XDECREF(w->timeout);
     Py_XDECREF((PyObject *)w->program);
     Py_XDECREF(w->prequest);
+    Py_XDECREF(w->pair_second);
     Py_XDECREF(w->allocate);
     PyMem_Free(w->words);
     PyMem_Free(w->agree);
@@ -976,6 +979,14 @@ PyDoc_STRVAR(warm_doc, "Warm(call, key, shape, itemsize, state, flight, busy, ch
                        "One kind of NumPy call, run in C: ``key`` (collective, op, algorithm, root, reproducible, "
                        "wire, out is None, dtype) and ``shape`` what engine.call's warm key compares; the rest what a "
                        "run stores, takes and calls (hpcring.engine.Call.compiled_warm builds it).");
+
+/* A halved two-rank plan's part of this rank, in bytes (hpcring.persistent.Pair.parts): rank 0
+ * the first half of the elements, rank 1 the rest. */
+static void pair_half(const Warm *w, Py_ssize_t *at, Py_ssize_t *bytes) {
+    Py_ssize_t item = hr_itemsize[w->payload[0]], half = w->nbytes / item / 2 * item;
+    *at = w->rank == 0 ? 0 : half;
+    *bytes = w->rank == 0 ? half : w->nbytes - half;
+}
 
 static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) {
     PyObject *call, *key, *shape, *state, *flight, *busy, *channel, *timeout, *comm, *words, *program;
@@ -1017,14 +1028,19 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         return NULL;
     }
     int persistent = Py_TYPE(program) != &ProgramType;
-    /* a two-rank plan (hpcring.persistent.Pair): (receive, send, scratch), the op applied here */
-    int paired = PyTuple_Check(program) && PyTuple_GET_SIZE(program) == 3;
+    /* a two-rank plan (hpcring.persistent.Pair): (receive, send, scratch), the op applied here;
+     * halved, then the results' (receive, send) */
+    int paired = PyTuple_Check(program) && (PyTuple_GET_SIZE(program) == 3 || PyTuple_GET_SIZE(program) == 5);
+    int halves = paired && PyTuple_GET_SIZE(program) == 5;
     char *pair_scratch = NULL;
     Py_ssize_t pair_bytes = 0;
     if (paired && (!PyObject_TypeCheck(PyTuple_GET_ITEM(program, 0), &PyMPIRequest_Type) ||
                    !PyObject_TypeCheck(PyTuple_GET_ITEM(program, 1), &PyMPIRequest_Type) ||
+                   (halves && (!PyObject_TypeCheck(PyTuple_GET_ITEM(program, 3), &PyMPIRequest_Type) ||
+                               !PyObject_TypeCheck(PyTuple_GET_ITEM(program, 4), &PyMPIRequest_Type))) ||
                    array_bytes(PyTuple_GET_ITEM(program, 2), 1, &pair_scratch, &pair_bytes) < 0 || pdtype < 0)) {
-        PyErr_SetString(PyExc_TypeError, "Warm: a pair's program is (receive, send, scratch) of a payload's call");
+        PyErr_SetString(PyExc_TypeError,
+                        "Warm: a pair's program is (receive, send, scratch[, receive, send]) of a payload's call");
         return NULL;
     }
     if (persistent && !paired &&
@@ -1152,11 +1168,16 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
         w->touch = PyObject_GetAttrString(w->schedules, "move_to_end");
         if (w->touch == NULL) goto fail;
     }
-    if (paired && (pair_bytes != w->nbytes || !w->fused)) {
-        PyErr_SetString(PyExc_ValueError, "Warm: a pair's scratch must hold the call's bytes");
+    Py_ssize_t half_at = 0, half_bytes = 0;
+    if (paired && w->fused) pair_half(w, &half_at, &half_bytes);
+    if (paired && (!w->fused || (halves ? !returns_x || pair_bytes != half_bytes : pair_bytes != w->nbytes))) {
+        PyErr_SetString(PyExc_ValueError, "Warm: a pair's scratch must hold the call's bytes (halved: in place, "
+                                          "this rank's half)");
         goto fail;
     }
     w->pair_scratch = paired ? pair_scratch : NULL;
+    w->pair_halves = halves;
+    if (halves && (w->pair_second = PyTuple_GetSlice(program, 3, 5)) == NULL) goto fail;
     return (PyObject *)w;
 fail:
     Py_DECREF(w);
@@ -1722,6 +1743,47 @@ static int receive_ahead(Warm *w, long long number, PyObject *timeout, const cha
 static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_obj, PyObject *timeout_obj,
                           char *src, char *dst);
 
+/* A plan's requests tested until done (HELD_SECONDS holding the GIL, then released), then, past
+ * SPIN_SECONDS, waited for in Python within the timeout (``requests``: what plan_waited takes).
+ * 0, or -1 raised. */
+static int plan_wait(Warm *w, int n, MPI_Request *req, PyObject *requests, PyObject *timeout) {
+    int rc = MPI_SUCCESS, done = spin_n(n, req, HELD_SECONDS, 0, &rc);
+    if (!done && rc == MPI_SUCCESS) done = spin_released(n, req, SPIN_SECONDS, &rc);
+    if (rc != MPI_SUCCESS) {
+        mpi_error(rc);
+        return -1;
+    }
+    if (!done) {
+        PyObject *r = PyObject_CallMethodObjArgs(w->call, s_plan_waited, requests, timeout, NULL);
+        if (r == NULL) return -1;
+        Py_DECREF(r);
+    }
+    return 0;
+}
+
+/* A halved two-rank plan (hpcring.persistent.Pair.parts): each sends the other's half, combines
+ * its own with what came (the same op and order as a whole pair's), then they swap results. */
+static int run_halves(Warm *w, PyObject *timeout, char *dst) {
+    MPI_Request req[2];
+    Py_ssize_t at, bytes;
+    pair_half(w, &at, &bytes);
+    for (int phase = 0; phase < 2; phase++) {
+        PyObject *requests = phase ? w->pair_second : w->prequest;
+        MPI_Request *recv = PyMPIRequest_Get(PyTuple_GET_ITEM(requests, 0));
+        MPI_Request *send = PyMPIRequest_Get(PyTuple_GET_ITEM(requests, 1));
+        if (recv == NULL || send == NULL) return -1;
+        req[0] = *recv;
+        req[1] = *send;
+        int rc = MPI_Startall(2, req);
+        if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
+        if (plan_wait(w, 2, req, requests, timeout) < 0) return -1;
+        if (phase == 0) /* this rank's half: the other's input (op) this one's, as a whole pair combines */
+            hr_payload_combine3((int)w->payload[0], (int)w->payload[1], w->pair_scratch, dst + at, dst + at,
+                                (size_t)(bytes / hr_itemsize[w->payload[0]]), &quirks);
+    }
+    return 1;
+}
+
 /* A plan's run: its persistent request started, and tested until done (HELD_SECONDS holding the
  * GIL, then released: a two-rank plan of 8 B cost 1.04-1.10x the bare call so, 1.12-1.14x
  * releasing it at once), then, past SPIN_SECONDS, waited for in Python within the timeout
@@ -1730,6 +1792,7 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
 static int run_persistent(Warm *w, PyObject *timeout, const char *src, char *dst) {
     MPI_Request pair[2], *req;
     int n = 1;
+    if (w->pair_halves) return run_halves(w, timeout, dst);
     if (w->pair_scratch != NULL) { /* a two-rank plan: its receive and send (persistent handles stay put) */
         MPI_Request *recv = PyMPIRequest_Get(PyTuple_GET_ITEM(w->prequest, 0));
         MPI_Request *send = PyMPIRequest_Get(PyTuple_GET_ITEM(w->prequest, 1));
@@ -1741,19 +1804,10 @@ static int run_persistent(Warm *w, PyObject *timeout, const char *src, char *dst
     } else if ((req = PyMPIRequest_Get(w->prequest)) == NULL) {
         return -1;
     }
-    int rc = n == 1 ? MPI_Start(req) : MPI_Startall(n, req), done = 0;
+    int rc = n == 1 ? MPI_Start(req) : MPI_Startall(n, req);
+    if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
     /* as the agreement waits: a few microseconds holding the GIL (ranks in step), then released */
-    if (rc == MPI_SUCCESS) done = spin_n(n, req, HELD_SECONDS, 0, &rc);
-    if (!done && rc == MPI_SUCCESS) done = spin_released(n, req, SPIN_SECONDS, &rc);
-    if (rc != MPI_SUCCESS) {
-        mpi_error(rc);
-        return -1;
-    }
-    if (!done) {
-        PyObject *r = PyObject_CallMethodObjArgs(w->call, s_plan_waited, w->prequest, timeout, NULL);
-        if (r == NULL) return -1;
-        Py_DECREF(r);
-    }
+    if (plan_wait(w, n, req, w->prequest, timeout) < 0) return -1;
     if (w->pair_scratch != NULL) { /* this rank's input (op) the other's: the same bits on both */
         hr_payload_combine3((int)w->payload[0], (int)w->payload[1], w->pair_scratch, src, dst, (size_t)w->payload[2],
                             &quirks);
