@@ -46,9 +46,10 @@ from .comm import discard, intracomm, known_state, state_of
 from .errors import RankFailedError, StallError
 
 RESIDUES = 30  # bits of MPI_Comm_agree's flag that carry "step mod RESIDUES" (an int: 31 bits and a sign)
-# Seconds a process that lost ranks gives MPI_Finalize (and what runs at exit before it): Open MPI
-# 5.0's can hang after failures (open-mpi/ompi#11404; here in about one job in five that lost
-# ranks, all survivors inside its finalize); the process then ends by SIGALRM.
+# Seconds a process of an elastic loop, or one that lost ranks, gives MPI_Finalize (and what runs
+# at exit before it): Open MPI 5.0's can hang after failures (open-mpi/ompi#11404; here in about
+# one job in five that lost ranks, all survivors inside its finalize; also where a rank died after
+# the loop's last step, which no survivor saw); the process then ends by SIGALRM.
 FINALIZE_WITHIN = 10
 _bounded: list[bool] = []  # whether the exit is bounded already (once per process)
 
@@ -345,6 +346,7 @@ class Elastic:
             )
         self.comm = intracomm(self.comm, "hpcring.elastic.Elastic")
         require(self.comm, "hpcring.elastic.Elastic")
+        bound_the_exit()  # a rank may die after the last step too, unseen, and finalize hang
         self.state = list(self.state)
         self._adapters = [adapter_for(a) for a in self.state]
         self._image = [

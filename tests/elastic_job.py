@@ -13,7 +13,8 @@ where a launcher's kill cannot aim: for tests/test_elastic.py and tests/test_ela
 - ``boundary``: right after the rank applied step S;
 - ``failure``: as the rank catches a failure (the others lose it while they recover);
 - ``shrink``, ``spawn``, ``transfer``: as that phase of a recovery or join begins (`Elastic`'s
-  ``on_phase``; ``transfer``: after the header, before the state: a newcomer if R is one).
+  ``on_phase``; ``transfer``: after the header, before the state: a newcomer if R is one);
+- ``end``: as the loop has returned on this rank, step S or later (no survivor sees the loss).
 
 Where replacements may join, give ``--marks`` (a folder every process sees; by default rank 0
 of the first ranks makes one and tells the others). FLAGS: the example's own (``--grow``,
@@ -38,7 +39,7 @@ from mpi4py import MPI
 
 from hpcring.examples import train
 
-PHASES = ("step", "boundary", "failure", "shrink", "spawn", "transfer")
+PHASES = ("step", "boundary", "failure", "shrink", "spawn", "transfer", "end")
 
 
 class Schedule:
@@ -156,6 +157,7 @@ def main(argv: list[str]) -> int:
     except JoinError as error:
         print(f"# could not join: {error}", file=sys.stderr, flush=True)
         return 4
+    schedule.at("end", result.comm.Get_rank(), ranks["step"])
     if result.comm.Get_rank() == 0:
         if result.epochs:  # as the example says it
             print(f"# final test accuracy {100 * result.epochs[-1]['accuracy']:.1f}%", flush=True)
