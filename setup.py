@@ -35,6 +35,7 @@ import subprocess
 import sys
 import sysconfig
 from pathlib import Path
+from typing import Any
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -42,6 +43,20 @@ from setuptools.command.build_ext import build_ext
 HERE = Path(__file__).resolve().parent
 SOURCES = Path("hpcring") / "_c"
 HEADERS = [str(p.relative_to(HERE)) for p in sorted((HERE / SOURCES).glob("*.h"))]
+
+
+def load_stamp() -> object:
+    """hpcring/stamp.py, loaded by path (hpcring itself does not import here): each module's
+    SOURCES_DIGEST, which the module's loader compares with the sources beside it."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("hpcring_stamp", HERE / "hpcring" / "stamp.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 # No FMA contraction and no fast math: every kernel must round exactly as NumPy's loops do.
 # 512-bit vectors where a kernel's AVX-512 clone runs (GCC's generic tuning would use 256).
 # No debug information (Python's own flags ask for -g): with three clones of every kernel it
@@ -153,9 +168,13 @@ class BuildExt(build_ext):
         jax_target = ext.name.startswith("hpcring._jax_ffi")
         ext.extra_compile_args = [*(CXXFLAGS if jax_target else CFLAGS)] if unix else []
         if not jax_target:
+            stamp: Any = load_stamp()
+            main = Path(ext.sources[0]).name
+            folder = str(HERE / SOURCES)
             ext.define_macros = [
                 *ext.define_macros,
                 ("HR_CFLAGS", '"' + " ".join(ext.extra_compile_args) + '"'),
+                ("HR_SOURCES_DIGEST", '"' + stamp.digest(stamp.sources(main, folder), folder) + '"'),
             ]
         try:
             if ext.name == "hpcring._core":

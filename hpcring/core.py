@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import flight, kernels, tracing
+from .stamp import stale
 
 _MPI_CORE: list[Any] = []  # [module or None, why], made on first use
 
@@ -50,6 +51,9 @@ def _load_mpi_core() -> tuple[Any, str]:
         _core = importlib.import_module(name)
     except Exception as error:  # ImportError, or mpi4py's ValueError on a C API built for another ABI
         return None, f"{name} did not load ({type(error).__name__}: {error})"
+    why = stale(_core, "core.c")
+    if why:
+        return None, f"{name} not used: {why}"
     why = abi_mismatch(
         _core.MPI_VENDOR,
         _core.COMM_SIZEOF,

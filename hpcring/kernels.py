@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from . import config
+from .stamp import stale
 
 # The C side's dtype and op codes (enum hr_dtype, hr_op in hpcring/_c/reduce.h). bfloat16's place
 # (code 1) is None until a call first needs bfloat16 (`add_bfloat16`): no array can hold one
@@ -114,6 +115,9 @@ def _load() -> tuple[Any, str]:
         _kernels = importlib.import_module("hpcring._kernels")
     except ImportError as error:
         return None, f"hpcring._kernels did not load ({error}); reinstall with a C compiler to build it"
+    why = stale(_kernels, "kernels.c")
+    if why:
+        return None, why
     try:
         quirks = _quirks()
         _kernels.setup(np.ndarray, DTYPES, *quirks, ())

@@ -256,6 +256,47 @@ def test_abi_mismatch_names_what_differs() -> None:
         assert module is None or "the MPI mpi4py runs" in why
 
 
+def test_a_module_built_from_other_sources_is_refused(tmp_path: Path) -> None:
+    """hpcring.stamp: sources no newer than the module pass on their times alone; a newer source
+    with other bytes refuses the module, saying to rebuild; a newer one with the same bytes
+    (touched, a branch checked out and back) does not."""
+    from types import SimpleNamespace
+
+    from hpcring import stamp
+
+    (tmp_path / "core.c").write_text("int f(void);\n")
+    (tmp_path / "agree.h").write_text("#define A 1\n")
+    (tmp_path / "notes.txt").write_text("not a source\n")
+    built = tmp_path / "_core.so"
+    built.write_bytes(b"")
+    names = stamp.sources("core.c", str(tmp_path))
+    assert names == ["agree.h", "core.c"]
+    made = stamp.digest(names, str(tmp_path))
+    module = SimpleNamespace(__file__=str(built), __name__="fake", SOURCES_DIGEST=made)
+    later = built.stat().st_mtime + 10
+    assert stamp.stale(module, "core.c", str(tmp_path)) is None
+    (tmp_path / "agree.h").write_text("#define A 2\n")
+    os.utime(tmp_path / "agree.h", (later, later))
+    why = stamp.stale(module, "core.c", str(tmp_path))
+    assert why is not None and "rebuild" in why and "fake was built from other sources" in why
+    (tmp_path / "agree.h").write_text("#define A 1\n")
+    os.utime(tmp_path / "agree.h", (later, later))
+    assert stamp.stale(module, "core.c", str(tmp_path)) is None
+    assert stamp.stale(module, "kernels.c", str(tmp_path)) is None  # no such source: a wheel
+
+
+def test_the_compiled_modules_carry_their_sources_digest() -> None:
+    """What setup.py wrote into each built module is the digest of the sources beside it now (a
+    fresh build; where this fails, the module is refused and its Python path runs)."""
+    from hpcring import stamp
+
+    if COMPILED:
+        assert stamp.digest(stamp.sources("kernels.c")) == kernels.COMPILED.SOURCES_DIGEST
+        module, _ = core.mpi_core()
+        if module is not None:
+            assert stamp.digest(stamp.sources("core.c")) == module.SOURCES_DIGEST
+
+
 # --- reductions -----------------------------------------------------------------------------------
 
 

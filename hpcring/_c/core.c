@@ -2290,7 +2290,11 @@ PyMODINIT_FUNC HR_CAT(PyInit_, HR_CORE_NAME)(void) {
     if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&WarmType) < 0 || PyType_Ready(&TableType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
+#ifndef HR_SOURCES_DIGEST /* what it was built from (setup.py; hpcring.stamp compares) */
+#define HR_SOURCES_DIGEST ""
+#endif
     if (PyModule_AddStringConstant(m, "MPI_VENDOR", HR_MPI_VENDOR) < 0 ||
+        PyModule_AddStringConstant(m, "SOURCES_DIGEST", HR_SOURCES_DIGEST) < 0 ||
         PyModule_AddIntConstant(m, "COMM_SIZEOF", (long)sizeof(MPI_Comm)) < 0 ||
         PyModule_AddIntConstant(m, "MPI_VERSION", MPI_VERSION) < 0 ||
         PyModule_AddIntConstant(m, "MPI_SUBVERSION", MPI_SUBVERSION) < 0 ||

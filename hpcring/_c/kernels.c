@@ -413,8 +413,12 @@ PyMODINIT_FUNC PyInit__kernels(void) {
 #else
     const char *compiler = "cc";
 #endif
+#ifndef HR_SOURCES_DIGEST /* what it was built from (setup.py; hpcring.stamp compares) */
+#define HR_SOURCES_DIGEST ""
+#endif
     if (PyModule_AddStringConstant(m, "COMPILER", compiler) < 0 ||
-        PyModule_AddStringConstant(m, "CFLAGS", HR_CFLAGS) < 0) {
+        PyModule_AddStringConstant(m, "CFLAGS", HR_CFLAGS) < 0 ||
+        PyModule_AddStringConstant(m, "SOURCES_DIGEST", HR_SOURCES_DIGEST) < 0) {
         Py_DECREF(m);
         return NULL;
     }
