@@ -86,7 +86,7 @@ class Pair:
     @staticmethod
     def parts(nbytes: int, itemsize: int, rank: int) -> tuple[slice, slice]:
         """(this rank's half, the other's) in bytes: rank 0 the first half of the elements, rank 1
-        the rest (core.c's run_persistent splits alike)."""
+        the rest (core.c's pair_half splits alike)."""
         half = nbytes // itemsize // 2 * itemsize
         first, second = slice(0, half), slice(half, nbytes)
         return (first, second) if rank == 0 else (second, first)
