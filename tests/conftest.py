@@ -139,3 +139,20 @@ def full_path(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     real = engine.first
     monkeypatch.setattr(engine, "first", lambda *args: calls.append(1) or real(*args))
     return calls
+
+
+@pytest.fixture
+def python_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Grows by one for each call the engine's Python `Call` runs (full path or warm): a call the
+    compiled core serves whole never enters it."""
+    from hpcring import engine
+
+    calls: list[int] = []
+    real = engine.Call.__call__
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(engine.Call, "__call__", counted)
+    return calls

@@ -416,16 +416,6 @@ def _importable(name: str) -> bool:
 IN_C = core.active() and not isinstance(engine.call, types.FunctionType)
 
 
-@pytest.fixture
-def python_runs(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Grows by one for each call the engine's Python `Call` runs (full path or warm): a call the
-    compiled core serves whole never enters it."""
-    calls: list[int] = []
-    real = engine.Call.__call__
-    monkeypatch.setattr(engine.Call, "__call__", lambda *args: calls.append(1) or real(*args))
-    return calls
-
-
 def warm_table(comm: MPI.Intracomm) -> int:
     """The warm calls the compiled core lists for ``comm``."""
     state = known_state(comm)
