@@ -151,7 +151,9 @@ PAIR_INLINE = 1 << 10  # bytes of payload sent inside the header's message (a la
 # 64 KiB took 20.2-21.0 us riding against 18.0-18.5 apart (bare 17.1-17.7), 32 KiB 11.8-12.5
 # against 12.0; in place, 64 KiB 24.0 against 14.9 (bare 14.5), 32 KiB 13.8 against 10.6,
 # 16 KiB 8.8 against 8.4-9.0. On three or four ranks riding wins up to PAIR_SLOT (4 ranks,
-# 64 KiB: 52-53 us against 58-62 apart, bare 49-53).
+# 64 KiB: 52-53 us against 58-62 apart, bare 49-53). These figures predate the payload's
+# one-pass sum (agree.h): since it, two ranks in place up to 64 KiB measured riding and apart
+# within the noise of each other (64 KiB: 14.4-15.8 us against 15.1-19.0), so the limits stand.
 TWO_RANKS = 32 << 10
 TWO_RANKS_IN_PLACE = 16 << 10
 TAG_AGREE = 32002  # the pair's header message (the stall notices are 32001; the algorithms use small tags)
@@ -184,7 +186,7 @@ def slot_bytes(size: int, limit: int | None = None, in_place: bool = False, plan
     exchange messages, `TWO_RANKS` or `TWO_RANKS_IN_PLACE` where two do, `SLOT` in the
     collective); ``planned``: a two-rank plan's exchange (`hpcring.persistent.Pair`), which no
     agreement precedes and which beats MPI's persistent all-reduce up to PAIR_SLOT (2 ranks,
-    64 KiB written before each run: 20.9 us against 24.6, bare 17.4-18.8)."""
+    64 KiB written before each run: 14-16 us, MPI's persistent all-reduce 24.6, bare 19-20)."""
     if not exchanges(size, limit):
         return SLOT
     if size == 2 and not planned:
