@@ -481,8 +481,12 @@ class Call:
         user's communicator's handle."""
         if not core.active():
             return None  # asked again on a later call
-        if not self.compiled or not self._warmable(x):
+        if not self.compiled:
             return False
+        if not self._warmable(x):
+            # a CPU tensor's: run on NumPy views of its memory from `call`, where the Python
+            # look-up found it; not listed (the C front door finds ndarrays, whose row differs)
+            return self._warm(key, self.compiled) if self._viewable() else False
         from .comm import attached  # the table lives and dies with the communicator's state
 
         table = attached(comm, "compiled-warm-calls", lambda: core.table(comm))
@@ -518,6 +522,20 @@ class Call:
             or self.options.collective not in (ALLREDUCE, BROADCAST, REDUCE_SCATTER, ALLGATHER)
             or self.exact
             or (self.mean and x.dtype not in (np.float32, np.float64))
+        )
+
+    def _viewable(self) -> bool:
+        """Whether this call's arrays have NumPy views of their memory that a warm call in C runs
+        on (an adapter's ``host_view``: CPU tensors), for a result of x's shape (an all-reduce or
+        a broadcast), under the conditions `_warmable` sets for an ndarray."""
+        dtype = self.row.dtype
+        return not (
+            getattr(self.adapter, "host_view", None) is None
+            or self.serial is not None
+            or self.options.collective not in (ALLREDUCE, BROADCAST)
+            or self.exact
+            or dtype is None
+            or (self.mean and dtype not in (np.float32, np.float64))
         )
 
     def _warm(self, key: tuple[Any, ...], program: Any) -> Any:
@@ -684,6 +702,9 @@ def call(
         except Exception:
             key, ready = None, False
         if ready:
+            fast = made.fast
+            if fast and (result := viewed(fast, adapter, x, out, check, timeout)) is not NotImplemented:
+                return result
             result = made(x, out, check, timeout)
             if made.fast is None and made.compiled:  # from now on in C, where the compiled core takes it
                 made.fast = made.compiled_warm(_WORLD if comm is None else comm, key, x)
@@ -693,6 +714,21 @@ def call(
     return first(
         Options(collective, op, algorithm, root, wire, reproducible), x, out, comm, check, timeout, key, parts
     )
+
+
+def viewed(fast: Any, adapter: Adapter, x: Any, out: Any, check: bool, timeout: float | None) -> Any:
+    """A warm call in C (``fast``, found by the Python look-up: its row says ``x``'s kind) run on
+    NumPy views of the memory of arrays that have them (the adapter's ``host_view``: CPU
+    tensors); the result as the user's kind (x, out, or the output made, wrapped), or
+    NotImplemented: another kind, or the Python path must take it."""
+    view = getattr(adapter, "host_view", None)
+    if view is None:
+        return NotImplemented
+    xv, ov = view(x), None if out is None else view(out)
+    result = fast.call(xv, ov, check, timeout)
+    if result is NotImplemented or result is xv:
+        return x if result is xv else result
+    return out if out is not None else adapter.from_host(result)
 
 
 # ---- the full path ---------------------------------------------------------------------------

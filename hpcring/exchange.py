@@ -45,7 +45,7 @@ from .algorithms.base import choice_key
 from .arrays import NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
 from .comm import CommState, intracomm, known_state, state_of
-from .engine import EXCHANGING, Call, Options, keep_warm
+from .engine import EXCHANGING, Call, Options, keep_warm, viewed
 from .flight import dump_on_error
 from .ops import NAMES as DTYPE_NAMES
 from .ops import supported
@@ -321,6 +321,12 @@ class Exchange(Call):
             self.uneven or self.serial is not None or self.adapter is not NUMPY or type(x) is not np.ndarray
         )
 
+    def _viewable(self) -> bool:
+        """Equal blocks of arrays with NumPy views of their memory (CPU tensors): their warm call
+        in C runs on those views (`run`)."""
+        viewless = getattr(self.adapter, "host_view", None) is None
+        return not (self.uneven or self.serial is not None or viewless)
+
     def _warm(self, key: tuple[Any, ...], program: Any) -> Any:
         """The C warm call of `run`'s ``key`` moving its data by ``program``; its output, where no
         out= is given, made by numpy.empty_like (x's shape, dtype and layout: C order)."""
@@ -569,6 +575,11 @@ def run(
         except Exception:
             key, ready = None, False
         if ready:
+            fast = made.fast
+            if fast and not uneven:  # a CPU tensor's warm call in C, on NumPy views
+                result = viewed(fast, adapter, x, out, check, timeout)
+                if result is not NotImplemented:
+                    return result
             result = made(x, out, check, timeout, made.plan(x, out, sends, recvs, check))
             if made.fast is None and made.compiled:  # from now on in C, where the compiled core takes it
                 made.fast = made.compiled_warm(_WORLD if comm is None else comm, key, x)

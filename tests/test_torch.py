@@ -193,6 +193,54 @@ def test_warm_tensor_calls_skip_the_full_path_yet_refuse_a_bad_tensor(monkeypatc
     comm.Free()
 
 
+@pytest.mark.mpi
+def test_warm_tensor_calls_run_in_c_and_still_agree(python_runs: list[int]) -> None:
+    """A CPU tensor's warm all-reduce and broadcast run in the compiled core on NumPy views of its
+    memory (the engine's Python call is not entered again), with the same results as the Python
+    path, and its agreement still says torch: a NumPy array, or another shape, on one rank after
+    the warm calls raises on every rank, the tensors untouched."""
+    import types
+
+    from hpcring import core, engine
+
+    in_c = core.active() and not isinstance(engine.call, types.FunctionType)
+    equal = lambda t, a: np.array_equal(t.numpy(), a)  # noqa: E731
+    comm, g, rank = WORLD.Dup(), WORLD.size, WORLD.rank
+    total = sum(values(r, 16) for r in range(g)).reshape(4, 4)
+    for dtype in (torch.float32, torch.float64, torch.int32):
+        expected = total.astype(torch.zeros(0, dtype=dtype).numpy().dtype)
+        x, out = tensor(rank, dtype, (4, 4)), torch.zeros(4, 4, dtype=dtype)
+        for _ in range(5):
+            x.copy_(tensor(rank, dtype, (4, 4)))
+            assert hpcring.allreduce(x, comm=comm, algorithm="auto") is x
+            assert hpcring.allreduce(tensor(rank, dtype, (4, 4)), out=out, comm=comm, algorithm="auto") is out
+            assert everywhere(WORLD, equal(x, expected) and equal(out, expected))
+        before = len(python_runs)
+        x.copy_(tensor(rank, dtype, (4, 4)))
+        hpcring.allreduce(x, comm=comm, algorithm="auto")
+        hpcring.allreduce(tensor(rank, dtype, (4, 4)), out=out, comm=comm, algorithm="auto")
+        assert everywhere(WORLD, equal(x, expected) and equal(out, expected))
+        if in_c and g > 1:  # (one rank moves nothing: no program, so no warm call in C)
+            assert everywhere(WORLD, len(python_runs) == before)
+    mean = torch.from_numpy(values(rank, 8)).to(torch.float64)
+    for _ in range(4):
+        y = mean.clone()
+        hpcring.allreduce(y, op="mean", comm=comm)
+        assert everywhere(WORLD, np.array_equal(y.numpy(), sum(values(r, 8) for r in range(g)) / g))
+        b = torch.full((6,), float(rank))
+        assert hpcring.broadcast(b, root=g - 1, comm=comm) is b
+        assert everywhere(WORLD, np.array_equal(b.numpy(), np.full(6, g - 1, np.float32)))
+    if g > 1:
+        last = rank == g - 1
+        good = tensor(rank, torch.float32, (4, 4))
+        for other, match in ((np.ones((4, 4), np.float32), "torch.Tensor (CPU)"), (torch.ones(17), "count")):
+            mine = good.clone()
+            run = lambda m=mine, o=other: hpcring.allreduce(o if last else m, comm=comm, algorithm="auto")  # noqa: E731
+            raises_everywhere(ValueError, match, run)
+            assert everywhere(WORLD, torch.equal(mine, good))
+    comm.Free()
+
+
 @pytest.mark.gpu
 @pytest.mark.mpi
 @pytest.mark.skipif("torch_cuda" not in available(), reason="needs CuPy, a GPU and a CUDA build of PyTorch")
@@ -325,3 +373,32 @@ def test_module_sync_passes_reproducible_wire_and_error_feedback() -> None:
         assert identical_everywhere(WORLD, p.grad.numpy())
     assert everywhere(WORLD, any(float(np.abs(r).max()) > 0 for r in narrow.sync.residuals))
     narrow.remove()
+
+
+@pytest.mark.mpi
+def test_warm_tensor_alltoalls_run_in_c(python_runs: list[int]) -> None:
+    """A CPU tensor's warm all-to-all of equal blocks runs in the compiled core on NumPy views, its
+    output a tensor (made there, or out=), each block where MPI_Alltoall puts it."""
+    import types
+
+    from hpcring import core, engine
+
+    in_c = core.active() and not isinstance(engine.call, types.FunctionType)
+    comm, g, rank = WORLD.Dup(), WORLD.size, WORLD.rank
+    # block j of rank r holds 100 r + j; rank r receives block r of every rank, in rank order
+    x = torch.from_numpy(np.repeat(100.0 * rank + np.arange(g), 3).reshape(g, 3))
+    want = np.repeat(100.0 * np.arange(g) + rank, 3).reshape(g, 3)
+    out = torch.zeros(g, 3, dtype=torch.float64)
+    for i in range(6):
+        before = len(python_runs)
+        got = hpcring.alltoall(x, comm=comm)
+        assert hpcring.alltoall(x, comm=comm, out=out) is out
+        ok = isinstance(got, torch.Tensor) and np.array_equal(got.numpy(), want)
+        assert everywhere(WORLD, ok and np.array_equal(out.numpy(), want))
+        if in_c and g > 1 and i >= 3:
+            assert everywhere(WORLD, len(python_runs) == before)
+    if g > 1:
+        last = rank == g - 1
+        run = lambda: hpcring.alltoall(x.numpy() if last else x, comm=comm)  # noqa: E731
+        raises_everywhere(ValueError, "torch.Tensor (CPU)", run)
+    comm.Free()

@@ -1838,8 +1838,52 @@ static PyObject *warm_run_method(Warm *w, PyObject *const *argv, Py_ssize_t argc
     return result;
 }
 
+static inline int tracing_off(void);
+
+PyDoc_STRVAR(call_warm_doc, "call(x, out, check, timeout)\n\nThis warm call, checked as ``check`` says, on NumPy views of "
+                            "arrays of another kind (a CPU tensor's memory) whose Python look-up found it: the result (x "
+                            "in place, else out, or the output made), or NotImplemented where the Python path must take it (arrays this warm "
+                            "call cannot take as they are, tracing on, the compiled core off, another thread).");
+
+/* The front door for a kind of array that is not an ndarray but has an ndarray view of its memory
+ * (hpcring.engine.call's torch CPU tensors): the Python look-up found this warm call by the
+ * tensor's key, so the row says the tensor's kind; here only the views' shape, dtype and
+ * placement are checked again, as `lookup` and `ready` check an ndarray's. Results of x's shape
+ * only (an all-reduce, a broadcast, an all-to-all of equal blocks, whose output, where no out= is
+ * given, is made here by its ``allocate``: an ndarray, which the caller wraps). */
+static PyObject *warm_call_method(Warm *w, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 4) {
+        PyErr_SetString(PyExc_TypeError, "call(x, out, check, timeout)");
+        return NULL;
+    }
+    PyObject *x = argv[0], *out = argv[1], *made = NULL;
+    if (!enabled || !struct_ok || w->form != F_SAME || Py_TYPE(x) != ndarray_type || !tracing_off())
+        return Py_NewRef(Py_NotImplemented);
+    hr_ndarray *arr = (hr_ndarray *)x;
+    if (arr->descr != w->dtype || arr->nd != w->ndim || (out == Py_None) != w->out_none)
+        return Py_NewRef(Py_NotImplemented);
+    for (int d = 0; d < w->ndim; d++)
+        if (w->shape[d] != arr->dimensions[d]) return Py_NewRef(Py_NotImplemented);
+    if (w->allocate != NULL && (!(arr->flags & NPY_C_CONTIGUOUS))) return Py_NewRef(Py_NotImplemented);
+    /* an all-to-all's output, made here where no out= is given (as `exchange_call` makes it) */
+    if (w->allocate != NULL && out == Py_None && (out = made = PyObject_CallOneArg(w->allocate, x)) == NULL)
+        return NULL;
+    char *src, *dst;
+    PyObject *result;
+    if (ready(w, arr, out, &src, &dst)) {
+        result = Py_NewRef(Py_NotImplemented);
+    } else {
+        Py_INCREF(w);
+        result = warm_run(w, x, out, argv[2], argv[3], src, dst);
+        Py_DECREF(w);
+    }
+    Py_XDECREF(made);
+    return result;
+}
+
 static PyMethodDef warm_methods[] = {
     {"run", (PyCFunction)(void (*)(void))warm_run_method, METH_FASTCALL, run_warm_doc},
+    {"call", (PyCFunction)(void (*)(void))warm_call_method, METH_FASTCALL, call_warm_doc},
     {NULL, NULL, 0, NULL},
 };
 

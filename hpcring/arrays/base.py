@@ -86,7 +86,9 @@ class Adapter(Protocol):
     by_type: bool  # `owns` depends on the type alone, so a subclass found once is cached
     # Optional: ``warm_types``, types a warm call asks this adapter about though it does not own
     # them by type alone (its `ready` says no to the others); ``contiguous_fix``, the expression
-    # the message for a non-contiguous x suggests ("x.contiguous()").
+    # the message for a non-contiguous x suggests ("x.contiguous()"); ``host_view``, a function
+    # giving a NumPy array over the memory of an array `ready` took (a CPU tensor's), on which its
+    # warm calls run in C, and ``from_host``, the array of this kind over an ndarray they made.
     index: int  # this kind's number in the agreement row, set by `register`
     # `allreduce` returns `result(dst, x)`: its arrays cannot be written (or need a hand-back)
     immutable: bool

@@ -96,6 +96,10 @@ class TorchAdapter(NumpyAdapter):
     warm_types: tuple[type, ...] = (torch.Tensor,)
     contiguous_fix = "x.contiguous()"  # what the API's message for a non-contiguous x suggests
     by_type = False
+    # a tensor `ready` took, as a NumPy array over its memory: its warm calls run in C on that;
+    # and an output made there as a tensor
+    host_view: Any = staticmethod(torch.Tensor.numpy)
+    from_host: Any = staticmethod(torch.from_numpy)
 
     def problem(self) -> str:
         return ""
@@ -218,6 +222,7 @@ class TorchCudaAdapter(TorchAdapter, _CudaSide):  # type: ignore[misc,valid-type
     types = ()
     by_type = False
     immutable = True  # not so: `allreduce` hands back through `result`, which orders the streams
+    host_view = from_host = None  # device memory: no NumPy view
 
     def __init__(self) -> None:
         if _CudaSide is not NumpyAdapter:
