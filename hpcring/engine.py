@@ -95,6 +95,7 @@ class Call:
 
     __slots__ = (
         "adapter",
+        "agreers",
         "channel",
         "compiled",
         "exact",
@@ -163,6 +164,8 @@ class Call:
         # yet; False: none) and the warm call run in C (None: not yet; False: none).
         self.compiled: Any = None
         self.fast: Any = None
+        # The agreement of the Python path's calls, run in C (`agreer`), per payload descriptor
+        self.agreers: dict[tuple[int, int, int], Any] | None = None
 
     def _enter(self) -> None:
         """One collective at a time per communicator, and none from threads MPI was not set up for:
@@ -192,6 +195,14 @@ class Call:
         if self.channel.size > 1:
             state = self.state
             state.calls = number = state.calls + 1
+            # in C where the compiled core has it (a problem, or an all-to-all's blocks sent ahead
+            # of it, take the Python path, which says and drains them)
+            if problem is None and not state.agreement.ahead:
+                agreer = self.agreer(NO_PAYLOAD if payload is None else payload.descriptor)
+                if agreer:
+                    if payload is None:
+                        return agreer.agree(number, None, None, timeout)
+                    return agreer.agree(number, payload.src, payload.dst, timeout)
             return state.agreement(
                 [number, *self.words],
                 self.row,
@@ -202,6 +213,37 @@ class Call:
                 payload=payload,
             )
         return False
+
+    def agreer(self, descriptor: tuple[int, int, int]) -> Any:
+        """The agreement of this call carrying a payload of ``descriptor`` (NO_PAYLOAD: none), run
+        in C (`hpcring.core.warm` without a program: its ``agree``), made once; False where the
+        compiled core cannot run it (under MPI_THREAD_SERIALIZED too: the Python path serializes),
+        None while the compiled core is off (asked again)."""
+        agreers = self.agreers
+        if agreers is None:
+            agreers = self.agreers = {}
+        made = agreers.get(descriptor)
+        if made is not None:
+            return made
+        if not core.active():
+            return None
+        made = False
+        if self.serial is None:
+            code, _, count = descriptor
+            itemsize = kernels.DTYPES[code].itemsize if code >= 0 else 1
+            agreement_collective(compiled=True)  # the compiled agreement's datatype and op, made once
+            state = self.state
+            kind = ("agreement", None, None, 0, False, None, True, None)
+            try:
+                made = core.warm(
+                    self, kind, (max(count, 0),), itemsize, state, self.flight, state.busy,
+                    self.channel, self.timeout, state.comm, tuple(self.words), self.single,
+                    False, False, -1, descriptor, None,
+                )  # fmt: skip
+            except ValueError:  # a payload the compiled agreement's slot does not hold
+                made = False
+        agreers[descriptor] = made
+        return made
 
     def fusion(self, planned: bool = False) -> tuple[int, int, int]:
         """The descriptor of this call's data where it rides with the agreement: an all-reduce that

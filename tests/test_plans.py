@@ -59,11 +59,15 @@ def test_warm_call_allocates_nothing_large(
 
 
 @pytest.mark.mpi
-def test_plans_go_with_the_communicator() -> None:
-    """The Channel (and its plans and scratch) lives in the communicator's attribute: Free drops it."""
+@pytest.mark.parametrize("calls", [1, 4])
+def test_plans_go_with_the_communicator(calls: int) -> None:
+    """The Channel (and its plans and scratch) lives in the communicator's attribute: Free drops it,
+    also once the compiled core runs its calls (4 calls: a program from the second, a warm call in
+    C from the third), whose C objects and the channel or the engine's call hold each other."""
     comm = WORLD.Dup()
     x = np.ones(1000)
-    hpcring.allreduce(x, comm=comm, algorithm="ring")
+    for _ in range(calls):
+        hpcring.allreduce(x, comm=comm, algorithm="ring")
     channel = weakref.ref(channel_for(comm, adapter_for(x)))
     built = channel() is not None and len(channel()._schedules) == (WORLD.size > 1)
     comm.Free()

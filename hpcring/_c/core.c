@@ -354,7 +354,30 @@ typedef struct {
     int busy;                          /* running: never re-entered (one collective per communicator) */
 } Program;
 
+/* A program holds its channels (and their scratch tables), which hold it in turn (the channel's
+ * "compiled-programs"): the garbage collector sees that cycle through these. */
+static int program_traverse(Program *p, visitproc visit, void *arg) {
+    for (int b = 0; b < p->nbuf && p->bufs; b++) {
+        Py_VISIT(p->bufs[b].name);
+        Py_VISIT(p->bufs[b].held);
+    }
+    for (int c = 0; c < p->ncomm && p->tables; c++) Py_VISIT(p->tables[c]);
+    Py_VISIT(p->channels);
+    return 0;
+}
+
+static int program_clear(Program *p) {
+    for (int b = 0; b < p->nbuf && p->bufs; b++) {
+        Py_CLEAR(p->bufs[b].name);
+        Py_CLEAR(p->bufs[b].held);
+    }
+    for (int c = 0; c < p->ncomm && p->tables; c++) Py_CLEAR(p->tables[c]);
+    Py_CLEAR(p->channels);
+    return 0;
+}
+
 static void program_dealloc(Program *p) {
+    PyObject_GC_UnTrack(p);
     for (int b = 0; b < p->nbuf; b++) {
         Py_XDECREF(p->bufs[b].name);
         Py_XDECREF(p->bufs[b].held);
@@ -829,10 +852,12 @@ static PyGetSetDef program_getset[] = {
 static PyTypeObject ProgramType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hpcring._core.Program",
     .tp_basicsize = sizeof(Program),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = program_doc,
     .tp_new = program_new,
     .tp_dealloc = (destructor)program_dealloc,
+    .tp_traverse = (traverseproc)program_traverse,
+    .tp_clear = (inquiry)program_clear,
     .tp_methods = program_methods,
     .tp_getset = program_getset,
 };
@@ -934,7 +959,32 @@ typedef struct {
 
 enum { F_SAME, F_REDUCE_SCATTER, F_ALLGATHER };
 
+/* The objects a Warm holds, for the garbage collector: a Warm and its engine Call hold each other
+ * (Call.fast, Call.agreers; Warm's ``call``), and that cycle, with the channel and the flight record
+ * it reaches, must go when the communicator does. */
+#define WARM_OBJECTS(X)                                                                                     \
+    X(collective) X(op) X(algorithm) X(root) X(reproducible) X(wire) X(dtype) X(call) X(state) X(flight)     \
+        X(slots) X(acquire) X(release) X(channel) X(timeout) X(prequest) X(pair_second) X(allocate) X(inbox) \
+            X(schedules) X(choice_key) X(choice) X(touch)
+
+static int warm_traverse(Warm *w, visitproc visit, void *arg) {
+#define VISIT(f) Py_VISIT(w->f);
+    WARM_OBJECTS(VISIT)
+#undef VISIT
+    Py_VISIT((PyObject *)w->program);
+    return 0;
+}
+
+static int warm_clear(Warm *w) {
+#define CLEAR(f) Py_CLEAR(w->f);
+    WARM_OBJECTS(CLEAR)
+#undef CLEAR
+    Py_CLEAR(w->program);
+    return 0;
+}
+
 static void warm_dealloc(Warm *w) {
+    PyObject_GC_UnTrack(w);
     Py_XDECREF(w->collective);
     Py_XDECREF(w->op);
     Py_XDECREF(w->algorithm);
@@ -1027,7 +1077,13 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
                                           "a callable, out of place, no payload");
         return NULL;
     }
-    int persistent = Py_TYPE(program) != &ProgramType;
+    /* the agreement alone (the Python path's calls: `agree_method`), no data movement */
+    int agree_only = program == Py_None;
+    if (agree_only && (allocate != NULL || layout != NULL || ahead || mean >= 0 || returns_x)) {
+        PyErr_SetString(PyExc_ValueError, "Warm: an agreement alone has no allocate, layout, ahead, mean or result");
+        return NULL;
+    }
+    int persistent = !agree_only && Py_TYPE(program) != &ProgramType;
     /* a two-rank plan (hpcring.persistent.Pair): (receive, send, scratch), the op applied here;
      * halved, then the results' (receive, send) */
     int paired = PyTuple_Check(program) && (PyTuple_GET_SIZE(program) == 3 || PyTuple_GET_SIZE(program) == 5);
@@ -1043,7 +1099,7 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
                         "Warm: a pair's program is (receive, send, scratch[, receive, send]) of a payload's call");
         return NULL;
     }
-    if (persistent && !paired &&
+    if (persistent && !paired && !agree_only &&
         (!PyObject_TypeCheck(program, &PyMPIRequest_Type) || PyMPIRequest_Get(program) == NULL)) {
         PyErr_Clear();
         PyErr_SetString(PyExc_TypeError, "Warm: program must be a Program or a persistent MPI request");
@@ -1138,9 +1194,11 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
     w->returns_x = returns_x;
     w->blocking = blocking;
     w->mean = mean;
-    Py_INCREF(program);
-    if (persistent) w->prequest = program;
-    else w->program = (Program *)program;
+    if (!agree_only) {
+        Py_INCREF(program);
+        if (persistent) w->prequest = program;
+        else w->program = (Program *)program;
+    }
     Py_XINCREF(allocate);
     w->allocate = allocate;
     if (ahead && !w->exch) {
@@ -1187,10 +1245,12 @@ fail:
 static PyTypeObject WarmType = {
     PyVarObject_HEAD_INIT(NULL, 0).tp_name = "hpcring._core.Warm",
     .tp_basicsize = sizeof(Warm),
-    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
     .tp_doc = warm_doc,
     .tp_new = warm_new,
     .tp_dealloc = (destructor)warm_dealloc,
+    .tp_traverse = (traverseproc)warm_traverse,
+    .tp_clear = (inquiry)warm_clear,
     /* .tp_methods: warm_methods, set at module init (they come after the warm call) */
 };
 
@@ -1881,7 +1941,33 @@ static PyObject *warm_call_method(Warm *w, PyObject *const *argv, Py_ssize_t arg
     return result;
 }
 
+PyDoc_STRVAR(agree_warm_doc, "agree(number, src, dst, timeout) -> bool\n\nThe agreement of call ``number`` of the Python "
+                             "path (hpcring.engine.Call._agree), as hpcring.agreement.Agreement runs it, in C: where "
+                             "the Warm carries a payload, ``src`` rides along and ``dst`` gets the result (both "
+                             "C-contiguous arrays of the payload's bytes; else None). True where it rode on every "
+                             "rank; raises what the Python agreement raises (a mismatch, a stall, an MPI error).");
+
+static PyObject *warm_agree_method(Warm *w, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 4) {
+        PyErr_SetString(PyExc_TypeError, "agree(number, src, dst, timeout)");
+        return NULL;
+    }
+    long long number = PyLong_AsLongLong(argv[0]);
+    if (number == -1 && PyErr_Occurred()) return NULL;
+    char *src = NULL, *dst = NULL;
+    Py_ssize_t ns = 0, nd = 0;
+    if (w->fused && (array_bytes(argv[1], 0, &src, &ns) < 0 || array_bytes(argv[2], 1, &dst, &nd) < 0 ||
+                     ns != w->nbytes || nd != w->nbytes)) {
+        PyErr_SetString(PyExc_ValueError, "agree: src and dst C-contiguous arrays of the payload's bytes, dst writable");
+        return NULL;
+    }
+    int r = agree(w, number, argv[3], src, dst);
+    if (r < 0) return NULL;
+    return PyBool_FromLong(r == 1);
+}
+
 static PyMethodDef warm_methods[] = {
+    {"agree", (PyCFunction)(void (*)(void))warm_agree_method, METH_FASTCALL, agree_warm_doc},
     {"run", (PyCFunction)(void (*)(void))warm_run_method, METH_FASTCALL, run_warm_doc},
     {"call", (PyCFunction)(void (*)(void))warm_call_method, METH_FASTCALL, call_warm_doc},
     {NULL, NULL, 0, NULL},
@@ -1893,6 +1979,7 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
                           char *src, char *dst) {
     int check = PyObject_IsTrue(check_obj);
     if (check < 0) return NULL;
+    if (w->program == NULL && w->prequest == NULL) return Py_NewRef(Py_NotImplemented); /* an agreement alone */
     if (w->single && PyThread_get_thread_ident() != main_thread) return Py_NewRef(Py_NotImplemented);
     /* the timeout: the argument, else HPCRING_TIMEOUT as the communicator took it, else Python's */
     PyObject *timeout = timeout_obj != Py_None ? timeout_obj : w->timeout;
