@@ -39,7 +39,7 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms, config, core, kernels, tracing
-from .agreement import NO_PAYLOAD, TAG_AHEAD, Agreement, Both, Row, exchanges
+from .agreement import NO_PAYLOAD, TAG_AHEAD, Agreement, Both, Payload, Row, exchanges, payload_descriptor
 from .algorithms import ALLTOALL, Layout, Spec
 from .algorithms.base import choice_key
 from .arrays import NUMPY, Adapter, adapter_for, known_adapter
@@ -55,6 +55,7 @@ from .ulfm import first_call_failed
 from .units import format_bytes
 
 CALLER = "hpcring.alltoall"
+_INT64 = np.dtype(np.int64)
 _WORLD = MPI.COMM_WORLD
 _SEEN = "seen"
 UNEVEN = -2  # an uneven call's count in the agreement: UNEVEN - (elements of one row)
@@ -98,6 +99,8 @@ class _Now(threading.local):
     recvs: tuple[int, ...] | None = None  # rows from each rank, as given (uneven)
     check: bool = True
     shape: tuple[int, ...] | None = None  # the output's shape, once known
+    out_rows: int = -1  # the rows of out= (-1: none), uneven
+    table: np.ndarray | None = None  # every rank's splits, where they rode with the agreement
     x: Any = None  # the input, where its blocks leave ahead of the agreement (`plan` to `_agree`)
     pending: list[Any] | None = None  # those blocks' sends, once the ranks agree
     number: int = 0  # the agreed call's number
@@ -150,6 +153,14 @@ class Exchange(Call):
         receives what came into scratch before the error (`Agreement.disagree`)."""
         now = self.now
         x, now.x = now.x, None
+        now.table = None
+        if self.uneven and problem is None and payload is None:
+            # every rank's splits ride with the agreement (`riding_table`), or go in `checked`
+            payload = self.riding_table(now)
+            carried = super()._agree(timeout, problem, payload)
+            if carried and payload is not None:
+                now.table = payload.dst.reshape(self.channel.size, -1)
+            return False
         if problem is not None or x is None:  # x: set by `plan` where the blocks leave early
             return super()._agree(timeout, problem, payload)
         agreement, src = self.state.agreement, self.adapter.flat(x)
@@ -162,6 +173,23 @@ class Exchange(Call):
             agreement.ahead = ()
         now.pending, now.number = ahead, self.state.calls
         return False
+
+    def riding_table(self, now: _Now) -> Payload | None:
+        """The payload that carries this rank's row of `checked`'s table with the agreement: the
+        table's int64 words, zero but for this rank's row, summed (every rank's row lands in its
+        place, exactly), where the agreement's slot holds them (`payload_descriptor`: a function
+        of the rank count every rank computes alike); else None."""
+        size, sends = self.channel.size, now.sends
+        if sends is None or size > TABLE_RANKS:
+            return None
+        width = 2 * size + 1
+        descriptor = payload_descriptor(_INT64, "add", size * width, size, self.state.exchange_ranks)
+        if descriptor == NO_PAYLOAD:
+            return None
+        table = np.zeros((size, width), np.int64)
+        recvs = now.recvs if now.recvs is not None else [-1] * size
+        table[self.channel.rank] = [*sends, *recvs, now.out_rows]
+        return Payload(descriptor, table.reshape(-1), np.empty(size * width, np.int64))
 
     def eager(self, nbytes: int) -> bool:
         """Whether this call's blocks leave ahead of the agreement: auto's equal blocks of host NumPy
@@ -196,7 +224,7 @@ class Exchange(Call):
         """This call's splits, checked here (no communication), kept for `move`; the problem with
         them, if any (the agreement makes it every rank's)."""
         now = self.now
-        now.check, now.shape, now.pending = check, None, None
+        now.check, now.shape, now.pending, now.out_rows, now.table = check, None, None, -1, None
         now.x = x if self.early and check else None  # the blocks that leave ahead (`_agree`)
         size = self.channel.size
         try:
@@ -217,6 +245,7 @@ class Exchange(Call):
                     f"send_splits sum to {sum(now.sends)}, but x has {self.rows} rows (its first axis)"
                 )
             now.recvs = None if recvs is None else splits(recvs, size, "recv_splits")
+            now.out_rows = out_rows(self.adapter, out)
             if now.recvs is not None and out is not None:
                 rows = self.adapter.shape(out)[0]
                 if rows != sum(now.recvs):
@@ -260,9 +289,13 @@ class Exchange(Call):
         or -1, the rows of ``out`` or -1): every rank sees every rank's and finds the same
         problems, so all raise the same error, or none, without a second exchange."""
         channel, size = self.channel, self.channel.size
-        mine = [*sends, *(recvs if recvs is not None else [-1] * size), out_rows(self.adapter, out)]
-        table = channel.table(mine)
-        got = tuple(int(table[i][channel.rank]) for i in range(size))
+        table = self.now.table
+        if table is None:  # not carried by the agreement (`riding_table`): its own all-gather
+            mine = [*sends, *(recvs if recvs is not None else [-1] * size), out_rows(self.adapter, out)]
+            table = channel.table(mine)
+        got = tuple(table[:, channel.rank].tolist())
+        if table[:, size:].max() < 0:  # no rank gave recv_splits= or out=: nothing to check
+            return got
         problems = []
         for q in range(size):
             given = table[q][size : 2 * size]
