@@ -446,3 +446,47 @@ def test_many_ranks_check_their_splits_in_two_rounds(monkeypatch: pytest.MonkeyP
             f"rank {g - 1}'s recv_splits do not match",
             lambda: hpcring.alltoall(x, send_splits=sends, recv_splits=wrong),
         )
+
+
+@pytest.mark.parametrize("riding", [True, False], ids=["riding", "apart"])
+def test_the_splits_ride_with_the_check_or_go_apart(monkeypatch: pytest.MonkeyPatch, riding: bool) -> None:
+    """Up to 5 ranks every rank's splits ride with the agreement, so no all-gather of their own
+    runs; forced apart, one does: the same results either way, and a wrong recv_splits= or out=
+    on one rank raises on every rank, out untouched."""
+    from hpcring import channel, exchange
+
+    gathers: list[int] = []
+    real = channel.Channel.table
+    monkeypatch.setattr(channel.Channel, "table", lambda self, row: gathers.append(1) or real(self, row))
+    if not riding:
+        monkeypatch.setattr(exchange.Exchange, "riding_table", lambda self, now: None)
+    comm, g, rank = WORLD.Dup(), WORLD.size, WORLD.rank
+    sends = uneven_counts(rank, g)
+    recvs = [uneven_counts(i, g)[rank] for i in range(g)]
+    x = blocks(rank, sends, (3,), np.dtype(np.float32))
+    want = library(WORLD, x, sends, recvs)
+    out = np.full((sum(recvs), 3), -1, np.float32)
+    ok = True
+    for _ in range(3):
+        ok &= hpcring.alltoall(x, send_splits=sends, comm=comm).tobytes() == want.tobytes()
+        ok &= hpcring.alltoall(x, send_splits=sends, recv_splits=recvs, comm=comm).tobytes() == want.tobytes()
+        ok &= hpcring.alltoall(x, send_splits=sends, out=out, comm=comm) is out
+        ok &= out.tobytes() == want.tobytes()
+    assert everywhere(WORLD, ok)
+    assert everywhere(WORLD, (not gathers) if riding or g == 1 else len(gathers) == 9)
+    if g > 1:
+        last = rank == g - 1
+        wrong = [r + (last and i == 0) for i, r in enumerate(recvs)]
+        raises_everywhere(
+            ValueError,
+            f"rank {g - 1}'s recv_splits do not match",
+            lambda: hpcring.alltoall(x, send_splits=sends, recv_splits=wrong, comm=comm),
+        )
+        short = np.full((sum(recvs) - last, 3), -1, np.float32)
+        raises_everywhere(
+            ValueError,
+            f"rank {g - 1}'s out has",
+            lambda: hpcring.alltoall(x, send_splits=sends, out=short, comm=comm),
+        )
+        assert everywhere(WORLD, (short == -1).all())
+    comm.Free()
