@@ -110,7 +110,7 @@ class Exchange(Call):
     """The `Call` of one all-to-all signature: the engine's, with the data movement of an
     all-to-all (`move`) and its splits carried per call (`plan`)."""
 
-    __slots__ = ("early", "equal_layout", "now", "rest", "row_items", "rows", "uneven")
+    __slots__ = ("early", "equal_layout", "now", "rest", "row_items", "rows", "table_rides", "uneven")
 
     def __init__(
         self,
@@ -137,6 +137,11 @@ class Exchange(Call):
         # this signature's blocks leave ahead of the agreement (`eager`): decided once, so that a
         # call that does not (every torch tensor's) pays nothing for it
         self.early = itemsize > 0 and self.eager(self.rows * self.row_items * itemsize)
+        # an uneven call's split table rides with the agreement under this descriptor (`riding_table`)
+        width = 2 * size + 1
+        self.table_rides = NO_PAYLOAD
+        if uneven and 1 < size <= TABLE_RANKS:
+            self.table_rides = payload_descriptor(_INT64, "add", size * width, size, state.exchange_ranks)
 
     # the output's shape is per call (uneven: known once the counts are exchanged), so per thread
     @property  # type: ignore[override]
@@ -179,17 +184,13 @@ class Exchange(Call):
         table's int64 words, zero but for this rank's row, summed (every rank's row lands in its
         place, exactly), where the agreement's slot holds them (`payload_descriptor`: a function
         of the rank count every rank computes alike); else None."""
-        size, sends = self.channel.size, now.sends
-        if sends is None or size > TABLE_RANKS:
+        descriptor, sends = self.table_rides, now.sends
+        if descriptor == NO_PAYLOAD or sends is None:
             return None
-        width = 2 * size + 1
-        descriptor = payload_descriptor(_INT64, "add", size * width, size, self.state.exchange_ranks)
-        if descriptor == NO_PAYLOAD:
-            return None
-        table = np.zeros((size, width), np.int64)
-        recvs = now.recvs if now.recvs is not None else [-1] * size
-        table[self.channel.rank] = [*sends, *recvs, now.out_rows]
-        return Payload(descriptor, table.reshape(-1), np.empty(size * width, np.int64))
+        size = self.channel.size
+        table = np.zeros((size, 2 * size + 1), np.int64)
+        table[self.channel.rank] = [*sends, *(now.recvs or [-1] * size), now.out_rows]
+        return Payload(descriptor, table.reshape(-1), np.empty(table.size, np.int64))
 
     def eager(self, nbytes: int) -> bool:
         """Whether this call's blocks leave ahead of the agreement: auto's equal blocks of host NumPy
@@ -293,15 +294,15 @@ class Exchange(Call):
         if table is None:  # not carried by the agreement (`riding_table`): its own all-gather
             mine = [*sends, *(recvs if recvs is not None else [-1] * size), out_rows(self.adapter, out)]
             table = channel.table(mine)
-        got = tuple(table[:, channel.rank].tolist())
-        if table[:, size:].max() < 0:  # no rank gave recv_splits= or out=: nothing to check
+        splits = table.tolist()  # read as lists: NumPy's per-element reads cost more than the checks
+        got = tuple(row[channel.rank] for row in splits)
+        if max(max(row[size:]) for row in splits) < 0:  # no rank gave recv_splits= or out=
             return got
         problems = []
-        for q in range(size):
-            given = table[q][size : 2 * size]
-            told = None if given[0] < 0 else tuple(int(v) for v in given)
-            arrives = tuple(int(table[i][q]) for i in range(size))
-            rows = int(table[q][2 * size])
+        for q, row in enumerate(splits):
+            told = None if row[size] < 0 else tuple(row[size : 2 * size])
+            arrives = tuple(other[q] for other in splits)
+            rows = row[2 * size]
             problem = _problem(q, arrives, told, None if rows < 0 else rows)
             if problem is not None:
                 problems.append(problem)
