@@ -7,8 +7,10 @@ must be the same everywhere (the form, the dtype, the array kind, the algorithm,
 elements of one row: equal blocks compare the whole count, uneven ones the row size), and the
 splits travel with each call (`Exchange.plan`, kept per thread). Once the ranks agree, an
 uneven call learns its receive counts and checks them against ``recv_splits=`` and ``out=``
-where given, before any data moves: up to TABLE_RANKS ranks by one all-gather of every rank's
-splits (`Channel.table`), from which every rank finds the same problems; above, by an
+where given, before any data moves: up to TABLE_RANKS ranks from a table of every rank's
+splits, which rides with the agreement where its slot holds it (`Exchange.riding_table`: up to 5
+ranks) and is else one all-gather (`Channel.table`), from which every rank finds the same
+problems; above, by an
 all-to-all of the counts (`Channel.counts`) and a verdict the ranks agree on
 (`Channel.verdict`). A mismatch raises the same ValueError on every rank, naming the ranks,
 with the user's arrays untouched. Everything else
