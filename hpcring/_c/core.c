@@ -1077,7 +1077,7 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
                                           "a callable, out of place, no payload");
         return NULL;
     }
-    /* the agreement alone (the Python path's calls: `agree_method`), no data movement */
+    /* the agreement alone (the Python path's calls: its ``agree``), no data movement */
     int agree_only = program == Py_None;
     if (agree_only && (allocate != NULL || layout != NULL || ahead || mean >= 0 || returns_x)) {
         PyErr_SetString(PyExc_ValueError, "Warm: an agreement alone has no allocate, layout, ahead, mean or result");
@@ -1902,8 +1902,9 @@ static inline int tracing_off(void);
 
 PyDoc_STRVAR(call_warm_doc, "call(x, out, check, timeout)\n\nThis warm call, checked as ``check`` says, on NumPy views of "
                             "arrays of another kind (a CPU tensor's memory) whose Python look-up found it: the result (x "
-                            "in place, else out, or the output made), or NotImplemented where the Python path must take it (arrays this warm "
-                            "call cannot take as they are, tracing on, the compiled core off, another thread).");
+                            "in place, else out, or the output made), or NotImplemented where the Python path must take "
+                            "it (arrays this warm call cannot take as they are, tracing on, the compiled core off, "
+                            "another thread).");
 
 /* The front door for a kind of array that is not an ndarray but has an ndarray view of its memory
  * (hpcring.engine.call's torch CPU tensors): the Python look-up found this warm call by the
