@@ -568,13 +568,13 @@ class Call:
 
     def _viewable(self) -> bool:
         """Whether this call's arrays have NumPy views of their memory that a warm call in C runs
-        on (an adapter's ``host_view``: CPU tensors), for a result of x's shape (an all-reduce or
-        a broadcast), under the conditions `_warmable` sets for an ndarray."""
+        on (an adapter's ``host_view``: CPU tensors), under the conditions `_warmable` sets for an
+        ndarray."""
         dtype = self.row.dtype
         return not (
             getattr(self.adapter, "host_view", None) is None
             or self.serial is not None
-            or self.options.collective not in (ALLREDUCE, BROADCAST)
+            or self.options.collective not in (ALLREDUCE, BROADCAST, REDUCE_SCATTER, ALLGATHER)
             or self.exact
             or dtype is None
             or (self.mean and dtype not in (np.float32, np.float64))

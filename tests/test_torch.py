@@ -402,3 +402,35 @@ def test_warm_tensor_alltoalls_run_in_c(python_runs: list[int]) -> None:
         run = lambda: hpcring.alltoall(x.numpy() if last else x, comm=comm)  # noqa: E731
         raises_everywhere(ValueError, "torch.Tensor (CPU)", run)
     comm.Free()
+
+
+@pytest.mark.mpi
+def test_warm_tensor_reduce_scatters_and_allgathers_run_in_c(python_runs: list[int]) -> None:
+    """A CPU tensor's warm reduce-scatter and all-gather run in the compiled core on NumPy views,
+    their output a tensor (made there, or out=, or in place), with the closed form."""
+    import types
+
+    from hpcring import core, engine
+    from hpcring.partition import segment
+
+    in_c = core.active() and not isinstance(engine.call, types.FunctionType)
+    comm, g, rank = WORLD.Dup(), WORLD.size, WORLD.rank
+    x = torch.from_numpy(values(rank, 10))
+    total = sum(values(r, 10) for r in range(g))
+    start, stop = segment(10, g, rank)
+    gathered = np.stack([values(r, 10) for r in range(g)])
+    part, rows = torch.zeros(stop - start, dtype=torch.float64), torch.zeros(g, 10, dtype=torch.float64)
+    for i in range(6):
+        before = len(python_runs)
+        got = hpcring.reduce_scatter(x, comm=comm, algorithm="auto")
+        ok = isinstance(got, torch.Tensor) and np.array_equal(got.numpy(), total[start:stop])
+        ok &= hpcring.reduce_scatter(x, out=part, comm=comm, algorithm="auto") is part
+        ok &= np.array_equal(part.numpy(), total[start:stop])
+        got = hpcring.allgather(x, comm=comm, algorithm="auto")
+        ok &= isinstance(got, torch.Tensor) and np.array_equal(got.numpy(), gathered)
+        ok &= hpcring.allgather(x, out=rows, comm=comm, algorithm="auto") is rows
+        ok &= np.array_equal(rows.numpy(), gathered)
+        assert everywhere(WORLD, ok)
+        if in_c and g > 1 and i >= 3:
+            assert everywhere(WORLD, len(python_runs) == before)
+    comm.Free()

@@ -1909,24 +1909,26 @@ PyDoc_STRVAR(call_warm_doc, "call(x, out, check, timeout)\n\nThis warm call, che
 /* The front door for a kind of array that is not an ndarray but has an ndarray view of its memory
  * (hpcring.engine.call's torch CPU tensors): the Python look-up found this warm call by the
  * tensor's key, so the row says the tensor's kind; here only the views' shape, dtype and
- * placement are checked again, as `lookup` and `ready` check an ndarray's. Results of x's shape
- * only (an all-reduce, a broadcast, an all-to-all of equal blocks, whose output, where no out= is
- * given, is made here by its ``allocate``: an ndarray, which the caller wraps). */
+ * placement are checked again, as `lookup` and `ready` check an ndarray's. An output this call
+ * makes (an all-to-all's, a reduce-scatter's or an all-gather's, where no out= is given) is made
+ * here by its ``allocate``: an ndarray, which the caller wraps. */
 static PyObject *warm_call_method(Warm *w, PyObject *const *argv, Py_ssize_t argc) {
     if (argc != 4) {
         PyErr_SetString(PyExc_TypeError, "call(x, out, check, timeout)");
         return NULL;
     }
     PyObject *x = argv[0], *out = argv[1], *made = NULL;
-    if (!enabled || !struct_ok || w->form != F_SAME || Py_TYPE(x) != ndarray_type || !tracing_off())
+    if (!enabled || !struct_ok || Py_TYPE(x) != ndarray_type || !tracing_off())
         return Py_NewRef(Py_NotImplemented);
+    if (w->form != F_SAME && !still_chosen(w)) return Py_NewRef(Py_NotImplemented); /* as `caller` asks */
     hr_ndarray *arr = (hr_ndarray *)x;
     if (arr->descr != w->dtype || arr->nd != w->ndim || (out == Py_None) != w->out_none)
         return Py_NewRef(Py_NotImplemented);
     for (int d = 0; d < w->ndim; d++)
         if (w->shape[d] != arr->dimensions[d]) return Py_NewRef(Py_NotImplemented);
     if (w->allocate != NULL && (!(arr->flags & NPY_C_CONTIGUOUS))) return Py_NewRef(Py_NotImplemented);
-    /* an all-to-all's output, made here where no out= is given (as `exchange_call` makes it) */
+    /* an all-to-all's, a reduce-scatter's or an all-gather's output, made here where no out= is
+     * given (as `exchange_call` and `caller` make it) */
     if (w->allocate != NULL && out == Py_None && (out = made = PyObject_CallOneArg(w->allocate, x)) == NULL)
         return NULL;
     char *src, *dst;
