@@ -414,7 +414,7 @@ def test_warm_tensor_reduce_scatters_and_allgathers_run_in_c(python_runs: list[i
     from hpcring.partition import segment
 
     in_c = core.active() and not isinstance(engine.call, types.FunctionType)
-    comm, g, rank = WORLD.Dup(), WORLD.size, WORLD.rank
+    comm, placed, g, rank = WORLD.Dup(), WORLD.Dup(), WORLD.size, WORLD.rank
     x = torch.from_numpy(values(rank, 10))
     total = sum(values(r, 10) for r in range(g))
     start, stop = segment(10, g, rank)
@@ -430,7 +430,16 @@ def test_warm_tensor_reduce_scatters_and_allgathers_run_in_c(python_runs: list[i
         ok &= isinstance(got, torch.Tensor) and np.array_equal(got.numpy(), gathered)
         ok &= hpcring.allgather(x, out=rows, comm=comm, algorithm="auto") is rows
         ok &= np.array_equal(rows.numpy(), gathered)
+        # in place, on a communicator of its own (a warm call is kept per placement of a kind)
+        y = torch.from_numpy(values(rank, 10))  # out is y's own part
+        ok &= hpcring.reduce_scatter(y, out=y[start:stop], comm=placed, algorithm="auto") is not None
+        ok &= np.array_equal(y[start:stop].numpy(), total[start:stop])
+        mine = torch.zeros(g, 10, dtype=torch.float64)  # x is out's row
+        mine[rank] = x
+        hpcring.allgather(mine[rank], out=mine, comm=placed, algorithm="auto")
+        ok &= np.array_equal(mine.numpy(), gathered)
         assert everywhere(WORLD, ok)
         if in_c and g > 1 and i >= 3:
             assert everywhere(WORLD, len(python_runs) == before)
     comm.Free()
+    placed.Free()
