@@ -98,9 +98,18 @@ def test_uninterrupted_elastic_run_has_the_one_rank_digest(one_rank: str) -> Non
 
 
 def test_rank_0_killed_at_4_ranks(one_rank: str) -> None:
+    """Rank 0 kills itself once it applied step 20. A survivor whose step-20 all-reduce still
+    waited for a message of rank 0's that died with it has completed step 19 only: the survivors
+    then go on from the last step all of them completed, step 19, and end with the same digest.
+    (On two loaded cores it failed now and then on that line alone, which the report cut off: the
+    assertion shows the lost-ranks lines first.)"""
     lines = run(4, [(0, 20)])
     assert last_step(lines) == (STEPS, STEPS, 3)
-    assert "# lost ranks [0]: 4 -> 3, after step 20" in lines, lines
+    lost = [line for line in lines if line.startswith("# lost ranks")]
+    assert lost in (
+        ["# lost ranks [0]: 4 -> 3, after step 20"],
+        ["# lost ranks [0]: 4 -> 3, after step 19"],
+    ), (lost, lines[-8:])
     assert digest_of(lines) == one_rank
 
 
