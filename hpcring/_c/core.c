@@ -1371,6 +1371,14 @@ static inline int same(PyObject *a, PyObject *b) {
     return 0;
 }
 
+/* Whether ``arr`` has the shape and dtype of ``w``'s key, and out= is given or not as its key says. */
+static inline int matches(const Warm *w, const hr_ndarray *arr, int out_none) {
+    if (w->dtype != arr->descr || w->ndim != arr->nd || w->out_none != out_none) return 0;
+    for (int d = 0; d < w->ndim; d++)
+        if (w->shape[d] != arr->dimensions[d]) return 0;
+    return 1;
+}
+
 /* The warm call for these arguments, or NULL (no error set): engine.call's key, in C. */
 static Warm *lookup(PyObject *const *a, hr_ndarray **xo) {
     PyObject *x = a[1], *comm = a[5];
@@ -1398,10 +1406,7 @@ static Warm *lookup(PyObject *const *a, hr_ndarray **xo) {
     int out_none = a[2] == Py_None;
     for (int k = 0; k < t->n; k++) {
         Warm *w = t->entries[k];
-        if (w->dtype != arr->descr || w->ndim != arr->nd || w->out_none != out_none) continue;
-        int d = 0;
-        while (d < w->ndim && w->shape[d] == arr->dimensions[d]) d++;
-        if (d < w->ndim) continue;
+        if (!matches(w, arr, out_none)) continue;
         if (!same(w->collective, a[0]) || !same(w->op, a[3]) || !same(w->algorithm, a[4]) || !same(w->root, a[8]) ||
             !same(w->reproducible, a[9]) || !same(w->wire, a[10]))
             continue;
@@ -1912,36 +1917,40 @@ PyDoc_STRVAR(call_warm_doc, "call(x, out, check, timeout)\n\nThis warm call, che
  * placement are checked again, as `lookup` and `ready` check an ndarray's. An output this call
  * makes (an all-to-all's, a reduce-scatter's or an all-gather's, where no out= is given) is made
  * here by its ``allocate``: an ndarray, which the caller wraps. */
+/* ``w`` run on ``x`` and ``out``, its output (an all-to-all's, a reduce-scatter's or an
+ * all-gather's, where no out= is given) made by its ``allocate``: the result, NotImplemented where
+ * `ready` says no (the Python path then asks again and says why), or NULL raised (the
+ * allocation's error too). */
+static PyObject *run_found(Warm *w, hr_ndarray *x, PyObject *out, PyObject *check, PyObject *timeout) {
+    PyObject *made = NULL, *result;
+    if (w->allocate != NULL && out == Py_None &&
+        (out = made = PyObject_CallOneArg(w->allocate, (PyObject *)x)) == NULL)
+        return NULL;
+    char *src, *dst;
+    if (ready(w, x, out, &src, &dst)) {
+        result = Py_NewRef(Py_NotImplemented);
+    } else {
+        Py_INCREF(w);
+        result = warm_run(w, (PyObject *)x, out, check, timeout, src, dst);
+        Py_DECREF(w);
+    }
+    Py_XDECREF(made);
+    return result;
+}
+
 static PyObject *warm_call_method(Warm *w, PyObject *const *argv, Py_ssize_t argc) {
     if (argc != 4) {
         PyErr_SetString(PyExc_TypeError, "call(x, out, check, timeout)");
         return NULL;
     }
-    PyObject *x = argv[0], *out = argv[1], *made = NULL;
+    PyObject *x = argv[0], *out = argv[1];
     if (!enabled || !struct_ok || Py_TYPE(x) != ndarray_type || !tracing_off())
         return Py_NewRef(Py_NotImplemented);
     if (w->form != F_SAME && !still_chosen(w)) return Py_NewRef(Py_NotImplemented); /* as `caller` asks */
     hr_ndarray *arr = (hr_ndarray *)x;
-    if (arr->descr != w->dtype || arr->nd != w->ndim || (out == Py_None) != w->out_none)
+    if (!matches(w, arr, out == Py_None) || (w->allocate != NULL && !(arr->flags & NPY_C_CONTIGUOUS)))
         return Py_NewRef(Py_NotImplemented);
-    for (int d = 0; d < w->ndim; d++)
-        if (w->shape[d] != arr->dimensions[d]) return Py_NewRef(Py_NotImplemented);
-    if (w->allocate != NULL && (!(arr->flags & NPY_C_CONTIGUOUS))) return Py_NewRef(Py_NotImplemented);
-    /* an all-to-all's, a reduce-scatter's or an all-gather's output, made here where no out= is
-     * given (as `exchange_call` and `caller` make it) */
-    if (w->allocate != NULL && out == Py_None && (out = made = PyObject_CallOneArg(w->allocate, x)) == NULL)
-        return NULL;
-    char *src, *dst;
-    PyObject *result;
-    if (ready(w, arr, out, &src, &dst)) {
-        result = Py_NewRef(Py_NotImplemented);
-    } else {
-        Py_INCREF(w);
-        result = warm_run(w, x, out, argv[2], argv[3], src, dst);
-        Py_DECREF(w);
-    }
-    Py_XDECREF(made);
-    return result;
+    return run_found(w, arr, out, argv[2], argv[3]);
 }
 
 PyDoc_STRVAR(agree_warm_doc, "agree(number, src, dst, timeout) -> bool\n\nThe agreement of call ``number`` of the Python "
@@ -2147,19 +2156,9 @@ static PyObject *exchange_call(PyObject *fallback, PyObject *const *args, size_t
         hr_ndarray *x = NULL;
         Warm *w = lookup(key, &x);
         if (w != NULL && w->allocate != NULL && (x->flags & NPY_C_CONTIGUOUS)) {
-            PyObject *out = args[1], *made = NULL;
-            if (out == Py_None && (out = made = PyObject_CallOneArg(w->allocate, args[0])) == NULL) return NULL;
-            char *src, *dst;
-            if (!ready(w, x, out, &src, &dst)) {
-                Py_INCREF(w);
-                PyObject *result = warm_run(w, args[0], out, args[4], args[5], src, dst);
-                Py_DECREF(w);
-                Py_XDECREF(made);
-                if (result != Py_NotImplemented) return result;
-                Py_DECREF(result);
-            } else {
-                Py_XDECREF(made);
-            }
+            PyObject *result = run_found(w, x, args[1], args[4], args[5]);
+            if (result != Py_NotImplemented) return result;
+            Py_DECREF(result);
         }
         if (PyErr_Occurred()) return NULL;
     }
