@@ -104,6 +104,13 @@ class _Now(threading.local):
     out_rows: int = -1  # the rows of out= (-1: none), uneven
     table: np.ndarray | None = None  # every rank's splits, where they rode with the agreement
     x: Any = None  # the input, where its blocks leave ahead of the agreement (`plan` to `_agree`)
+
+    def row(self, size: int) -> list[int]:
+        """This rank's row of an uneven call's split table (`Exchange.checked`): the sends, the
+        receives as given or -1, the rows of out= or -1."""
+        assert self.sends is not None
+        return [*self.sends, *(self.recvs if self.recvs is not None else [-1] * size), self.out_rows]
+
     pending: list[Any] | None = None  # those blocks' sends, once the ranks agree
     number: int = 0  # the agreed call's number
 
@@ -191,7 +198,7 @@ class Exchange(Call):
             return None
         size = self.channel.size
         table = np.zeros((size, 2 * size + 1), np.int64)
-        table[self.channel.rank] = [*sends, *(now.recvs or [-1] * size), now.out_rows]
+        table[self.channel.rank] = now.row(size)
         return Payload(descriptor, table.reshape(-1), np.empty(table.size, np.int64))
 
     def eager(self, nbytes: int) -> bool:
@@ -273,7 +280,7 @@ class Exchange(Call):
                 raise ValueError(f"{CALLER}: {problem}")
             recvs = sends
         elif now.check and channel.size <= TABLE_RANKS:
-            recvs = self.checked(sends, recvs, out)
+            recvs = self.checked()
         elif recvs is None or now.check:
             got = tuple(channel.counts(list(sends)))
             problem = _problem(channel.rank, got, recvs, out_rows(self.adapter, out))
@@ -287,15 +294,14 @@ class Exchange(Call):
         now.shape = (sum(recvs), *self.rest)
         return Layout.of(tuple(s * items for s in sends), tuple(r * items for r in recvs))
 
-    def checked(self, sends: tuple[int, ...], recvs: tuple[int, ...] | None, out: Any) -> tuple[int, ...]:
-        """The receive counts, from one all-gather of every rank's splits (sends, receives as given
-        or -1, the rows of ``out`` or -1): every rank sees every rank's and finds the same
-        problems, so all raise the same error, or none, without a second exchange."""
+    def checked(self) -> tuple[int, ...]:
+        """The receive counts, from a table of every rank's splits (`_Now.row`), carried by the
+        agreement or gathered here: every rank sees every rank's and finds the same problems, so
+        all raise the same error, or none, without a second exchange."""
         channel, size = self.channel, self.channel.size
         table = self.now.table
         if table is None:  # not carried by the agreement (`riding_table`): its own all-gather
-            mine = [*sends, *(recvs if recvs is not None else [-1] * size), out_rows(self.adapter, out)]
-            table = channel.table(mine)
+            table = channel.table(self.now.row(size))
         splits = table.tolist()  # read as lists: NumPy's per-element reads cost more than the checks
         got = tuple(row[channel.rank] for row in splits)
         if max(max(row[size:]) for row in splits) < 0:  # no rank gave recv_splits= or out=
