@@ -230,13 +230,17 @@ def payload_descriptor(
     limit: int | None = None,
     in_place: bool = False,
     planned: bool = False,
+    room: int | None = None,
 ) -> tuple[int, int, int]:
     """The descriptor of an `mpi` all-reduce of ``count`` elements on ``size`` ranks (exchanging up
     to ``limit``: `exchanges`), in place or not, planned or not (`slot_bytes`), whose data may
-    ride along, or NO_PAYLOAD: what every rank computes alike from what they agree on."""
+    ride along, or NO_PAYLOAD: what every rank computes alike from what they agree on. ``room``:
+    the bytes that may ride, instead of the agreement's slot (a plan's shared memory)."""
     name = dtype.name
     nbytes = count * dtype.itemsize
-    if count <= 0 or nbytes > slot_bytes(size, limit, in_place, planned) or ufunc not in _OP_CODES:
+    if room is None:
+        room = slot_bytes(size, limit, in_place, planned)
+    if count <= 0 or nbytes > room or ufunc not in _OP_CODES:
         return NO_PAYLOAD
     if name in _REAL or (name in ("complex64", "complex128") and ufunc == "add"):
         return kernels.DTYPE_CODES[dtype], _OP_CODES[ufunc], count

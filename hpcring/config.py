@@ -264,6 +264,14 @@ class Config:
         meaning="the algorithm hierarchical all-reduces each shard with across nodes",
         must_agree=True,
     )
+    shared_memory = Variable(
+        "HPCRING_SHARED_MEMORY",
+        choice({"1": True, "0": False}, True),
+        kind="1 or 0",
+        default="1",
+        meaning="1: a plan on the ranks of one node all-reduces through shared memory; 0: by messages",
+        must_agree=True,
+    )
     cuda_aware = Variable(
         "HPCRING_CUDA_AWARE",
         choice({"1": True, "0": False}, None),

@@ -10,7 +10,8 @@ from helpers import WAIT_OUT, everywhere, identical_everywhere, raises_everywher
 from mpi4py import MPI
 
 import hpcring
-from hpcring.persistent import PAIR_WHOLE_IN_PLACE
+from hpcring import config, core
+from hpcring.persistent import PAIR_WHOLE_IN_PLACE, SHARED_BYTES, SHARED_RANKS
 
 pytestmark = pytest.mark.mpi
 WORLD = MPI.COMM_WORLD
@@ -41,12 +42,17 @@ def test_repeated_runs_give_the_closed_form(
 
 @pytest.mark.parametrize("op", ["sum", "max", "mean"])
 @pytest.mark.parametrize("dtype", ["float64", "float32", "int32"])
-def test_a_large_plan_in_place_exchanges_halves(fresh_world: MPI.Intracomm, dtype: str, op: str) -> None:
+def test_a_large_plan_in_place_exchanges_halves(
+    fresh_world: MPI.Intracomm, dtype: str, op: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """In place above PAIR_WHOLE_IN_PLACE bytes, two ranks swap halves, then results: runs in C
     and through start and wait give the closed form on a count that does not halve evenly, and the
-    same bits on every rank."""
+    same bits on every rank. (On one node such a plan takes shared memory: off here, as across
+    nodes.)"""
     if op == "mean" and dtype == "int32":
         pytest.skip("an integer mean is refused")
+    monkeypatch.setenv("HPCRING_SHARED_MEMORY", "0")
+    config.reload()
     count = PAIR_WHOLE_IN_PLACE // np.dtype(dtype).itemsize + 3
     x = np.zeros(count, dtype=dtype)
     p = hpcring.plan(x, op=op, algorithm="mpi", comm=fresh_world)
@@ -62,6 +68,58 @@ def test_a_large_plan_in_place_exchanges_halves(fresh_world: MPI.Intracomm, dtyp
             want = want / G if op == "mean" else want
         ok &= result is x and bool((result == want).all()) and identical_everywhere(fresh_world, result)
     assert everywhere(fresh_world, ok)
+    p.free()
+
+
+def _transport(p: hpcring.persistent.Plan) -> str:
+    return type(p._request).__name__
+
+
+@pytest.mark.parametrize("placement", ["in place", "out="])
+@pytest.mark.parametrize(
+    ("dtype", "op"), [("float32", "sum"), ("float64", "max"), ("int64", "prod"), ("float64", "mean")]
+)
+def test_a_plan_on_one_node_runs_through_shared_memory(
+    fresh_world: MPI.Intracomm, dtype: str, op: str, placement: str
+) -> None:
+    """On one node, where the compiled core runs, a small plan's runs are memory written and read
+    (hpcring/_c/shared.h), no message: every rank ends with MPI_Allreduce's result (bitwise, on
+    values whose sum is exact), the same bits everywhere, run after run, through p() and through
+    start and wait; the largest such plan (SHARED_BYTES) too, and one byte more takes messages."""
+    if G == 1:
+        pytest.skip("one rank has nothing to share")
+    expected = "Shared" if core.active() and G <= SHARED_RANKS else None
+    mpi_op = {"sum": MPI.SUM, "max": MPI.MAX, "prod": MPI.PROD, "mean": MPI.SUM}[op]
+    ok = True
+    for count in (1, 1000, SHARED_BYTES // np.dtype(dtype).itemsize):
+        x = np.zeros(count, dtype=dtype)
+        out = None if placement == "in place" else np.empty_like(x)
+        p = hpcring.plan(x, op=op, algorithm="mpi", comm=fresh_world, out=out)
+        ok &= expected is None or _transport(p) == expected
+        for k in range(5):
+            x[:] = (np.arange(count) % 3 + fresh_world.rank + k) % 5 + 1
+            want = np.empty_like(x)
+            fresh_world.Allreduce(x, want, op=mpi_op)
+            if op == "mean":
+                want = want / G
+            result = p() if k % 2 else (p.start(), p.wait())[1]
+            ok &= result is (x if out is None else out)
+            ok &= bool(np.array_equal(result, want)) and identical_everywhere(fresh_world, result)
+        p.free()
+    above = hpcring.plan(np.ones(SHARED_BYTES // 4 + 1, np.float32), algorithm="mpi", comm=fresh_world)
+    ok &= _transport(above) != "Shared"
+    above.free()
+    assert everywhere(fresh_world, ok)
+
+
+def test_shared_memory_can_be_turned_off(fresh_world: MPI.Intracomm, monkeypatch: pytest.MonkeyPatch) -> None:
+    """HPCRING_SHARED_MEMORY=0: the plan takes messages (two ranks: `Pair`), with the same result."""
+    monkeypatch.setenv("HPCRING_SHARED_MEMORY", "0")
+    config.reload()
+    x = np.full(16, fresh_world.rank + 1.0)
+    p = hpcring.plan(x, algorithm="mpi", comm=fresh_world)
+    p()
+    assert everywhere(fresh_world, _transport(p) != "Shared" and bool((x == G * (G + 1) / 2).all()))
     p.free()
 
 
@@ -99,17 +157,23 @@ def test_mismatch_at_creation_raises_on_every_rank(fresh_world: MPI.Intracomm) -
 
 
 @pytest.mark.waits_out
-def test_a_rank_that_never_starts_is_named(fresh_world: MPI.Intracomm) -> None:
-    """A stall during a started plan is detected within the timeout, naming the rank."""
+@pytest.mark.parametrize("run", ["p()", "start, wait"])
+def test_a_rank_that_never_starts_is_named(fresh_world: MPI.Intracomm, run: str) -> None:
+    """A stall during a started plan is detected within the timeout, naming the rank (on one
+    node through shared memory, which no MPI wait sees: the compiled wait, then Python's)."""
     if G == 1:
         pytest.skip("needs a rank to miss")
     timeout, missing = WAIT_OUT, G - 1
     p = hpcring.plan(np.ones(100), algorithm="mpi", comm=fresh_world, timeout=timeout)
-    ok = True
+    ok = not core.active() or G > SHARED_RANKS or _transport(p) == "Shared"
     if fresh_world.rank != missing:
         start = time.monotonic()
         try:
-            p()
+            if run == "p()":
+                p()
+            else:
+                p.start()
+                p.wait()
             ok = False
         except hpcring.StallError as error:
             ok = error.missing == [missing] and timeout - 0.1 <= time.monotonic() - start <= timeout + 2.0

@@ -323,6 +323,8 @@ static PyObject *mpi_error(int rc) {
     return NULL;
 }
 
+#include "shared.h" /* a plan's all-reduce through shared memory: after the waits, which it shares */
+
 /* ---- Program: a step table (hpcring/program.py) ------------------------------------------- */
 
 typedef struct {
@@ -1099,10 +1101,11 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
                         "Warm: a pair's program is (receive, send, scratch[, receive, send]) of a payload's call");
         return NULL;
     }
-    if (persistent && !paired && !agree_only &&
+    int shared = Py_TYPE(program) == &SharedType; /* a plan through shared memory (shared.h) */
+    if (persistent && !paired && !agree_only && !shared &&
         (!PyObject_TypeCheck(program, &PyMPIRequest_Type) || PyMPIRequest_Get(program) == NULL)) {
         PyErr_Clear();
-        PyErr_SetString(PyExc_TypeError, "Warm: program must be a Program or a persistent MPI request");
+        PyErr_SetString(PyExc_TypeError, "Warm: program must be a Program, a persistent MPI request or a Shared");
         return NULL;
     }
     int fused = pdtype >= 0;
@@ -1826,6 +1829,32 @@ static int plan_wait(Warm *w, int n, MPI_Request *req, PyObject *requests, PyObj
     return 0;
 }
 
+/* A plan through shared memory (shared.h): its input into its slot, then every rank's awaited as
+ * a plan's requests are (holding the GIL a few microseconds, then released, then Python's
+ * bounded wait on Test, which makes the result). 1 done, -1 raised. */
+static int run_shared(Warm *w, Shared *s, PyObject *timeout) {
+    if (!shared_usable(s)) return -1;
+    if (s->started) {
+        PyErr_SetString(PyExc_RuntimeError, "hpcring.plan: started twice without a wait in between");
+        return -1;
+    }
+    shared_start(s);
+    int done = shared_spin(s, HELD_SECONDS);
+    if (!done) {
+        Py_BEGIN_ALLOW_THREADS
+        done = shared_spin(s, SPIN_SECONDS);
+        Py_END_ALLOW_THREADS
+    }
+    if (done) {
+        shared_finish(s);
+        return 1;
+    }
+    PyObject *r = PyObject_CallMethodObjArgs(w->call, s_plan_waited, (PyObject *)s, timeout, NULL);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 1;
+}
+
 /* A halved two-rank plan (hpcring.persistent.Pair.parts): each sends the other's half, combines
  * its own with what came (the same op and order as a whole pair's), then they swap results. */
 static int run_halves(Warm *w, PyObject *timeout, char *dst) {
@@ -1857,6 +1886,7 @@ static int run_halves(Warm *w, PyObject *timeout, char *dst) {
 static int run_persistent(Warm *w, PyObject *timeout, const char *src, char *dst) {
     MPI_Request pair[2], *req;
     int n = 1;
+    if (Py_TYPE(w->prequest) == &SharedType) return run_shared(w, (Shared *)w->prequest, timeout);
     if (w->pair_halves) return run_halves(w, timeout, dst);
     if (w->pair_scratch != NULL) { /* a two-rank plan: its receive and send (persistent handles stay put) */
         MPI_Request *recv = PyMPIRequest_Get(PyTuple_GET_ITEM(w->prequest, 0));
@@ -2420,7 +2450,9 @@ PyMODINIT_FUNC HR_CAT(PyInit_, HR_CORE_NAME)(void) {
         return NULL;
     if (zero == NULL && (zero = PyLong_FromLong(0)) == NULL) return NULL;
     WarmType.tp_methods = warm_methods;
-    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&WarmType) < 0 || PyType_Ready(&TableType) < 0) return NULL;
+    if (PyType_Ready(&ProgramType) < 0 || PyType_Ready(&WarmType) < 0 || PyType_Ready(&TableType) < 0 ||
+        PyType_Ready(&SharedType) < 0)
+        return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL) return NULL;
 #ifndef HR_SOURCES_DIGEST /* what it was built from (setup.py; hpcring.stamp compares) */
@@ -2434,7 +2466,8 @@ PyMODINIT_FUNC HR_CAT(PyInit_, HR_CORE_NAME)(void) {
         PyModule_AddIntConstant(m, "WIDTH", HR_WIDTH) < 0 ||
         PyModule_AddObjectRef(m, "Program", (PyObject *)&ProgramType) < 0 ||
         PyModule_AddObjectRef(m, "Warm", (PyObject *)&WarmType) < 0 ||
-        PyModule_AddObjectRef(m, "Table", (PyObject *)&TableType) < 0) {
+        PyModule_AddObjectRef(m, "Table", (PyObject *)&TableType) < 0 ||
+        PyModule_AddObjectRef(m, "Shared", (PyObject *)&SharedType) < 0) {
         Py_DECREF(m);
         return NULL;
     }
