@@ -21,6 +21,7 @@ OTHER = {
     "HPCRING_RANKS_PER_NODE": ("1", "1"),
     "HPCRING_EXCHANGE_RANKS": ("1", "1"),  # checked at the first call: it picks the agreement's road
     "HPCRING_HIERARCHICAL_INTER": ("rabenseifner", "rabenseifner"),
+    "HPCRING_SHARED_MEMORY": ("0", "False"),
     "HPCRING_CUDA_AWARE": ("0", "False"),
     "HPCRING_TRACE": ("{tmp}/trace.json", "set"),
 }
