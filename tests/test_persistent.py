@@ -10,7 +10,7 @@ from helpers import WAIT_OUT, everywhere, identical_everywhere, raises_everywher
 from mpi4py import MPI
 
 import hpcring
-from hpcring import config, core
+from hpcring import config, core, polling
 from hpcring.persistent import PAIR_WHOLE_IN_PLACE, SHARED_BYTES, SHARED_RANKS
 
 pytestmark = pytest.mark.mpi
@@ -80,7 +80,7 @@ def _transport(p: hpcring.persistent.Plan) -> str:
     ("dtype", "op"), [("float32", "sum"), ("float64", "max"), ("int64", "prod"), ("float64", "mean")]
 )
 def test_a_plan_on_one_node_runs_through_shared_memory(
-    fresh_world: MPI.Intracomm, dtype: str, op: str, placement: str
+    fresh_world: MPI.Intracomm, dtype: str, op: str, placement: str, request: pytest.FixtureRequest
 ) -> None:
     """On one node, where the compiled core runs, a small plan's runs are memory written and read
     (hpcring/_c/shared.h), no message: every rank ends with MPI_Allreduce's result (bitwise, on
@@ -89,6 +89,10 @@ def test_a_plan_on_one_node_runs_through_shared_memory(
     if G == 1:
         pytest.skip("one rank has nothing to share")
     expected = "Shared" if core.active() and G <= SHARED_RANKS else None
+    # where ranks outnumber cores (3 and 4 ranks here) plans take messages (`shared_plan`):
+    # spinning waits here, so that shared memory is tested at every rank count
+    polling.share(False)
+    request.addfinalizer(polling.share)
     mpi_op = {"sum": MPI.SUM, "max": MPI.MAX, "prod": MPI.PROD, "mean": MPI.SUM}[op]
     ok = True
     for count in (1, 1000, SHARED_BYTES // np.dtype(dtype).itemsize):
@@ -116,6 +120,20 @@ def test_shared_memory_can_be_turned_off(fresh_world: MPI.Intracomm, monkeypatch
     """HPCRING_SHARED_MEMORY=0: the plan takes messages (two ranks: `Pair`), with the same result."""
     monkeypatch.setenv("HPCRING_SHARED_MEMORY", "0")
     config.reload()
+    x = np.full(16, fresh_world.rank + 1.0)
+    p = hpcring.plan(x, algorithm="mpi", comm=fresh_world)
+    p()
+    assert everywhere(fresh_world, _transport(p) != "Shared" and bool((x == G * (G + 1) / 2).all()))
+    p.free()
+
+
+def test_where_ranks_outnumber_cores_a_plan_takes_messages(
+    fresh_world: MPI.Intracomm, request: pytest.FixtureRequest
+) -> None:
+    """Where waits give their core away (ranks outnumber cores, `hpcring.polling.shared`), a plan
+    takes messages, with the same result; the rank count decides alike on every rank."""
+    polling.share(True)
+    request.addfinalizer(polling.share)
     x = np.full(16, fresh_world.rank + 1.0)
     p = hpcring.plan(x, algorithm="mpi", comm=fresh_world)
     p()
@@ -165,7 +183,7 @@ def test_a_rank_that_never_starts_is_named(fresh_world: MPI.Intracomm, run: str)
         pytest.skip("needs a rank to miss")
     timeout, missing = WAIT_OUT, G - 1
     p = hpcring.plan(np.ones(100), algorithm="mpi", comm=fresh_world, timeout=timeout)
-    ok = not core.active() or G > SHARED_RANKS or _transport(p) == "Shared"
+    ok = not core.active() or G > SHARED_RANKS or polling.shared() or _transport(p) == "Shared"
     if fresh_world.rank != missing:
         start = time.monotonic()
         try:
