@@ -232,6 +232,8 @@ class BuildExt(build_ext):
         others = [flag for flag in compile_flags if not flag.startswith("-I")]
         ext.extra_compile_args = [*ext.extra_compile_args, *others]
         ext.extra_link_args = [*ext.extra_link_args, *relocate_rpaths(link_flags, temporary)]
+        if sys.platform.startswith("linux"):  # shm_open (_c/shared.h): in librt before glibc 2.34
+            ext.libraries = [*ext.libraries, "rt"]
         say(f"{ext.name}: MPI from {source} ({shlex.join(wrapper)})")
 
 

@@ -16,7 +16,8 @@
  *   against the deadline) and the program. Every slow path (a mismatch, a long wait, an error)
  *   calls back into the engine's Python, so every rank raises what the pure-Python core raises;
  * - `caller`: hpcring.engine.call as the front ends call it: a warm call found in a `Table` runs
- *   here, anything else goes on to the Python function.
+ *   here, anything else goes on to the Python function;
+ * - `Shared` (shared.h): a plan's all-reduce through a shared-memory segment, run by its `Warm`.
  *
  * The pure-Python core is the reference: both give the same bits (tests/test_core_mpi.py).
  */

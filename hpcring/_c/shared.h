@@ -26,7 +26,8 @@
 #define HR_LINE 64 /* a slot's run number has a cache line to itself; the data starts on the next */
 
 typedef struct {
-    PyObject_HEAD char *base; /* the mapping (NULL once freed) */
+    PyObject_HEAD
+    char *base; /* the mapping (NULL once freed) */
     size_t length;
     int rank, size;
     Py_ssize_t nbytes, stride; /* the input's bytes; a slot's (its line, then the data, whole lines) */
