@@ -32,9 +32,10 @@ PAIR_TAGS = 32100, 668  # a two-rank plan's tag: the first, and how many (by the
 # A plan whose ranks share one node's memory, of up to SHARED_BYTES, all-reduces through a
 # shared-memory segment where the compiled core runs (`shared_plan`; hpcring/_c/shared.h): each
 # rank writes its input and a run number, and reduces every rank's input in rank order, with no
-# message. Every rank reads the others' inputs whole, G - 1 of them: the library's own
-# algorithms move less from here on. 2 ranks, float32, input written before each run: 0.83x the
-# bare MPI_Allreduce's time at 8 B in place, 0.44x at 4 KiB, 0.69x at 64 KiB (docs/embedding.md).
+# message. Every rank reads the others' inputs whole, G - 1 of them, so past SHARED_BYTES it
+# pays no more. 2 ranks, float32, input written before each run, in place: 0.83x the bare
+# MPI_Allreduce's time at 8 B, 0.44x at 4 KiB, 0.69x at 64 KiB (docs/embedding.md); past it
+# 1.21x at 256 KiB, 1.05x at 1 MiB, 1.22x at 4 MiB.
 SHARED_BYTES = 64 << 10
 SHARED_RANKS = 8
 
