@@ -104,15 +104,14 @@ class _Now(threading.local):
     out_rows: int = -1  # the rows of out= (-1: none), uneven
     table: np.ndarray | None = None  # every rank's splits, where they rode with the agreement
     x: Any = None  # the input, where its blocks leave ahead of the agreement (`plan` to `_agree`)
+    pending: list[Any] | None = None  # those blocks' sends, once the ranks agree
+    number: int = 0  # the agreed call's number
 
     def row(self, size: int) -> list[int]:
         """This rank's row of an uneven call's split table (`Exchange.checked`): the sends, the
         receives as given or -1, the rows of out= or -1."""
         assert self.sends is not None
         return [*self.sends, *(self.recvs if self.recvs is not None else [-1] * size), self.out_rows]
-
-    pending: list[Any] | None = None  # those blocks' sends, once the ranks agree
-    number: int = 0  # the agreed call's number
 
 
 class Exchange(Call):

@@ -1834,12 +1834,7 @@ static int plan_wait(Warm *w, int n, MPI_Request *req, PyObject *requests, PyObj
  * a plan's requests are (holding the GIL a few microseconds, then released, then Python's
  * bounded wait on Test, which makes the result). 1 done, -1 raised. */
 static int run_shared(Warm *w, Shared *s, PyObject *timeout) {
-    if (!shared_usable(s)) return -1;
-    if (s->started) {
-        PyErr_SetString(PyExc_RuntimeError, "hpcring.plan: started twice without a wait in between");
-        return -1;
-    }
-    shared_start(s);
+    if (shared_begin(s) < 0) return -1;
     int done = shared_spin(s, HELD_SECONDS);
     if (!done) {
         Py_BEGIN_ALLOW_THREADS
@@ -1942,12 +1937,6 @@ PyDoc_STRVAR(call_warm_doc, "call(x, out, check, timeout)\n\nThis warm call, che
                             "it (arrays this warm call cannot take as they are, tracing on, the compiled core off, "
                             "another thread).");
 
-/* The front door for a kind of array that is not an ndarray but has an ndarray view of its memory
- * (hpcring.engine.call's torch CPU tensors): the Python look-up found this warm call by the
- * tensor's key, so the row says the tensor's kind; here only the views' shape, dtype and
- * placement are checked again, as `lookup` and `ready` check an ndarray's. An output this call
- * makes (an all-to-all's, a reduce-scatter's or an all-gather's, where no out= is given) is made
- * here by its ``allocate``: an ndarray, which the caller wraps. */
 /* ``w`` run on ``x`` and ``out``, its output (an all-to-all's, a reduce-scatter's or an
  * all-gather's, where no out= is given) made by its ``allocate``: the result, NotImplemented where
  * `ready` says no (the Python path then asks again and says why), or NULL raised (the
@@ -1969,6 +1958,12 @@ static PyObject *run_found(Warm *w, hr_ndarray *x, PyObject *out, PyObject *chec
     return result;
 }
 
+/* The front door for a kind of array that is not an ndarray but has an ndarray view of its memory
+ * (hpcring.engine.call's torch CPU tensors): the Python look-up found this warm call by the
+ * tensor's key, so the row says the tensor's kind; here only the views' shape, dtype and
+ * placement are checked again, as `lookup` and `ready` check an ndarray's. An output this call
+ * makes (an all-to-all's, a reduce-scatter's or an all-gather's, where no out= is given) is made
+ * here by its ``allocate``: an ndarray, which the caller wraps. */
 static PyObject *warm_call_method(Warm *w, PyObject *const *argv, Py_ssize_t argc) {
     if (argc != 4) {
         PyErr_SetString(PyExc_TypeError, "call(x, out, check, timeout)");

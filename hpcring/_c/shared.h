@@ -61,9 +61,12 @@ static inline int shared_ready(Shared *s) {
     return 1;
 }
 
-/* The result: rank 0's input (op) rank 1's (op) ..., from the slots, into dst. */
-static void shared_unmap(Shared *s);
+static void shared_unmap(Shared *s) {
+    if (s->base != NULL) munmap(s->base, s->length);
+    s->base = NULL;
+}
 
+/* The result: rank 0's input (op) rank 1's (op) ..., from the slots, into dst. */
 static void shared_finish(Shared *s) {
     size_t n = (size_t)s->count;
     const char *first = shared_slot(s, 0, s->run) + HR_LINE;
@@ -99,11 +102,6 @@ static int shared_spin(Shared *s, double seconds) {
         if (share) sched_yield();
         if (now() > end) return 0;
     }
-}
-
-static void shared_unmap(Shared *s) {
-    if (s->base != NULL) munmap(s->base, s->length);
-    s->base = NULL;
 }
 
 static void shared_dealloc(Shared *s) {
@@ -196,14 +194,21 @@ static int shared_usable(Shared *s) {
     return 0;
 }
 
-/* MPI.Prequest's names, which the plan and its bounded wait call (hpcring.persistent.Plan). */
-static PyObject *shared_start_method(Shared *s, PyObject *unused) {
-    if (!shared_usable(s)) return NULL;
+/* A run started (`shared_start`) where the plan is neither freed nor started already: 0, or -1
+ * raised. What `Start` and the compiled run (core.c's run_shared) both begin with. */
+static int shared_begin(Shared *s) {
+    if (!shared_usable(s)) return -1;
     if (s->started) {
         PyErr_SetString(PyExc_RuntimeError, "hpcring.plan: started twice without a wait in between");
-        return NULL;
+        return -1;
     }
     shared_start(s);
+    return 0;
+}
+
+/* MPI.Prequest's names, which the plan and its bounded wait call (hpcring.persistent.Plan). */
+static PyObject *shared_start_method(Shared *s, PyObject *unused) {
+    if (shared_begin(s) < 0) return NULL;
     Py_RETURN_NONE;
 }
 
