@@ -76,6 +76,8 @@ OPS: dict[Any, str] = {
     dist.ReduceOp.MIN: "min",
     dist.ReduceOp.PRODUCT: "prod",
 }
+_RED_OP_TYPE = type(dist.ReduceOp.SUM)
+_OP_VALUES = {kind.value: name for kind, name in OPS.items()}  # by value: torch's enums hash slowly
 # dtypes that move as themselves; any other moves as bytes (in 8-byte words), or is refused by a reduction
 MOVABLE = {
     torch.float16,
@@ -163,8 +165,8 @@ def _host_view(t: Any) -> Any:
     tensors in place outside autograd), so ranks choose alike by dtype and device, which the call
     agrees on: a view on some ranks and a tensor on others would be a mismatch of array kinds."""
     if type(t) is torch.Tensor and t.is_cpu and t.dtype in VIEWABLE:
-        try:
-            return t.detach().numpy()
+        try:  # detach only where autograd would refuse the view (a copy of the tensor's header)
+            return (t.detach() if t.requires_grad else t).numpy()
         except (RuntimeError, TypeError):  # a conjugate or negative view: torch's own path
             return None
     return None
@@ -295,15 +297,13 @@ class ProcessGroupHpcring(dist.ProcessGroup):
         """hpcring's blocking ``call`` here, in the caller's thread (as `_submit` runs it for a
         collective torch waits for at once), and its Work done: its error, if any, raised by
         ``wait()`` on every rank alike, as the Work of `_submit` raises it."""
-        work = Work(tensors, name)
         error: BaseException | None = None
         with self._lock:
             try:
                 call(*args, comm=self.comm, check=self.options.check, timeout=self.timeout, **kwargs)
             except BaseException as failed:
                 error = failed
-        work.finish(error)
-        return work
+        return done(tensors, name, error)
 
     # -- all-reduce -------------------------------------------------------------------------------
 
@@ -581,7 +581,7 @@ class ProcessGroupHpcring(dist.ProcessGroup):
             and input.device == output.device
             and input.dim() > 0
             and output.dim() > 0
-            and input.shape[1:] == output.shape[1:]
+            and (input.dim() == 1 == output.dim() or input.shape[1:] == output.shape[1:])
             and not _overlap(input, output)
         )
         if not direct:
@@ -749,10 +749,7 @@ def _op(opts: Any, collective: str) -> str:
     """hpcring's op for torch's ``opts.reduceOp``; NotImplementedError naming any other."""
     reduce_op = getattr(opts, "reduceOp", dist.ReduceOp.SUM)
     kind = getattr(reduce_op, "op", reduce_op)
-    try:
-        name = OPS.get(kind)
-    except TypeError:  # an op torch cannot hash: none of these
-        name = None
+    name = _OP_VALUES.get(kind.value) if type(kind) is _RED_OP_TYPE else None
     if name is not None:
         return name
     raise _unsupported(f"{collective} with op {str(kind).rpartition('.')[2]}")

@@ -222,10 +222,11 @@ def _stop_all() -> None:
         completer.stop()
 
 
-def done(result: list[torch.Tensor], name: str) -> Work:
-    """A Work complete already (a collective with nothing to move)."""
+def done(result: list[torch.Tensor], name: str, error: BaseException | None = None) -> Work:
+    """A Work complete already (a collective with nothing to move, or one run in its caller),
+    with ``error`` if it failed: no other thread knows it yet, so nothing to lock or wake."""
     work = Work(result, name)
-    work.finish(None)
+    work._finish(error)
     return work
 
 
