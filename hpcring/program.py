@@ -27,7 +27,6 @@ wait), on wire buffers assigned as `hpcring.wire.WireChannel` pools them.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -86,26 +85,43 @@ class Unrecordable(Exception):
     """The algorithm did something a step table cannot hold; its calls keep the Python path."""
 
 
-@dataclass
 class Buffer:
-    """One memory a program names: the input, the output, a channel's scratch or a wire pool."""
+    """One memory a program names: the input, the output, a channel's scratch or a wire pool.
+    (A plain class, as `Program`: a dataclass costs its module's import about 0.4 ms, which a
+    code's second call would pay, docs/embedding.md.)"""
 
-    kind: str  # "src", "dst", "scratch", "wire"
-    comm: int = 0  # scratch: which channel's (0 the call's, 1 and 2 a two-level algorithm's)
-    name: str = ""  # scratch: its name in that channel
-    nbytes: int = 0  # scratch and wire: bytes it must hold
+    __slots__ = ("comm", "kind", "name", "nbytes")
+
+    def __init__(self, kind: str, comm: int = 0, name: str = "", nbytes: int = 0) -> None:
+        self.kind = kind  # "src", "dst", "scratch", "wire"
+        self.comm = comm  # scratch: which channel's (0 the call's, 1 and 2 a two-level algorithm's)
+        self.name = name  # scratch: its name in that channel
+        self.nbytes = nbytes  # scratch and wire: bytes it must hold
+
+    def __repr__(self) -> str:
+        return f"Buffer({self.kind!r}, {self.comm}, {self.name!r}, {self.nbytes})"
 
 
-@dataclass
 class Program:
     """The table and what it refers to."""
 
-    rows: np.ndarray  # (n, WIDTH) int64
-    buffers: list[Buffer]
-    channels: list[Any]  # the real channels the comm numbers stand for
-    counts: np.ndarray  # int32: the counts a REDUCE_SCATTER row refers to
-    sent: int  # bytes handed to MPI by one run (what Channel.traffic counts)
-    unknown: bool  # a library collective ran (its traffic is not visible)
+    __slots__ = ("buffers", "channels", "counts", "rows", "sent", "unknown")
+
+    def __init__(
+        self,
+        rows: np.ndarray,
+        buffers: list[Buffer],
+        channels: list[Any],
+        counts: np.ndarray,
+        sent: int,
+        unknown: bool,
+    ) -> None:
+        self.rows = rows  # (n, WIDTH) int64
+        self.buffers = buffers
+        self.channels = channels  # the real channels the comm numbers stand for
+        self.counts = counts  # int32: the counts a REDUCE_SCATTER row refers to
+        self.sent = sent  # bytes handed to MPI by one run (what Channel.traffic counts)
+        self.unknown = unknown  # a library collective ran (its traffic is not visible)
 
     def describe(self) -> list[str]:
         """The rows in words (for a reader, and for a failing test's message)."""
