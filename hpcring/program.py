@@ -87,8 +87,8 @@ class Unrecordable(Exception):
 
 class Buffer:
     """One memory a program names: the input, the output, a channel's scratch or a wire pool.
-    (A plain class, as `Program`: a dataclass costs its module's import about 0.4 ms, which a
-    code's second call would pay, docs/embedding.md.)"""
+    (Plain classes, this and `Program`: a code's second call imports this module, and dataclasses
+    would add their module's import and about 0.4 ms each to it, docs/embedding.md.)"""
 
     __slots__ = ("comm", "kind", "name", "nbytes")
 
