@@ -224,18 +224,24 @@ SHRUNK: list[float] = []
 # Open MPI's own crash report: a survivor that died inside the library while it handled another
 # rank's failure (seen about once in eight runs of "others" on 2 loaded cores), not hpcring's doing.
 MPI_CRASHED = "*** End of error message ***"
+# What the other survivors say when one never came back from inside MPI: a survivor in MPI's own
+# blocking all-reduce (`mpi`) that Open MPI did not wake when rank 0 was killed (twice in many
+# runs of "reducing", both on 2 loaded cores). hpcring's own waits are bounded: a survivor stuck
+# in one raises StallError, which fails the test on every attempt.
+MPI_STUCK = "a survivor alive but stuck inside MPI"
 
 
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_survivor_raises_rank_failed_error_at_once(name: str) -> None:
     env, cases = CASES[name]
-    for attempt in range(2):  # once more only where Open MPI itself crashed in a survivor
+    for attempt in range(2):  # once more only where Open MPI itself crashed or hung a survivor
         job = Job(
             [*ulfm_launch(6), PYTHON, str(HERE / "ulfm_job.py"), *cases], JOB_SECONDS, env={**env, **TIMEOUT}
         )
         lines = job.finish()
         crashes = sum(case.endswith(":crash") for case in cases)  # each such victim reports its own
-        if attempt or job.output().count(MPI_CRASHED) <= crashes:
+        output = job.output()
+        if attempt or (output.count(MPI_CRASHED) <= crashes and MPI_STUCK not in output):
             break
     events: dict[int, dict[str, dict[int, str]]] = {}
     for line in lines:
