@@ -154,13 +154,21 @@ def test_mean_and_the_mpi_persistent_request(fresh_world: MPI.Intracomm) -> None
     p.free()
 
 
-def test_freed_plan_and_misuse_are_refused(fresh_world: MPI.Intracomm) -> None:
+@pytest.mark.parametrize("algorithm", ["ring", "mpi"])
+def test_freed_plan_and_misuse_are_refused(fresh_world: MPI.Intracomm, algorithm: str) -> None:
+    """p() runs straight where nothing needs checking; a started or freed plan still refuses it."""
     x = np.ones(8)
-    p = hpcring.plan(x, algorithm="ring", comm=fresh_world)
+    p = hpcring.plan(x, algorithm=algorithm, comm=fresh_world)
     raises_everywhere(RuntimeError, "wait without a start", p.wait)
     p()
+    p.start()
+    raises_everywhere(RuntimeError, "started twice", p)
+    p.wait()
+    p()
+    ok = bool((x == G**3).all())  # three runs, each a sum over G ranks
     p.free()
     raises_everywhere(RuntimeError, "was freed", p)
+    assert everywhere(fresh_world, ok)
 
 
 def test_mismatch_at_creation_raises_on_every_rank(fresh_world: MPI.Intracomm) -> None:
