@@ -279,7 +279,7 @@ class Plan:
         if not self._call.adapter.fixed_memory and self._buffers() != self._where:
             raise ValueError("hpcring.plan: the buffers changed since the plan was made (make a new plan)")
         self._started = True
-        self._direct = None  # p() now waits for this run first (it raises: started twice)
+        self._direct = None  # p() takes the checked path until the wait, which refuses it
         if self._request is not None:
             self._request.Start()
             self._active = True
