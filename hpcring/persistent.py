@@ -247,27 +247,22 @@ class Plan:
     def __call__(self) -> Any:
         """Run the all-reduce once and return its result (``x`` in place, else ``out``)."""
         run = self._direct
-        if run is not None:
-            try:
-                return run()
-            except BaseException:
-                if self._request is not None:
-                    self._active = True  # the request may still be running inside MPI: `free` leaves it be
-                raise
-        if self._whole is not None and not (self._started or self._freed):
-            if self._request is None:
-                return self._whole()
-            if not self._call.adapter.fixed_memory and self._buffers() != self._where:
+        if run is None and self._whole is not None and not (self._started or self._freed):
+            # a persistent request on buffers that may move (a torch tensor's): checked each run
+            if self._buffers() != self._where:
                 raise ValueError(
                     "hpcring.plan: the buffers changed since the plan was made (make a new plan)"
                 )
-            try:
-                return self._whole()
-            except BaseException:
+            run = self._whole
+        if run is None:
+            self.start()
+            return self.wait()
+        try:
+            return run()
+        except BaseException:
+            if self._request is not None:
                 self._active = True  # the request may still be running inside MPI: `free` leaves it be
-                raise
-        self.start()
-        return self.wait()
+            raise
 
     def start(self) -> None:
         """Start the all-reduce: with a persistent request (`mpi`) it runs while the caller
