@@ -16,7 +16,7 @@ from helpers import WAIT_OUT, everywhere, identical_everywhere
 from mpi4py import MPI
 
 import hpcring
-from hpcring import algorithms, core, exact, kernels, program
+from hpcring import algorithms, core, exact, kernels, ops, program
 from hpcring.algorithms import ALLREDUCE
 from hpcring.arrays import NUMPY
 from hpcring.comm import channel_for, state_of
@@ -42,13 +42,24 @@ def _input(dtype: np.dtype, n: int, seed: int) -> np.ndarray:
     return (rng.standard_normal(n) * 10.0 ** rng.integers(-3, 4, n)).astype(dtype)
 
 
-def _three(name: str, dtype: np.dtype, n: int, in_place: bool, comm: MPI.Intracomm) -> list[np.ndarray]:
-    """(direct run, Python execute of the table, compiled run of the table), each on fresh arrays."""
+def _three(name: str, dtype: np.dtype, n: int, in_place: bool, comm: MPI.Intracomm) -> list[np.ndarray] | str:
+    """(direct run, Python execute of the table, compiled run of the table), each on fresh arrays;
+    or, where any rank cannot record the table, why (then no rank runs anything: a table only the
+    root cannot record, its reductions, must not leave the others running it alone)."""
     spec = algorithms.spec(ALLREDUCE, name)
     channel = channel_for(comm, NUMPY)
     channel.timeout = TIMEOUT
     op = OPS["sum"]
+    ops.code(dtype)  # as every front door does: bfloat16's kernels known before anything reduces it
     x = _input(dtype, n, n)
+    why = ""
+    try:
+        src = x.copy()
+        program.record(spec, "reducing", channel, src, src if in_place else np.full_like(src, 3), op)
+    except program.Unrecordable as error:  # its calls keep the Python path: nothing to compare
+        why = f"unrecordable: {error}"
+    if not everywhere(WORLD, not why):
+        return why or "unrecordable on another rank"
     results = []
     for how in ("direct", "execute", "compiled"):
         src = x.copy()
@@ -77,11 +88,11 @@ def test_table_is_the_algorithm(
 ) -> None:
     ok, detail = True, ""
     for n in SIZES:
-        try:
-            direct, executed, compiled = _three(name, dtype, n, in_place, fresh_world)
-        except program.Unrecordable as error:  # its calls keep the Python path: nothing to compare
-            detail = f"unrecordable: {error}"
+        three = _three(name, dtype, n, in_place, fresh_world)
+        if isinstance(three, str):
+            detail = three
             continue
+        direct, executed, compiled = three
         same = direct.tobytes() == executed.tobytes() == compiled.tobytes()
         ok &= same and identical_everywhere(WORLD, compiled)
         if not same:
