@@ -116,10 +116,11 @@ class CommState:
         if self._agreement is not None:
             self._agreement.waiter.close()
         if not MPI.Is_finalized():
-            if self.background is not None:
-                self.background.Free()  # its own state closes first (the attribute's callback)
+            # Freed unless a wait on them gave up (`hpcring.polling.free`: kept for good then).
+            if self.background is not None and not polling.free(self.background):
+                discard(self.background)  # freeing it would have closed its state: close it here
             if self.owned:
-                self.comm.Free()
+                polling.free(self.comm)
 
 
 def _release(comm: MPI.Comm, keyval: int, state: CommState) -> None:

@@ -102,6 +102,29 @@ def _close_at_exit(waiter: Waiter) -> None:
     _POSTED.add(waiter)
 
 
+# Communicators on which a wait of this process gave up (by handle). Messages sent on them may
+# never be received: a rank that skipped a call leaves the others' data and stall notices queued
+# at it. MPICH gives a freed communicator's context id to the next communicator it makes, and a
+# message still queued under that id is then received there: a stall notice raises a StallError
+# in a healthy call, a data message is taken as data. A communicator stays unusable for a new one
+# while any of its ranks holds it, so the ranks that gave up on it keep it (`free`).
+_GAVE_UP: set[int] = set()
+
+
+def gave_up(comm: MPI.Comm) -> None:
+    """Note that a wait on ``comm`` gave up: `free` keeps it."""
+    _GAVE_UP.add(MPI._handleof(comm))
+
+
+def free(comm: MPI.Comm) -> bool:
+    """Free ``comm`` (one hpcring made), unless a wait on it gave up: that one is kept for the
+    rest of the process (`_GAVE_UP`). Whether it was freed."""
+    if MPI._handleof(comm) in _GAVE_UP:
+        return False
+    comm.Free()
+    return True
+
+
 def idle_barrier(comm: Any) -> None:
     """A barrier that sleeps between polls: ranks waiting here leave the cores to those at work."""
     request = comm.Ibarrier()
@@ -186,6 +209,7 @@ class Waiter:
 
     def notify_all(self, call: int = -1, peer: int = -1, where: int = Where.AGREEMENT) -> None:
         """Tell every other rank that this one stopped waiting (tiny messages, sent eagerly)."""
+        gave_up(self.comm)  # from here on a message may travel that no rank receives
         if not self.notices:
             return
         word = np.array([self.rank, call, peer, where], dtype=np.int64)

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from mpi4py import MPI
 
-from . import config
+from . import config, polling
 from .arrays import device_key
 from .polling import Waiter, arrive
 
@@ -108,7 +108,7 @@ class Topology:
             comm = getattr(self, name)
             setattr(self, name, None)
             if comm is not None and not MPI.Is_finalized():
-                comm.Free()
+                polling.free(comm)  # kept where a wait on it gave up
 
 
 def discover(comm: MPI.Intracomm) -> Topology:

@@ -21,7 +21,7 @@ from helpers import WAIT_OUT, Verdicts, everywhere, identical_everywhere, raises
 from mpi4py import MPI
 
 import hpcring
-from hpcring import algorithms, core, engine
+from hpcring import algorithms, core, engine, polling
 from hpcring.comm import known_state
 from hpcring.flight import AGREEMENT, MASK, MOVING
 from hpcring.ops import DTYPES, OPS, kind
@@ -343,6 +343,30 @@ def test_a_rank_that_never_arrives_is_named(collective: str) -> None:
             ok = error.missing == [missing] and timeout - 0.1 <= elapsed <= timeout + 2.0
     assert everywhere(WORLD, ok)
     comm.Free()
+
+
+def test_a_communicator_given_up_on_keeps_its_messages_to_itself() -> None:
+    """A stall notice that no rank received (rank 0 gave up on a call that the others skipped)
+    reaches no later communicator. MPICH gives a freed communicator's context id to the next one
+    it makes, and a message still queued under the id is received there: such a notice raised
+    StallError in a healthy call. The rank that gave up keeps the communicator (`polling.free`)."""
+    if WORLD.size == 1:
+        pytest.skip("needs a rank to send a notice to")
+    comm = WORLD.Dup()  # as hpcring's own duplicate of a user's communicator
+    if WORLD.rank == 0:
+        polling.Waiter(comm).notify_all(call=7)  # what a rank that gives up sends; no one listens
+    WORLD.Barrier()
+    polling.free(comm)
+    ok = True
+    for _ in range(3):
+        fresh = WORLD.Dup()
+        waiter = polling.Waiter(fresh)
+        heard = waiter.listen(0.2, {fresh.rank}, fresh.size, 0.2)
+        ok &= heard == {fresh.rank} and not waiter.heard
+        waiter.close()
+        WORLD.Barrier()
+        ok &= polling.free(fresh)  # nothing given up on: freed
+    assert everywhere(WORLD, ok)
 
 
 @pytest.mark.parametrize("collective", ["allreduce", "reduce_scatter", "allgather", "broadcast"])

@@ -35,7 +35,7 @@ from mpi4py import MPI
 from ..agreement import Row
 from ..errors import StallError
 from ..flight import MASK, MOVING, Recorder, clock
-from ..polling import ABANDONED, cancel
+from ..polling import ABANDONED, cancel, free, gave_up
 
 YIELD_AFTER = 64  # tests before a waiting thread yields its core between tests (os.sched_yield)
 NAP_AFTER = 0.05  # seconds without completion after which it naps instead: a peer that late is busy
@@ -143,6 +143,7 @@ class Transfer(dist.Work):
                 future.set_exception(error)
 
     def _stall(self) -> StallError:
+        gave_up(self._p2p.comm)  # what was sent on it may never be received: kept, never freed
         if self._kind == "send":
             ABANDONED.append(self._request)  # MPI may still read the buffer: kept for good
             ABANDONED.append(self._keep)  # type: ignore[arg-type]
@@ -300,7 +301,7 @@ class P2P:
         if self._poller is not None:
             self._poller.stop()
         if not MPI.Is_finalized():
-            self.comm.Free()
+            free(self.comm)  # kept where a transfer gave up (`hpcring.polling.free`)
 
 
 def host_bytes(tensor: torch.Tensor) -> Any:
