@@ -234,14 +234,16 @@ MPI_STUCK = "a survivor alive but stuck inside MPI"
 @pytest.mark.parametrize("name", list(CASES))
 def test_every_survivor_raises_rank_failed_error_at_once(name: str) -> None:
     env, cases = CASES[name]
-    for attempt in range(2):  # once more only where Open MPI itself crashed or hung a survivor
+    # Again (twice at most) only where Open MPI itself crashed or hung a survivor: about one run
+    # in eight on 2 loaded cores, and twice in a row once.
+    for attempt in range(3):
         job = Job(
             [*ulfm_launch(6), PYTHON, str(HERE / "ulfm_job.py"), *cases], JOB_SECONDS, env={**env, **TIMEOUT}
         )
         lines = job.finish()
         crashes = sum(case.endswith(":crash") for case in cases)  # each such victim reports its own
         output = job.output()
-        if attempt or (output.count(MPI_CRASHED) <= crashes and MPI_STUCK not in output):
+        if attempt == 2 or (output.count(MPI_CRASHED) <= crashes and MPI_STUCK not in output):
             break
     events: dict[int, dict[str, dict[int, str]]] = {}
     for line in lines:
