@@ -346,23 +346,28 @@ def test_a_rank_that_never_arrives_is_named(collective: str) -> None:
 
 
 def test_a_communicator_given_up_on_keeps_its_messages_to_itself() -> None:
-    """A stall notice that no rank received (rank 0 gave up on a call that the others skipped)
-    reaches no later communicator. MPICH gives a freed communicator's context id to the next one
-    it makes, and a message still queued under the id is received there: such a notice raised
-    StallError in a healthy call. The rank that gave up keeps the communicator (`polling.free`)."""
+    """What a rank that gave up sent and no rank received (its stall notice, its data for the
+    skipped call) reaches no later communicator. MPICH gives a freed communicator's context id
+    to the next one it makes, and a message still queued under the id is received there: a
+    stale notice raised StallError in a healthy call, and data would be taken as data. The rank
+    that gave up keeps the communicator (`polling.free`)."""
     if WORLD.size == 1:
-        pytest.skip("needs a rank to send a notice to")
+        pytest.skip("needs a rank to send to")
     comm = WORLD.Dup()  # as hpcring's own duplicate of a user's communicator
+    sent = np.full(2, 7.0)
     if WORLD.rank == 0:
-        polling.Waiter(comm).notify_all(call=7)  # what a rank that gives up sends; no one listens
+        request = comm.Isend(sent, 1, 0)  # the skipped call's data: eager, never received
+        polling.Waiter(comm).notify_all(call=7)  # and the notice of a rank that gives up
+        request.Wait()
     WORLD.Barrier()
     polling.free(comm)
-    ok = True
+    ok, status = True, MPI.Status()
     for _ in range(3):
         fresh = WORLD.Dup()
         waiter = polling.Waiter(fresh)
         heard = waiter.listen(0.2, {fresh.rank}, fresh.size, 0.2)
         ok &= heard == {fresh.rank} and not waiter.heard
+        ok &= not fresh.Iprobe(MPI.ANY_SOURCE, MPI.ANY_TAG, status)
         waiter.close()
         WORLD.Barrier()
         ok &= polling.free(fresh)  # nothing given up on: freed
