@@ -52,10 +52,12 @@ def _three(name: str, dtype: np.dtype, n: int, in_place: bool, comm: MPI.Intraco
     op = OPS["sum"]
     ops.code(dtype)  # as every front door does: bfloat16's kernels known before anything reduces it
     x = _input(dtype, n, n)
-    why = ""
-    try:
+    why, recorded = "", None
+    try:  # the table names the input and output, not these arrays: both runs of it take fresh ones
         src = x.copy()
-        program.record(spec, "reducing", channel, src, src if in_place else np.full_like(src, 3), op)
+        recorded = program.record(
+            spec, "reducing", channel, src, src if in_place else np.full_like(src, 3), op
+        )
     except program.Unrecordable as error:  # its calls keep the Python path: nothing to compare
         why = f"unrecordable: {error}"
     if not everywhere(WORLD, not why):
@@ -66,14 +68,12 @@ def _three(name: str, dtype: np.dtype, n: int, in_place: bool, comm: MPI.Intraco
         dst = src if in_place else np.full_like(src, 3)
         if how == "direct":
             spec.run(channel, src, dst, op)
+        elif how == "execute":
+            program.execute(recorded, src, dst, TIMEOUT)
         else:
-            recorded = program.record(spec, "reducing", channel, src, dst, op)
-            if how == "execute":
-                program.execute(recorded, src, dst, TIMEOUT)
-            else:
-                made, why = core.program(recorded, src, dst)
-                assert made is not None, why
-                assert made.run(src, dst, TIMEOUT)
+            made, why = core.program(recorded, src, dst)
+            assert made is not None, why
+            assert made.run(src, dst, TIMEOUT)
         results.append(dst)
     return results
 
