@@ -238,6 +238,11 @@ class Plan:
             where += (adapter.data_pointer(adapter.flat(out)), adapter.nbytes(out))
         return where
 
+    def _refuse_moved(self) -> None:
+        """ValueError where the buffers may move (a torch tensor's) and did since the plan was made."""
+        if not self._call.adapter.fixed_memory and self._buffers() != self._where:
+            raise ValueError("hpcring.plan: the buffers changed since the plan was made (make a new plan)")
+
     @property
     def persistent(self) -> bool:
         """Whether a started run proceeds while the caller computes (MPI's persistent request),
@@ -248,11 +253,7 @@ class Plan:
         """Run the all-reduce once and return its result (``x`` in place, else ``out``)."""
         run = self._direct
         if run is None and self._whole is not None and not (self._started or self._freed):
-            # a persistent request on buffers that may move (a torch tensor's): checked each run
-            if self._buffers() != self._where:
-                raise ValueError(
-                    "hpcring.plan: the buffers changed since the plan was made (make a new plan)"
-                )
+            self._refuse_moved()  # a persistent request on buffers that may move: checked each run
             run = self._whole
         if run is None:
             self.start()
@@ -271,8 +272,7 @@ class Plan:
             raise RuntimeError("hpcring.plan: this plan was freed")
         if self._started:
             raise RuntimeError("hpcring.plan: started twice without a wait in between")
-        if not self._call.adapter.fixed_memory and self._buffers() != self._where:
-            raise ValueError("hpcring.plan: the buffers changed since the plan was made (make a new plan)")
+        self._refuse_moved()
         self._started = True
         self._direct = None  # p() takes the checked path until the wait, which refuses it
         if self._request is not None:
