@@ -58,6 +58,9 @@ def load_stamp() -> object:
 
 
 # No FMA contraction and no fast math: every kernel must round exactly as NumPy's loops do.
+# No FP traps (-fno-trapping-math): the same IEEE results, only the status flags may differ
+# (NumPy clears them before each of its loops); it lets GCC vectorize trunc, which the
+# reproducible sum's conversions run per element.
 # 512-bit vectors where a kernel's AVX-512 clone runs (GCC's generic tuning would use 256).
 # No debug information (Python's own flags ask for -g): with three clones of every kernel it
 # took a third of the compile (kernels.c 48 s -> 33 s on 2 cores) and 5 MB of each module.
@@ -65,6 +68,7 @@ CFLAGS = [
     "-O3",
     "-ffp-contract=off",
     "-fno-fast-math",
+    "-fno-trapping-math",
     "-fno-strict-aliasing",
     "-mprefer-vector-width=512",
     "-g0",
