@@ -769,6 +769,10 @@ def fused(
     terms = None if accumulated else ch.size
     divisor = ch.size if op == "mean" else 1
     x = parts[0] if len(parts) == 1 else None
+    # An ExactSum's ranks may hold one contribution or several: they all take the same path
+    if not accumulated and split.owners is not None and gathers(ch.size, ch.topology().nodes):
+        _gathered(ch, split, parts[0], dst, fmt, block, floats, divisor)
+        return
     if x is None:  # several contributions (or none): their codes' maximum, then their words' sum
         mine_code = ch.scratch("exact-code-part", n, fmt.code)
         if parts:
@@ -801,18 +805,65 @@ def fused(
     split.all_gather(ch, dst)
 
 
+def gathers(size: int, nodes: int) -> bool:
+    """Whether `fused` gathers each segment's contributions to its owner as they are
+    (`_gathered`) instead of reducing words along the algorithm's own steps: on one node, where
+    every pair of ranks is as close as any, and on up to 3 ranks, where the pairs are the ring's
+    neighbours. Across nodes the algorithm's own pattern (the ring's neighbours) is kept."""
+    return nodes == 1 or size <= 3
+
+
+def _gathered(
+    ch: Any, split: Any, x: Any, dst: Any, fmt: Format, block: Any, floats: bool, divisor: int
+) -> None:
+    """`fused` for one contribution ``x``, its reduce-scatter as a gather: each rank sends every
+    other rank that rank's ``owned`` part of ``x`` as it is (a pairwise exchange: the plain
+    reduce-scatter's bytes, not the 8-byte words of partial sums, and no agreement of codes
+    beforehand), then the owner takes the codes' maximum over the G contributions it holds,
+    sums their words and rounds, block by block in cache, and the all-gather passes the rounded
+    results on. The codes, words and rounding are `run`'s, so the bits are too."""
+    xp, size = ch.xp, ch.size
+    owners = split.owners()
+    position = next(p for p, (rank, _) in enumerate(owners) if rank == ch.rank)
+    mine = owners[position][1]
+    m = mine.stop - mine.start
+    theirs = ch.scratch("exact-rows", (size - 1) * m, x.dtype)  # row k - 1: from position p - k
+    for k in range(1, size):
+        to, part = owners[(position + k) % size]
+        ch.step += 1
+        ch.sendrecv(x[part], to, theirs[(k - 1) * m : k * m], owners[(position - k) % size][0])
+    code, words = block("gather-code", fmt.code), block("gather-words", word_dtype(fmt))
+    step = _step(m, xp)
+    for start in range(0, m, step):
+        stop = min(start + step, m)
+        c, w = code[: stop - start], words[: stop - start]
+        rows = [theirs[k * m + start : k * m + stop] for k in range(size - 1)]
+        own, out = x[mine][start:stop], dst[mine][start:stop]
+        _codes(fmt, own, xp, c, block)
+        for row in rows:
+            _codes(fmt, row, xp, c, block, into=c)
+        for k, row in enumerate(rows):
+            _encode(fmt, row, c, None if k == 0 else w, w, xp, block, floats)
+        _decode(fmt, w, own, c, out, divisor, xp, block, size, floats)
+    split.all_gather(ch, dst)
+
+
 def bytes_sent(
     sent: Callable[[int, int], int | None],
     count: int,
     dtype: np.dtype,
     phases: tuple[int, int] | None = None,
+    gathered: bool = False,
 ) -> int | None:
     """Bytes this rank hands to MPI for one reproducible call, from the algorithm's formula
     ``sent(count, itemsize)``: the agreed integers plus the words (None where not visible). Where
     it runs inside the algorithm's two phases (`fused`), ``phases`` are the elements this rank
     sends in each (`hpcring.algorithms.base.Spec.split_sent`): the words in the reduce-scatter,
-    the rounded results in the all-gather."""
+    the rounded results in the all-gather; ``gathered`` (`gathers`): the contribution itself in
+    the reduce-scatter, the plain algorithm's bytes."""
     fmt = format_of(dtype)
+    if phases is not None and gathered:
+        return (phases[0] + phases[1]) * dtype.itemsize
     codes = sent(count, fmt.code.itemsize)
     if phases is not None:
         return None if codes is None else codes + phases[0] * 8 * fmt.words + phases[1] * dtype.itemsize

@@ -84,6 +84,34 @@ def test_exact_sum_of_any_split_and_order_matches_the_serial_sum(
     assert everywhere(WORLD, digest(result) == serial(rows))
 
 
+@pytest.mark.parametrize("algorithm", ["ring", "rabenseifner"])
+def test_one_contribution_per_rank_moves_the_plain_algorithms_bytes(algorithm: str) -> None:
+    """On one node each rank's contribution goes to its segment's owner as it is
+    (`hpcring.exact.gathers`): the reproducible call hands MPI the plain all-reduce's bytes, no
+    codes and no words, in its first call (Python) and its warm ones (the compiled table), with
+    the serial sum's bits each time."""
+    from hpcring import exact
+    from hpcring.arrays import adapter_for
+    from hpcring.comm import channel_for
+
+    comm = WORLD.Dup()
+    rows = values(5, comm.size, 1001, "float32", "cancel")
+    x = rows[comm.rank]
+    channel = channel_for(comm, adapter_for(x))
+    gathered = exact.gathers(comm.size, channel.topology().nodes)
+    want, sent, ok = serial(rows), [], True
+    for reproducible in (False, True, True, True):
+        before = channel.bytes_sent
+        got = hpcring.allreduce(
+            x, comm=comm, algorithm=algorithm, reproducible=reproducible, check=False, out=np.empty_like(x)
+        )
+        sent.append(channel.bytes_sent - before)
+        ok &= not reproducible or digest(got) == want
+    ok &= len(set(sent)) == 1 if gathered else sent[1] > sent[0]
+    assert everywhere(WORLD, ok), sent
+    comm.Free()
+
+
 def test_mean_divides_the_reproducible_sum_by_the_rank_count() -> None:
     rows = values(7, WORLD.size, 100, "float32", "cancel")
     result = hpcring.allreduce(rows[WORLD.rank].copy(), op="mean", reproducible=True)

@@ -12,8 +12,11 @@ run: the max over ranks of the mean of ``--calls`` calls, check=False) of
 - ``floor``: the bytes the format moves, through the same algorithm with plain reductions and no
   conversion: an all-reduce (MAX) of one small integer per element (uint8; uint16 for float64),
   a reduce-scatter of the 8-byte words (16 for float64) summed as float64, an all-gather of the
-  results in the dtype (`hpcring.allreduce`, `reduce_scatter`, `allgather`, check=False). No
-  conversion can make ``exact`` cheaper than this;
+  results in the dtype (`hpcring.allreduce`, `reduce_scatter`, `allgather`, check=False): the
+  floor of reducing the words along the algorithm's steps. Where `hpcring.exact.gathers` holds
+  (one node, or up to 3 ranks), ``exact`` gathers the contributions to their owners unreduced
+  instead and moves the plain all-reduce's bytes: its floor is ``plain`` plus the owner's
+  conversions;
 
 their ratios to ``plain``, and the bytes this rank handed to MPI per call beside the formula.
 Variants are interleaved run by run, so a noisy machine slows them alike: compare ratios from
@@ -140,7 +143,8 @@ def row(
         return algorithms.bytes_sent(name, count, itemsize, size, position)
 
     assert spec.split_sent is not None
-    formula = exact.bytes_sent(by_formula, n, dtype, spec.split_sent(n, size, position))
+    gathered = exact.gathers(size, channel.topology().nodes)
+    formula = exact.bytes_sent(by_formula, n, dtype, spec.split_sent(n, size, position), gathered=gathered)
     ratio = " ".join(f"{med[k] / med['plain']:5.2f}x" for k in ("exact", "whole", "floor"))
     return (
         f"{dtype.name:8s} {mib:4g} {med['plain']:7.2f} {med['exact']:7.2f} {med['whole']:7.2f} "

@@ -78,12 +78,15 @@ class Split(NamedTuple):
     scratch of ``dst``'s dtype). ``all_gather(ch, dst)`` passes every rank's ``owned`` part of
     ``dst`` (another array than the reduce-scatter's, maybe) on until every rank has all of it.
     ``once``: each element of ``owned`` is combined exactly once in the reduce-scatter, by its
-    last combination (the ring), so ``op`` may finish the element there."""
+    last combination (the ring), so ``op`` may finish the element there. ``owners()``: every
+    rank's ``owned``, as (rank, slice) in the order of a pairwise exchange (position p sends to
+    p + k and receives from p - k), for a caller that gathers the contributions unreduced."""
 
     owned: slice
     reduce_scatter: Callable[[Any, Any, Any, Any], None]
     all_gather: Callable[[Any, Any], None]
     once: bool = False
+    owners: Callable[[], tuple[tuple[int, slice], ...]] | None = None
 
 
 class Spec(NamedTuple):

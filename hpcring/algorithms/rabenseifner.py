@@ -175,7 +175,13 @@ def split(ch: Channel, n: int) -> Split:
             c.step += 1
             c.send(dst, plan.folded_from)
 
-    return Split(slice(0, 0) if folded else _segment(plan), reduce_scatter, all_gather)
+    def owners() -> tuple[tuple[int, slice], ...]:
+        plans = (build(ch.size, rank, n) for rank in range(ch.size))
+        return tuple(
+            (rank, slice(0, 0) if p.folded_into is not None else _segment(p)) for rank, p in enumerate(plans)
+        )
+
+    return Split(slice(0, 0) if folded else _segment(plan), reduce_scatter, all_gather, owners=owners)
 
 
 def reduce_scatter(ch: Channel, src: Any, dst: Any, op: Op) -> None:

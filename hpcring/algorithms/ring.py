@@ -376,7 +376,12 @@ def split(ch: Channel, n: int) -> Split:
     def all_gather(c: Channel, dst: Any) -> None:
         all_gather_phase(c, plan(dst.dtype.itemsize), dst)
 
-    return Split(plan(1).segment(0), reduce_scatter, all_gather, once=True)
+    def owners() -> tuple[tuple[int, slice], ...]:
+        whole = plan(1)
+        ranks = ch.topology().ring or tuple(range(ch.size))  # by position: neighbours first
+        return tuple((ranks[p], whole.segments[whole.owned[p]]) for p in range(ch.size))
+
+    return Split(plan(1).segment(0), reduce_scatter, all_gather, once=True, owners=owners)
 
 
 def reduce_scatter(ch: Channel, src: Any, dst: Any, op: Op) -> None:

@@ -219,9 +219,10 @@ def wire_of(label: str) -> str | None:
     return next((wire for wire, tag in WIRE_TAGS.items() if label.endswith(tag)), None)
 
 
-def exact_bytes_sent(dtype: np.dtype, host: bool = True) -> Any:
+def exact_bytes_sent(dtype: np.dtype, host: bool = True, nodes: int = 1) -> Any:
     """The formula of a reproducible row (`hpcring.exact.bytes_sent`), shaped as expected_bytes_sent;
-    on the host, an algorithm that comes in two phases runs the sum inside them (`exact.fused`)."""
+    on the host, an algorithm that comes in two phases runs the sum inside them (`exact.fused`),
+    gathering the contributions unreduced where `exact.gathers` says so for ``nodes``."""
 
     def formula(
         algorithm: str, nbytes: int, size: int, rank: int, itemsize: int = 1, per_node: int = 1
@@ -231,7 +232,8 @@ def exact_bytes_sent(dtype: np.dtype, host: bool = True) -> Any:
 
         count = nbytes // itemsize
         split = algorithms.spec(algorithms.ALLREDUCE, algorithm).split_sent if host else None
-        return exact.bytes_sent(sent, count, dtype, split(count, size, rank) if split else None)
+        phases = split(count, size, rank) if split else None
+        return exact.bytes_sent(sent, count, dtype, phases, gathered=exact.gathers(size, nodes))
 
     return formula
 
@@ -343,7 +345,8 @@ def measure_row(
     # The reproducible rows' formula is exact.bytes_sent's; auto's may choose again for the sizes
     # that travel there (codes and words), so that row is not counted against one.
     if reproducible:
-        formula_of = exact_bytes_sent(dtype, host=dev.name != "gpu")
+        hosts = topology.of(channel.comm).nodes if channel is not None else 1
+        formula_of = exact_bytes_sent(dtype, host=dev.name != "gpu", nodes=hosts)
     if kind.uneven:
 
         def formula_of(ran: str, nbytes: int, size: int, rank: int, itemsize: int, per_node: int = 1) -> Any:
