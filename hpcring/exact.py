@@ -819,9 +819,9 @@ def _gathered(
     """`fused` for one contribution ``x``, its reduce-scatter as a gather: each rank sends every
     other rank that rank's ``owned`` part of ``x`` as it is (a pairwise exchange: the plain
     reduce-scatter's bytes, not the 8-byte words of partial sums, and no agreement of codes
-    beforehand), then the owner takes the codes' maximum over the G contributions it holds,
-    sums their words and rounds, block by block in cache, and the all-gather passes the rounded
-    results on. The codes, words and rounding are `run`'s, so the bits are too."""
+    beforehand), then the owner sums the G contributions it holds (`gathered_sum`), and the
+    all-gather passes the rounded results on. The codes, words and rounding are `run`'s, so the
+    bits are too."""
     xp, size = ch.xp, ch.size
     owners = split.owners()
     position = next(p for p, (rank, _) in enumerate(owners) if rank == ch.rank)
@@ -832,20 +832,48 @@ def _gathered(
         to, part = owners[(position + k) % size]
         ch.step += 1
         ch.sendrecv(x[part], to, theirs[(k - 1) * m : k * m], owners[(position - k) % size][0])
-    code, words = block("gather-code", fmt.code), block("gather-words", word_dtype(fmt))
-    step = _step(m, xp)
-    for start in range(0, m, step):
-        stop = min(start + step, m)
-        c, w = code[: stop - start], words[: stop - start]
-        rows = [theirs[k * m + start : k * m + stop] for k in range(size - 1)]
-        own, out = x[mine][start:stop], dst[mine][start:stop]
-        _codes(fmt, own, xp, c, block)
-        for row in rows:
-            _codes(fmt, row, xp, c, block, into=c)
-        for k, row in enumerate(rows):
-            _encode(fmt, row, c, None if k == 0 else w, w, xp, block, floats)
-        _decode(fmt, w, own, c, out, divisor, xp, block, size, floats)
+    if m:
+        gathered_sum(fmt, x[mine], theirs, m, size - 1, dst[mine], divisor, xp, block, floats)
     split.all_gather(ch, dst)
+
+
+def gathered_sum(
+    fmt: Format,
+    own: Any,
+    rows: Any,
+    stride: int,
+    others: int,
+    out: Any,
+    divisor: int,
+    xp: Any,
+    block: Any,
+    floats: bool,
+) -> None:
+    """out <- the reproducible sum (a mean: divided by ``divisor``) of ``own`` and ``others`` rows of
+    ``rows`` (row k from k x ``stride`` elements on): the codes' maximum over them, their words'
+    sum, rounded once, a block at a time so that the words stay in cache. The compiled kernel, one
+    pass where it applies (float words), gives the same bits; recorded, it is one row of the
+    table."""
+    n = own.size
+    if floats and others < 1 << 10:
+        if _recording(xp):
+            xp.exact_gather(own, rows, stride, others, out, divisor)
+            return
+        if xp is np and kernels.gather(own, rows, stride, others, out, divisor):
+            return
+    code, words = block("gather-code", fmt.code), block("gather-words", word_dtype(fmt))
+    step = _step(n, xp)
+    for start in range(0, n, step):
+        stop = min(start + step, n)
+        c, w = code[: stop - start], words[: stop - start]
+        them = [rows[k * stride + start : k * stride + stop] for k in range(others)]
+        mine = own[start:stop]
+        _codes(fmt, mine, xp, c, block)
+        for row in them:
+            _codes(fmt, row, xp, c, block, into=c)
+        for k, row in enumerate(them):
+            _encode(fmt, row, c, None if k == 0 else w, w, xp, block, floats)
+        _decode(fmt, w, mine, c, out[start:stop], divisor, xp, block, others + 1, floats)
 
 
 def bytes_sent(

@@ -101,7 +101,13 @@ def decode(words: Any, mine: Any, code: Any, out: Any, divisor: int, terms: int 
     return False
 
 
-_NAMES = ("combine", "narrow", "widen", "widen_add", "round_trip", "codes", "encode", "decode")
+def gather(own: Any, rows: Any, stride: int, others: int, out: Any, divisor: int) -> bool:
+    """exact.py's gathered sum: out <- codes, encode and decode of own and ``others`` rows of ``rows``
+    (row k from k x stride elements on), float words, in one pass where it can."""
+    return False
+
+
+_NAMES = ("combine", "narrow", "widen", "widen_add", "round_trip", "codes", "encode", "decode", "gather")
 _PYTHON: dict[str, Callable[..., bool]] = {name: globals()[name] for name in _NAMES}
 
 

@@ -56,6 +56,8 @@ WIDEN_ADD = 14  # sbuf, soff, bbuf, boff, obuf, ooff, count, from | to << 8, fla
 # out <- widen(s) + b (flags WIDE_LEFT: widen(s) the left operand); WIDE_ROUND: then rounded as
 # ROUND, its narrowed values stored at (nbuf, noff) where nbuf >= 0; WIDE_NARROW: the sum's
 # narrowed values stored at (nbuf, noff), and with WIDE_ONLY the wide sum not stored
+GATHER = 15  # xbuf, xoff, rbuf, roff, stride, others, obuf, ooff, count, dtype, divisor: out <- the
+# reproducible sum of x and ``others`` rows from (rbuf, roff), ``stride`` elements apart (exact.gathered_sum)
 # `which` of a COLLECTIVE: the library's blocking ones (`mpi`), and ps's non-blocking ones; then
 # the all-to-all's (`mpi`'s MPI_Alltoall of equal blocks, count: the bytes of one block)
 ALLREDUCE, REDUCE_SCATTER, ALLGATHER, BCAST, IGATHER, IBCAST, ALLTOALL = range(7)
@@ -74,6 +76,7 @@ KINDS = {
     ENCODE: "encode",
     DECODE: "decode",
     WIDEN_ADD: "widen_add",
+    GATHER: "gather",
 }
 SRC, DST = 0, 1  # buffer numbers of the call's input and output
 OPS = {"add": 0, "maximum": 1, "minimum": 2, "multiply": 3}  # kernels.OP_CODES
@@ -271,6 +274,20 @@ class _Xp:
                 x.size,
                 _code(x.dtype),
                 int(floats),
+            )
+
+    def exact_gather(self, own: Sym, rows: Sym, stride: int, others: int, out: Sym, divisor: int) -> None:
+        if out.size:
+            self.tape.program.add(
+                GATHER,
+                *self._at(own),
+                *self._at(rows),
+                stride,
+                others,
+                *self._at(out),
+                out.size,
+                _code(out.dtype),
+                divisor,
             )
 
     def exact_decode(
@@ -1062,7 +1079,7 @@ def execute(program: Program, src: np.ndarray, dst: np.ndarray, timeout: float |
             program.channels[0].step = a[0]
         elif kind == COLLECTIVE:
             requests[index] = _collective(program, a, typed, mpi_ops)
-        elif kind in (CODES, ENCODE, DECODE):
+        elif kind in (CODES, ENCODE, DECODE, GATHER):
             _exact(kind, a, at, typed)
         elif kind == WIDEN_ADD:
             wire, dtype = a[7] & 0xFF, a[7] >> 8
@@ -1094,6 +1111,13 @@ def _exact(kind: int, a: list[int], at: Any, typed: Any) -> None:
             made[name, rows] = np.empty((rows or 1) * exact.BLOCK, dtype)
         return made[name, rows] if rows is None else made[name, rows].reshape(rows, -1)
 
+    if kind == GATHER:
+        n, dtype, stride, others = a[8], a[9], a[4], a[5]
+        fmt = exact.format_of(kernels.DTYPES[dtype])
+        own, out = typed(a[0], a[1], n, dtype), typed(a[6], a[7], n, dtype)
+        rows = typed(a[2], a[3], (others - 1) * stride + n, dtype)
+        exact.gathered_sum(fmt, own, rows, stride, others, out, a[10], np, block, floats=False)
+        return
     if kind == CODES:
         n, fmt = a[6], exact.format_of(kernels.DTYPES[a[7]])
         x = typed(a[0], a[1], n, a[7])

@@ -13,7 +13,7 @@ from exact_cases import DTYPES, KINDS, dtype_of, ieee_special, reference, values
 from mpi4py import MPI
 
 import hpcring
-from hpcring import exact
+from hpcring import exact, kernels
 
 hypothesis = pytest.importorskip("hypothesis")
 from hypothesis import given, settings  # noqa: E402
@@ -150,3 +150,32 @@ def test_sums_past_float64s_53_bits_round_once() -> None:
     first = summed(rows)
     assert sha(summed(rows, list(rng.permutation(len(rows))))) == sha(first)
     check_bound(rows, first)
+
+
+@pytest.mark.skipif(kernels.ACTIVE != "c", reason="the compiled kernels did not load")
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gathered_sum_in_one_pass_is_the_three_kernels(dtype: str, kind: str) -> None:
+    """The compiled one-pass gathered sum (an owner holding every contribution: its fast path
+    where nothing is truncated, the three kernels for the rest) gives, for 1 to 4 other rows, a
+    sum and a mean, in and out of place, the bits of NumPy's codes, encode and decode in turn."""
+    fmt = exact.format_of(dtype_of(dtype))
+    made: dict[str, np.ndarray] = {}
+
+    def block(name: str, dt: np.dtype, rows: int | None = None) -> np.ndarray:
+        made.setdefault(f"{name} {rows}", np.empty((rows or 1) * exact.BLOCK, dt))
+        return made[f"{name} {rows}"] if rows is None else made[f"{name} {rows}"].reshape(rows, -1)
+
+    ok = True
+    for others in (1, 2, 4):
+        rows = values(others, others + 1, 3001, dtype, kind)
+        own, rest = rows[0], np.ascontiguousarray(rows[1:]).reshape(-1)
+        for divisor in (1, others + 1):
+            want = np.empty_like(own)  # codes, encode and decode in turn, in NumPy
+            with kernels.using("python"):
+                exact.gathered_sum(fmt, own, rest, own.size, others, want, divisor, np, block, floats=False)
+            got, mine = np.empty_like(own), own.copy()  # out of place, and in place (out is own)
+            ok &= kernels.gather(own, rest, own.size, others, got, divisor)
+            ok &= kernels.gather(mine, rest, own.size, others, mine, divisor)
+            ok &= got.tobytes() == want.tobytes() == mine.tobytes()
+    assert ok

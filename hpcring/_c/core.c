@@ -50,7 +50,7 @@
 #define HR_WIDTH 12
 enum {
     R_SEND = 1, R_RECV, R_WAIT, R_COMBINE, R_COPY, R_NARROW, R_WIDEN, R_ROUND, R_STEP, R_COLLECTIVE,
-    R_CODES, R_ENCODE, R_DECODE, R_WIDEN_ADD
+    R_CODES, R_ENCODE, R_DECODE, R_WIDEN_ADD, R_GATHER
 };
 enum { C_ALLREDUCE, C_REDUCE_SCATTER, C_ALLGATHER, C_BCAST, C_IGATHER, C_IBCAST, C_ALLTOALL };
 enum { B_SRC, B_DST, B_SCRATCH };
@@ -431,6 +431,12 @@ static int row_check(Program *p, const int64_t *r, Py_ssize_t i) {
     case R_DECODE:
         return BUF_OK(r[1]) && (r[3] < 0 || BUF_OK(r[3])) && BUF_OK(r[5]) && BUF_OK(r[7]) && r[9] >= 0 &&
                FLOAT_OK(r[10] & 0xff) && r[11] >= 1 && r[11] <= ((int64_t)1 << 53);
+    case R_GATHER: {
+        hr_format f;
+        return BUF_OK(r[1]) && BUF_OK(r[3]) && BUF_OK(r[7]) && r[9] >= 0 && r[5] >= r[9] && r[6] >= 1 &&
+               r[6] < HR_GATHER_MOST && FLOAT_OK(r[10]) && hr_format_of((int)r[10], &f) == 0 &&
+               r[11] >= 1 && r[11] <= ((int64_t)1 << 53);
+    }
     case R_WIDEN_ADD: {
         int64_t wire = r[8] & 0xff, wide = r[8] >> 8;
         return BUF_OK(r[1]) && BUF_OK(r[3]) && BUF_OK(r[5]) && r[7] >= 0 && (wire == HR_BF16 || wire == HR_F16) &&
@@ -716,6 +722,11 @@ static void exact_row(const int64_t *r, char **base) {
         hr_decode(dtype, &f, words, mine, AT(r[5], r[6]), AT(r[7], r[8]), (size_t)r[9], r[11], mode);
         break;
     }
+    case R_GATHER:
+        hr_format_of((int)r[10], &f);
+        hr_gather((int)r[10], &f, AT(r[1], r[2]), AT(r[3], r[4]), (size_t)r[5], (int)r[6], AT(r[7], r[8]),
+                  (size_t)r[9], r[11]);
+        break;
     case R_WIDEN_ADD:
         hr_widen_add((int)(r[8] & 0xff), (int)(r[8] >> 8), AT(r[1], r[2]), AT(r[3], r[4]), AT(r[5], r[6]), (size_t)r[7],
                      (int)r[9], (uint16_t *)AT(r[10], r[11]));

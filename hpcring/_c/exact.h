@@ -326,4 +326,158 @@ HR_CLONES static void hr_decode(int dtype, const hr_format *f, const int64_t *wo
 #undef HR_STORE
 }
 
+/* gather: ``out`` <- the reproducible sum (a mean: divided by ``divisor``) of 1 + ``others``
+ * contributions of n elements of a one-word format, ``own`` and the rows of ``rows`` (row k at k x
+ * ``stride`` elements), the words float64: bitwise hr_codes, hr_encode and hr_decode in turn
+ * (exact.py's _gathered, where an owner holds every contribution of its segment). Where no
+ * contribution is truncated on the agreed grid (each is zero or at most P - 1 - mantissa binades
+ * below the top), each word is the value itself on the grid, so the words' sum is the exact sum of
+ * the values, which float64 holds (under 2^(P + 11) grid steps for up to 2^10 contributions): the
+ * scaled sum is that sum, and the same division and rounding follow. The other elements (one
+ * contribution truncated, or an Inf or NaN) go through the three kernels, one at a time: they are
+ * rare in gradients. ``out`` may be ``own``. Returns -1 where it does not apply (then nothing is
+ * written): more than 2^10 contributions. float64: hr_gather_f64. */
+#define HR_GATHER_BLOCK 1024
+#define HR_GATHER_MOST 1024
+#define HR_GATHER(D, T, C, VALUE)                                                                 \
+    if (dtype == D) {                                                                             \
+        const T *x0 = own;                                                                        \
+        const T *xr = rows;                                                                       \
+        T *o = out;                                                                               \
+        const uint32_t mask = (uint32_t)f->exponent_mask, shift = (uint32_t)f->mantissa;           \
+        const uint32_t span = (uint32_t)(HR_ONE_WORD - 1 - f->mantissa);                          \
+        const T magnitude = (T)(((T)1 << (sizeof(T) * 8 - 1)) - 1);                               \
+        double acc[HR_GATHER_BLOCK];                                                              \
+        uint32_t top[HR_GATHER_BLOCK], low[HR_GATHER_BLOCK];                                      \
+        for (size_t s = 0; s < n; s += HR_GATHER_BLOCK) {                                         \
+            size_t m = n - s < HR_GATHER_BLOCK ? n - s : HR_GATHER_BLOCK;                         \
+            for (size_t i = 0; i < m; i++) {                                                      \
+                T u = x0[s + i];                                                                  \
+                uint32_t e = (uint32_t)(u >> shift) & mask;                                       \
+                top[i] = e;                                                                       \
+                low[i] = hr_sel32((u & magnitude) != 0, e > 1 ? e : 1, 0xffffu);                  \
+                acc[i] = VALUE(u);                                                                \
+            }                                                                                     \
+            for (int r = 0; r < others; r++) {                                                    \
+                const T *x = xr + (size_t)r * stride + s;                                         \
+                for (size_t i = 0; i < m; i++) {                                                  \
+                    T u = x[i];                                                                   \
+                    uint32_t e = (uint32_t)(u >> shift) & mask;                                   \
+                    uint32_t l = hr_sel32((u & magnitude) != 0, e > 1 ? e : 1, 0xffffu);          \
+                    top[i] = e > top[i] ? e : top[i];                                             \
+                    low[i] = l < low[i] ? l : low[i];                                             \
+                    acc[i] += VALUE(u);                                                           \
+                }                                                                                 \
+            }                                                                                     \
+            uint32_t any = 0;                                                                     \
+            for (size_t i = 0; i < m; i++) {                                                      \
+                uint32_t t = top[i] > 1 ? top[i] : 1;                                             \
+                uint32_t slow = (top[i] == mask) | (low[i] + span < t);                           \
+                any |= slow;                                                                      \
+                double v = divisor == 1 ? acc[i] : acc[i] / div;                                  \
+                T rounded = HR_GATHER_STORE(D, T, v);                                             \
+                o[s + i] = (T)hr_sel32(slow, x0[s + i], rounded); /* kept for the pass below */  \
+            }                                                                                     \
+            if (!any) continue;                                                                   \
+            for (size_t i = 0; i < m; i++) {                                                      \
+                uint32_t t = top[i] > 1 ? top[i] : 1;                                             \
+                if (!((top[i] == mask) | (low[i] + span < t))) continue;                          \
+                T vals[HR_GATHER_MOST];                                                           \
+                C code;                                                                           \
+                int64_t word;                                                                     \
+                for (int r = 0; r < others; r++) vals[r] = xr[(size_t)r * stride + s + i];       \
+                hr_codes(D, f, &o[s + i], NULL, &code, 1); /* o still holds own's value */       \
+                for (int r = 0; r < others; r++) hr_codes(D, f, &vals[r], &code, &code, 1);       \
+                hr_encode(D, f, &vals[0], &code, NULL, &word, 1, 1);                              \
+                for (int r = 1; r < others; r++) hr_encode(D, f, &vals[r], &code, &word, &word, 1, 1); \
+                hr_decode(D, f, &word, &o[s + i], &code, &o[s + i], 1, divisor, HR_DECODE_FLOATS); \
+            }                                                                                     \
+        }                                                                                         \
+        return 0;                                                                                 \
+    }
+#define HR_GATHER_STORE(D, T, v)                                                                  \
+    (D == HR_F32 ? (T)hr_bits32((float)(v)) : D == HR_F16 ? (T)hr_double_to_half(v) : (T)hr_double_to_bf16(v))
+#define HR_ONE_WORD_FORMATS(X)                                                                    \
+    X(HR_F16, uint16_t, uint8_t, hr_half_to_double)                                              \
+    X(HR_BF16, uint16_t, uint8_t, hr_bf16_to_double)                                             \
+    X(HR_F32, uint32_t, uint8_t, hr_f32_value)
+
+/* float64: where nothing is truncated, every contribution is a multiple of the grid step g = 2^(top -
+ * 1107) and the exact sum S fits in 2 x 53 bits: a cascade of error-free additions (TwoSum) leaves s
+ * (the rounded running sum) and e (the sum of the exact errors, itself exact: under 2^(33 + 2 log2 G)
+ * steps), and s + e rounds S once, as the words' hi 2^43 + lo does. Where S may be subnormal, g >=
+ * 2^-1074 keeps it exact (top >= 33: smaller tops go the three kernels' way), and where a running
+ * sum may overflow (top > 2035: up to 2^10 terms below 2^(top - 1022)) they do too; all-zero elements
+ * take the plain sum (IEEE's signed zero, as the words keep it). */
+static void hr_gather_f64(const hr_format *f, const uint64_t *x0, const uint64_t *xr, size_t stride, int others,
+                          uint64_t *o, size_t n, int64_t divisor) {
+    const uint32_t mask = (uint32_t)f->exponent_mask, span = (uint32_t)(HR_TWO_WORDS - 1 - f->mantissa);
+    const uint64_t magnitude = 0x7fffffffffffffffull;
+    const double div = (double)divisor;
+    double sum[HR_GATHER_BLOCK], err[HR_GATHER_BLOCK];
+    uint32_t top[HR_GATHER_BLOCK], low[HR_GATHER_BLOCK];
+    for (size_t s = 0; s < n; s += HR_GATHER_BLOCK) {
+        size_t m = n - s < HR_GATHER_BLOCK ? n - s : HR_GATHER_BLOCK;
+        for (size_t i = 0; i < m; i++) {
+            uint64_t u = x0[s + i];
+            uint32_t e = (uint32_t)(u >> 52) & mask;
+            top[i] = e;
+            low[i] = hr_sel32((u & magnitude) != 0, e > 1 ? e : 1, 0xffffu);
+            sum[i] = hr_float64(u);
+            err[i] = 0.0;
+        }
+        for (int r = 0; r < others; r++) {
+            const uint64_t *x = xr + (size_t)r * stride + s;
+            for (size_t i = 0; i < m; i++) {
+                uint64_t u = x[i];
+                uint32_t e = (uint32_t)(u >> 52) & mask;
+                uint32_t l = hr_sel32((u & magnitude) != 0, e > 1 ? e : 1, 0xffffu);
+                top[i] = e > top[i] ? e : top[i];
+                low[i] = l < low[i] ? l : low[i];
+                double a = sum[i], b = hr_float64(u), t = a + b, bp = t - a;
+                err[i] += (a - (t - bp)) + (b - bp);
+                sum[i] = t;
+            }
+        }
+        uint32_t any = 0;
+        for (size_t i = 0; i < m; i++) {
+            uint32_t t = top[i] > 1 ? top[i] : 1, zeros = low[i] == 0xffffu;
+            uint32_t slow = (top[i] == mask) | (low[i] + span < t) | ((t < 33) & !zeros) | (t > 2035);
+            any |= slow;
+            double v = hr_seld(zeros, sum[i], sum[i] + err[i]);
+            v = divisor == 1 ? v : v / div;
+            o[s + i] = hr_sel64(slow, x0[s + i], hr_bits64(v)); /* kept for the pass below */
+        }
+        if (!any) continue;
+        for (size_t i = 0; i < m; i++) {
+            uint32_t t = top[i] > 1 ? top[i] : 1, zeros = low[i] == 0xffffu;
+            if (!((top[i] == mask) | (low[i] + span < t) | ((t < 33) & !zeros) | (t > 2035))) continue;
+            uint64_t vals[HR_GATHER_MOST];
+            uint16_t code;
+            int64_t words[2];
+            for (int r = 0; r < others; r++) vals[r] = xr[(size_t)r * stride + s + i];
+            hr_codes(HR_F64, f, &o[s + i], NULL, &code, 1); /* o still holds own's value */
+            for (int r = 0; r < others; r++) hr_codes(HR_F64, f, &vals[r], &code, &code, 1);
+            hr_encode(HR_F64, f, &vals[0], &code, NULL, words, 1, 1);
+            for (int r = 1; r < others; r++) hr_encode(HR_F64, f, &vals[r], &code, words, words, 1, 1);
+            hr_decode(HR_F64, f, words, &o[s + i], &code, &o[s + i], 1, divisor, HR_DECODE_FLOATS);
+        }
+    }
+}
+
+HR_CLONES static int hr_gather(int dtype, const hr_format *f, const void *own, const void *rows, size_t stride,
+                               int others, void *out, size_t n, int64_t divisor) {
+    if (others < 1 || others + 1 > HR_GATHER_MOST) return -1;
+    if (dtype == HR_F64) {
+        hr_gather_f64(f, own, rows, stride, others, out, n, divisor);
+        return 0;
+    }
+    const double div = (double)divisor;
+    HR_ONE_WORD_FORMATS(HR_GATHER)
+    return -1;
+}
+#undef HR_GATHER
+#undef HR_GATHER_STORE
+#undef HR_ONE_WORD_FORMATS
+
 #endif

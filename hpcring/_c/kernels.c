@@ -310,6 +310,34 @@ static PyObject *decode(PyObject *self, PyObject *const *argv, Py_ssize_t argc) 
     return done(1, a, 4);
 }
 
+PyDoc_STRVAR(gather_doc, "gather(own, rows, stride, others, out, divisor) -> bool\n\nout <- the reproducible sum "
+                         "(mean: divided by divisor) of own and ``others`` rows of ``rows`` (row k from k x stride "
+                         "elements on), float words: exact.py's codes, encode and decode in turn.");
+
+static PyObject *gather(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 6) {
+        PyErr_SetString(PyExc_TypeError, "gather(own, rows, stride, others, out, divisor) takes 6 arguments");
+        return NULL;
+    }
+    arg a[3] = {{0}};
+    hr_format f;
+    long long stride = PyLong_Check(argv[2]) ? PyLong_AsLongLong(argv[2]) : -1;
+    long long others = PyLong_Check(argv[3]) ? PyLong_AsLongLong(argv[3]) : -1;
+    long long divisor = PyLong_Check(argv[5]) ? PyLong_AsLongLong(argv[5]) : -1;
+    if ((stride == -1 || others == -1 || divisor == -1) && PyErr_Occurred()) return NULL;
+    if (divisor < 1 || divisor > ((long long)1 << 53) || others < 1 || others >= HR_GATHER_MOST) Py_RETURN_FALSE;
+    if (!take(argv[0], 0, &a[0]) || !take(argv[1], 0, &a[1]) || !take(argv[4], 1, &a[2]) ||
+        a[0].dtype != a[2].dtype || a[1].dtype != a[2].dtype || a[0].n != a[2].n || hr_format_of(a[2].dtype, &f) < 0 ||
+        !apart_or_same(&a[2], &a[0]) || !apart_or_same(&a[2], &a[1]) || a[2].view.buf == a[1].view.buf)
+        return done(0, a, 3);
+    size_t n = a[2].n;
+    if (stride < (long long)n || (long long)a[1].n < (others - 1) * stride + (long long)n) return done(0, a, 3);
+    int rc = 0, dtype = a[2].dtype;
+    NOGIL_IF(a[1].view.len, rc = hr_gather(dtype, &f, a[0].view.buf, a[1].view.buf, (size_t)stride, (int)others,
+                                           a[2].view.buf, n, divisor));
+    return done(rc == 0, a, 3);
+}
+
 PyDoc_STRVAR(widen_add_doc, "widen_add(wire, other, out, wire_left) -> bool\n\nout <- widen(wire) + other (wire_left) "
                             "or other + widen(wire), bitwise wire.widen then the sum.");
 
@@ -380,6 +408,7 @@ static PyMethodDef methods[] = {
     {"widen", (PyCFunction)(void (*)(void))widen, METH_FASTCALL, widen_doc},
     {"round_trip", (PyCFunction)(void (*)(void))round_trip, METH_FASTCALL, round_trip_doc},
     {"codes", (PyCFunction)(void (*)(void))codes, METH_FASTCALL, codes_doc},
+    {"gather", (PyCFunction)(void (*)(void))gather, METH_FASTCALL, gather_doc},
     {"encode", (PyCFunction)(void (*)(void))encode, METH_FASTCALL, encode_doc},
     {"decode", (PyCFunction)(void (*)(void))decode, METH_FASTCALL, decode_doc},
     {"widen_add", (PyCFunction)(void (*)(void))widen_add, METH_FASTCALL, widen_add_doc},
