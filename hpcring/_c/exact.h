@@ -402,74 +402,104 @@ HR_CLONES static void hr_decode(int dtype, const hr_format *f, const int64_t *wo
     X(HR_BF16, uint16_t, uint8_t, hr_bf16_to_double)                                             \
     X(HR_F32, uint32_t, uint8_t, hr_f32_value)
 
+/* Whether a float64 element takes the three kernels (hr_gather_f64): an Inf or NaN, a truncated term,
+ * a sum that may underflow or overflow (``zeros``: every contribution a zero). */
+#define HR_GATHER_F64_SLOW(top, low, span, zeros)                                                 \
+    (((top) == 0x7ffu) | ((low) + (span) < ((top) > 1 ? (top) : 1)) |                           \
+     ((((top) > 1 ? (top) : 1) < 33) & !(zeros)) | ((top) > 2035))
+
+/* The three kernels for element i of a float64 gathered sum, whose own value ``o[i]`` still holds. */
+HR_INLINE void hr_gather_f64_one(const hr_format *f, const uint64_t *xr, size_t stride, int others, uint64_t *o,
+                                 size_t i, int64_t divisor) {
+    uint64_t vals[HR_GATHER_MOST];
+    uint16_t code;
+    int64_t words[2];
+    for (int r = 0; r < others; r++) vals[r] = xr[(size_t)r * stride + i];
+    hr_codes(HR_F64, f, &o[i], NULL, &code, 1);
+    for (int r = 0; r < others; r++) hr_codes(HR_F64, f, &vals[r], &code, &code, 1);
+    hr_encode(HR_F64, f, &vals[0], &code, NULL, words, 1, 1);
+    for (int r = 1; r < others; r++) hr_encode(HR_F64, f, &vals[r], &code, words, words, 1, 1);
+    hr_decode(HR_F64, f, words, &o[i], &code, &o[i], 1, divisor, HR_DECODE_FLOATS);
+}
+
 /* float64: where nothing is truncated, every contribution is a multiple of the grid step g = 2^(top -
  * 1107) and the exact sum S fits in 2 x 53 bits: a cascade of error-free additions (TwoSum) leaves s
  * (the rounded running sum) and e (the sum of the exact errors, itself exact: under 2^(33 + 2 log2 G)
  * steps), and s + e rounds S once, as the words' hi 2^43 + lo does. Where S may be subnormal, g >=
  * 2^-1074 keeps it exact (top >= 33: smaller tops go the three kernels' way), and where a running
  * sum may overflow (top > 2035: up to 2^10 terms below 2^(top - 1022)) they do too; all-zero elements
- * take the plain sum (IEEE's signed zero, as the words keep it). */
-static void hr_gather_f64(const hr_format *f, const uint64_t *x0, const uint64_t *xr, size_t stride, int others,
-                          uint64_t *o, size_t n, int64_t divisor) {
-    const uint32_t mask = (uint32_t)f->exponent_mask, span = (uint32_t)(HR_TWO_WORDS - 1 - f->mantissa);
+ * take the plain sum (IEEE's signed zero, as the words keep it). Two contributions (the most common
+ * owner: 2 ranks) in one loop, more a row at a time. */
+HR_INLINE void hr_gather_f64(const hr_format *f, const uint64_t *x0, const uint64_t *xr, size_t stride, int others,
+                             uint64_t *o, size_t n, int64_t divisor, const int DIVIDE) {
+    const uint32_t span = (uint32_t)(HR_TWO_WORDS - 1 - f->mantissa);
     const uint64_t magnitude = 0x7fffffffffffffffull;
     const double div = (double)divisor;
     double sum[HR_GATHER_BLOCK], err[HR_GATHER_BLOCK];
     uint32_t top[HR_GATHER_BLOCK], low[HR_GATHER_BLOCK];
+    uint8_t slow[HR_GATHER_BLOCK];
     for (size_t s = 0; s < n; s += HR_GATHER_BLOCK) {
         size_t m = n - s < HR_GATHER_BLOCK ? n - s : HR_GATHER_BLOCK;
-        for (size_t i = 0; i < m; i++) {
-            uint64_t u = x0[s + i];
-            uint32_t e = (uint32_t)(u >> 52) & mask;
-            top[i] = e;
-            low[i] = hr_sel32((u & magnitude) != 0, e > 1 ? e : 1, 0xffffu);
-            sum[i] = hr_float64(u);
-            err[i] = 0.0;
-        }
-        for (int r = 0; r < others; r++) {
-            const uint64_t *x = xr + (size_t)r * stride + s;
+        uint32_t any = 0;
+        if (others == 1) {
             for (size_t i = 0; i < m; i++) {
-                uint64_t u = x[i];
-                uint32_t e = (uint32_t)(u >> 52) & mask;
-                uint32_t l = hr_sel32((u & magnitude) != 0, e > 1 ? e : 1, 0xffffu);
-                top[i] = e > top[i] ? e : top[i];
-                low[i] = l < low[i] ? l : low[i];
-                double a = sum[i], b = hr_float64(u), t = a + b, bp = t - a;
-                err[i] += (a - (t - bp)) + (b - bp);
-                sum[i] = t;
+                uint64_t u = x0[s + i], w = xr[s + i];
+                uint32_t eu = (uint32_t)(u >> 52) & 0x7ffu, ew = (uint32_t)(w >> 52) & 0x7ffu;
+                uint32_t lu = hr_sel32((u & magnitude) != 0, eu > 1 ? eu : 1, 0xffffu);
+                uint32_t lw = hr_sel32((w & magnitude) != 0, ew > 1 ? ew : 1, 0xffffu);
+                uint32_t t = eu > ew ? eu : ew, l = lu < lw ? lu : lw, zeros = l == 0xffffu;
+                uint32_t bad = HR_GATHER_F64_SLOW(t, l, span, zeros);
+                double a = hr_float64(u), b = hr_float64(w), v = a + b, bp = v - a;
+                double e = (a - (v - bp)) + (b - bp);
+                v = hr_seld(zeros, v, v + e);
+                if (DIVIDE) v /= div;
+                slow[i] = (uint8_t)bad;
+                any |= bad;
+                o[s + i] = hr_sel64(bad, u, hr_bits64(v)); /* own's value kept for the pass below */
+            }
+        } else {
+            for (size_t i = 0; i < m; i++) {
+                uint64_t u = x0[s + i];
+                uint32_t e = (uint32_t)(u >> 52) & 0x7ffu;
+                top[i] = e;
+                low[i] = hr_sel32((u & magnitude) != 0, e > 1 ? e : 1, 0xffffu);
+                sum[i] = hr_float64(u);
+                err[i] = 0.0;
+            }
+            for (int r = 0; r < others; r++) {
+                const uint64_t *x = xr + (size_t)r * stride + s;
+                for (size_t i = 0; i < m; i++) {
+                    uint64_t u = x[i];
+                    uint32_t e = (uint32_t)(u >> 52) & 0x7ffu;
+                    uint32_t l = hr_sel32((u & magnitude) != 0, e > 1 ? e : 1, 0xffffu);
+                    top[i] = e > top[i] ? e : top[i];
+                    low[i] = l < low[i] ? l : low[i];
+                    double a = sum[i], b = hr_float64(u), t = a + b, bp = t - a;
+                    err[i] += (a - (t - bp)) + (b - bp);
+                    sum[i] = t;
+                }
+            }
+            for (size_t i = 0; i < m; i++) {
+                uint32_t zeros = low[i] == 0xffffu, bad = HR_GATHER_F64_SLOW(top[i], low[i], span, zeros);
+                double v = hr_seld(zeros, sum[i], sum[i] + err[i]);
+                if (DIVIDE) v /= div;
+                slow[i] = (uint8_t)bad;
+                any |= bad;
+                o[s + i] = hr_sel64(bad, x0[s + i], hr_bits64(v)); /* own's value kept for the pass below */
             }
         }
-        uint32_t any = 0;
-        for (size_t i = 0; i < m; i++) {
-            uint32_t t = top[i] > 1 ? top[i] : 1, zeros = low[i] == 0xffffu;
-            uint32_t slow = (top[i] == mask) | (low[i] + span < t) | ((t < 33) & !zeros) | (t > 2035);
-            any |= slow;
-            double v = hr_seld(zeros, sum[i], sum[i] + err[i]);
-            v = divisor == 1 ? v : v / div;
-            o[s + i] = hr_sel64(slow, x0[s + i], hr_bits64(v)); /* kept for the pass below */
-        }
         if (!any) continue;
-        for (size_t i = 0; i < m; i++) {
-            uint32_t t = top[i] > 1 ? top[i] : 1, zeros = low[i] == 0xffffu;
-            if (!((top[i] == mask) | (low[i] + span < t) | ((t < 33) & !zeros) | (t > 2035))) continue;
-            uint64_t vals[HR_GATHER_MOST];
-            uint16_t code;
-            int64_t words[2];
-            for (int r = 0; r < others; r++) vals[r] = xr[(size_t)r * stride + s + i];
-            hr_codes(HR_F64, f, &o[s + i], NULL, &code, 1); /* o still holds own's value */
-            for (int r = 0; r < others; r++) hr_codes(HR_F64, f, &vals[r], &code, &code, 1);
-            hr_encode(HR_F64, f, &vals[0], &code, NULL, words, 1, 1);
-            for (int r = 1; r < others; r++) hr_encode(HR_F64, f, &vals[r], &code, words, words, 1, 1);
-            hr_decode(HR_F64, f, words, &o[s + i], &code, &o[s + i], 1, divisor, HR_DECODE_FLOATS);
-        }
+        for (size_t i = 0; i < m; i++)
+            if (slow[i]) hr_gather_f64_one(f, xr + s, stride, others, o + s, i, divisor);
     }
 }
 
 HR_CLONES static int hr_gather(int dtype, const hr_format *f, const void *own, const void *rows, size_t stride,
                                int others, void *out, size_t n, int64_t divisor) {
     if (others < 1 || others + 1 > HR_GATHER_MOST) return -1;
-    if (dtype == HR_F64) {
-        hr_gather_f64(f, own, rows, stride, others, out, n, divisor);
+    if (dtype == HR_F64) { /* a constant DIVIDE: a division in the loop would cost every sum */
+        if (divisor == 1) hr_gather_f64(f, own, rows, stride, others, out, n, 1, 0);
+        else hr_gather_f64(f, own, rows, stride, others, out, n, divisor, 1);
         return 0;
     }
     const double div = (double)divisor;
