@@ -763,16 +763,16 @@ def fused(
     The same bits as `run`."""
     xp, fmt, n = ch.xp, format_of(dst.dtype), dst.size
     block = _blocker(ch, n)
-    code = ch.scratch("exact-code", n, fmt.code)
-    words = ch.scratch("exact-words", n, word_dtype(fmt))
     floats = not accumulated and ch.size <= 1 << 10  # as in `run`
-    terms = None if accumulated else ch.size
     divisor = ch.size if op == "mean" else 1
-    x = parts[0] if len(parts) == 1 else None
     # An ExactSum's ranks may hold one contribution or several: they all take the same path
     if not accumulated and split.owners is not None and gathers(ch.size, ch.topology().nodes):
         _gathered(ch, split, parts[0], dst, fmt, block, floats, divisor)
         return
+    code = ch.scratch("exact-code", n, fmt.code)
+    words = ch.scratch("exact-words", n, word_dtype(fmt))
+    terms = None if accumulated else ch.size
+    x = parts[0] if len(parts) == 1 else None
     if x is None:  # several contributions (or none): their codes' maximum, then their words' sum
         mine_code = ch.scratch("exact-code-part", n, fmt.code)
         if parts:

@@ -326,6 +326,27 @@ HR_CLONES static void hr_decode(int dtype, const hr_format *f, const int64_t *wo
 #undef HR_STORE
 }
 
+#define HR_GATHER_BLOCK 1024 /* elements a pass of hr_gather holds in cache */
+#define HR_GATHER_MOST 1024  /* contributions at most: float words hold their sum */
+
+/* The three kernels (codes, encode, decode) for element i of a gathered sum, whose own value
+ * ``o[i]`` still holds: the elements the one-pass sum leaves (hr_gather). */
+HR_INLINE void hr_gather_one(int dtype, const hr_format *f, const void *rows, size_t stride, int others, void *out,
+                             size_t i, int64_t divisor) {
+    const size_t size = (size_t)hr_itemsize[dtype];
+    uint64_t vals[HR_GATHER_MOST]; /* the others' values, packed in the dtype */
+    uint16_t code;                 /* uint8 or uint16, as hr_codes writes it */
+    int64_t words[2];
+    char *o = (char *)out + i * size;
+    for (int r = 0; r < others; r++)
+        memcpy((char *)vals + r * size, (const char *)rows + ((size_t)r * stride + i) * size, size);
+    hr_codes(dtype, f, o, NULL, &code, 1);
+    for (int r = 0; r < others; r++) hr_codes(dtype, f, (char *)vals + r * size, &code, &code, 1);
+    hr_encode(dtype, f, vals, &code, NULL, words, 1, 1);
+    for (int r = 1; r < others; r++) hr_encode(dtype, f, (char *)vals + r * size, &code, words, words, 1, 1);
+    hr_decode(dtype, f, words, o, &code, o, 1, divisor, HR_DECODE_FLOATS);
+}
+
 /* gather: ``out`` <- the reproducible sum (a mean: divided by ``divisor``) of 1 + ``others``
  * contributions of n elements of a one-word format, ``own`` and the rows of ``rows`` (row k at k x
  * ``stride`` elements), the words float64: bitwise hr_codes, hr_encode and hr_decode in turn
@@ -337,8 +358,6 @@ HR_CLONES static void hr_decode(int dtype, const hr_format *f, const int64_t *wo
  * contribution truncated, or an Inf or NaN) go through the three kernels, one at a time: they are
  * rare in gradients. ``out`` may be ``own``. Returns -1 where it does not apply (then nothing is
  * written): more than 2^10 contributions. float64: hr_gather_f64. */
-#define HR_GATHER_BLOCK 1024
-#define HR_GATHER_MOST 1024
 #define HR_GATHER(D, T, C, VALUE)                                                                 \
     if (dtype == D) {                                                                             \
         const T *x0 = own;                                                                        \
@@ -382,15 +401,7 @@ HR_CLONES static void hr_decode(int dtype, const hr_format *f, const int64_t *wo
             for (size_t i = 0; i < m; i++) {                                                      \
                 uint32_t t = top[i] > 1 ? top[i] : 1;                                             \
                 if (!((top[i] == mask) | (low[i] + span < t))) continue;                          \
-                T vals[HR_GATHER_MOST];                                                           \
-                C code;                                                                           \
-                int64_t word;                                                                     \
-                for (int r = 0; r < others; r++) vals[r] = xr[(size_t)r * stride + s + i];       \
-                hr_codes(D, f, &o[s + i], NULL, &code, 1); /* o still holds own's value */       \
-                for (int r = 0; r < others; r++) hr_codes(D, f, &vals[r], &code, &code, 1);       \
-                hr_encode(D, f, &vals[0], &code, NULL, &word, 1, 1);                              \
-                for (int r = 1; r < others; r++) hr_encode(D, f, &vals[r], &code, &word, &word, 1, 1); \
-                hr_decode(D, f, &word, &o[s + i], &code, &o[s + i], 1, divisor, HR_DECODE_FLOATS); \
+                hr_gather_one(D, f, xr + s, stride, others, o + s, i, divisor);                   \
             }                                                                                     \
         }                                                                                         \
         return 0;                                                                                 \
@@ -407,20 +418,6 @@ HR_CLONES static void hr_decode(int dtype, const hr_format *f, const int64_t *wo
 #define HR_GATHER_F64_SLOW(top, low, span, zeros)                                                 \
     (((top) == 0x7ffu) | ((low) + (span) < ((top) > 1 ? (top) : 1)) |                           \
      ((((top) > 1 ? (top) : 1) < 33) & !(zeros)) | ((top) > 2035))
-
-/* The three kernels for element i of a float64 gathered sum, whose own value ``o[i]`` still holds. */
-HR_INLINE void hr_gather_f64_one(const hr_format *f, const uint64_t *xr, size_t stride, int others, uint64_t *o,
-                                 size_t i, int64_t divisor) {
-    uint64_t vals[HR_GATHER_MOST];
-    uint16_t code;
-    int64_t words[2];
-    for (int r = 0; r < others; r++) vals[r] = xr[(size_t)r * stride + i];
-    hr_codes(HR_F64, f, &o[i], NULL, &code, 1);
-    for (int r = 0; r < others; r++) hr_codes(HR_F64, f, &vals[r], &code, &code, 1);
-    hr_encode(HR_F64, f, &vals[0], &code, NULL, words, 1, 1);
-    for (int r = 1; r < others; r++) hr_encode(HR_F64, f, &vals[r], &code, words, words, 1, 1);
-    hr_decode(HR_F64, f, words, &o[i], &code, &o[i], 1, divisor, HR_DECODE_FLOATS);
-}
 
 /* float64: where nothing is truncated, every contribution is a multiple of the grid step g = 2^(top -
  * 1107) and the exact sum S fits in 2 x 53 bits: a cascade of error-free additions (TwoSum) leaves s
@@ -490,7 +487,7 @@ HR_INLINE void hr_gather_f64(const hr_format *f, const uint64_t *x0, const uint6
         }
         if (!any) continue;
         for (size_t i = 0; i < m; i++)
-            if (slow[i]) hr_gather_f64_one(f, xr + s, stride, others, o + s, i, divisor);
+            if (slow[i]) hr_gather_one(HR_F64, f, xr + s, stride, others, o + s, i, divisor);
     }
 }
 
