@@ -99,8 +99,10 @@ def test_lose_one_grow_back_lose_two_grow_back(digests: dict[int, str]) -> None:
 def test_a_failure_during_the_join_is_survived(digests: dict[int, str]) -> None:
     """Rank 1 dies inside step 6; as the state travels to its replacement (rank 3 of the merged
     world), the replacement dies; the survivors shrink again, spawn another and go on. Then
-    rank 0 dies as the survivors of a later loss begin to spawn."""
-    kills = ["6:1:step", "6:3:transfer", "16:2:step", "16:0:spawn"]
+    rank 0 dies as the survivors of a later loss begin to spawn. A kill inside step S that lands
+    before the step ends rolls the survivors back to step S - 1, so the join's kills are keyed to
+    S - 1 (the first join or spawn at or after it): they fire however late the step kill lands."""
+    kills = ["6:1:step", "5:3:transfer", "16:2:step", "15:0:spawn"]
     run, lines = ran(lambda: job(4, "--grow", *(word for kill in kills for word in ("--kill", kill))))
     assert sizes(lines)[-1] == 4, run.output()
     assert "# killing myself: kill 1" in run.stderr and "# killing myself: kill 3" in run.stderr, run.stderr
