@@ -765,10 +765,16 @@ def fused(
     block = _blocker(ch, n)
     floats = not accumulated and ch.size <= 1 << 10  # as in `run`
     divisor = ch.size if op == "mean" else 1
-    # An ExactSum's ranks may hold one contribution or several: they all take the same path
-    if not accumulated and split.owners is not None and gathers(ch.size, ch.topology().nodes):
-        _gathered(ch, split, parts[0], dst, fmt, block, floats, divisor)
-        return
+    if split.owners is not None and gathers(ch.size, ch.topology().nodes):
+        if not accumulated:
+            _gathered(ch, split, parts, [1] * ch.size, dst, fmt, block, divisor)
+            return
+        # An ExactSum's ranks may hold any number of contributions: each learns every rank's count
+        # (one small all-gather), and all gather where the rows fit in the words' own scratch
+        counts = [int(c) for c in ch.table([len(parts)])[:, 0]]
+        if _gather_fits(split.owners(), counts, fmt, n):
+            _gathered(ch, split, parts, counts, dst, fmt, block, divisor)
+            return
     code = ch.scratch("exact-code", n, fmt.code)
     words = ch.scratch("exact-words", n, word_dtype(fmt))
     terms = None if accumulated else ch.size
@@ -814,27 +820,69 @@ def gathers(size: int, nodes: int) -> bool:
 
 
 def _gathered(
-    ch: Any, split: Any, x: Any, dst: Any, fmt: Format, block: Any, floats: bool, divisor: int
+    ch: Any, split: Any, parts: list[Any], counts: list[int], dst: Any, fmt: Format, block: Any, divisor: int
 ) -> None:
-    """`fused` for one contribution ``x``, its reduce-scatter as a gather: each rank sends every
-    other rank that rank's ``owned`` part of ``x`` as it is (a pairwise exchange: the plain
-    reduce-scatter's bytes, not the 8-byte words of partial sums, and no agreement of codes
-    beforehand), then the owner sums the G contributions it holds (`gathered_sum`), and the
-    all-gather passes the rounded results on. The codes, words and rounding are `run`'s, so the
-    bits are too."""
-    xp, size = ch.xp, ch.size
+    """`fused` with its reduce-scatter as a gather: each rank sends every other rank that rank's
+    ``owned`` part of each of its contributions as it is (a pairwise exchange: for one
+    contribution per rank the plain reduce-scatter's bytes, not the 8-byte words of partial
+    sums, and no agreement of codes beforehand), then the owner sums the contributions it holds
+    (`gathered_sum`), and the all-gather passes the rounded results on. ``counts``: every rank's
+    number of contributions (an `ExactSum`'s; else one each), at least two in all. The codes,
+    words and rounding are `run`'s, so the bits are too."""
+    xp, size, total = ch.xp, ch.size, sum(counts)
     owners = split.owners()
     position = next(p for p, (rank, _) in enumerate(owners) if rank == ch.rank)
     mine = owners[position][1]
     m = mine.stop - mine.start
-    theirs = ch.scratch("exact-rows", (size - 1) * m, x.dtype)  # row k - 1: from position p - k
+    # the rows of every contribution to this rank's part but the one it passes as its own: its
+    # other contributions first, then each sender's in turn
+    rows = ch.scratch("exact-rows", (total - min(len(parts), 1)) * m, dst.dtype)
+    at = 0
+    for part in parts[1:]:
+        rows[at : at + m] = part[mine]
+        at += m
     for k in range(1, size):
-        to, part = owners[(position + k) % size]
+        to, theirs = owners[(position + k) % size]
+        source = owners[(position - k) % size][0]
+        got = counts[source] * m
         ch.step += 1
-        ch.sendrecv(x[part], to, theirs[(k - 1) * m : k * m], owners[(position - k) % size][0])
+        ch.sendrecv(_packed(ch, parts, theirs, dst), to, rows[at : at + got], source)
+        at += got
     if m:
-        gathered_sum(fmt, x[mine], theirs, m, size - 1, dst[mine], divisor, xp, block, floats)
+        own, others = (parts[0][mine], rows) if parts else (rows[:m], rows[m:])
+        floats = total <= 1 << 10  # as in `run`
+        gathered_sum(fmt, own, others, m, total - 1, dst[mine], divisor, xp, block, floats)
     split.all_gather(ch, dst)
+
+
+def _packed(ch: Any, parts: list[Any], piece: slice, like: Any) -> Any:
+    """This rank's contributions' ``piece`` one after another, as one message (the piece itself
+    where there is one contribution; nothing where there is none)."""
+    if len(parts) == 1:
+        return parts[0][piece]
+    length = piece.stop - piece.start
+    pack = ch.scratch("exact-pack", len(parts) * length, like.dtype)
+    for index, part in enumerate(parts):
+        pack[index * length : (index + 1) * length] = part[piece]
+    return pack
+
+
+def _gather_fits(owners: list[tuple[int, slice]], counts: list[int], fmt: Format, count: int) -> bool:
+    """Whether an ExactSum's contributions are gathered: at least two in all, and every rank's rows
+    and pack within the integer words that reducing along the steps holds (its own, the agreed
+    sums' and those in flight: what the memory guard priced, `scratch_bytes`). The same answer
+    on every rank: it depends only on what all of them know."""
+    total = sum(counts)
+    if not 2 <= total <= MAX_CONTRIBUTIONS:
+        return False
+    longest = max(part.stop - part.start for _, part in owners)
+    words = 3 * fmt.words * count * 8
+    for rank, part in owners:
+        rows = (total - min(counts[rank], 1)) * (part.stop - part.start)
+        pack = counts[rank] * longest if counts[rank] > 1 else 0
+        if (rows + pack) * fmt.dtype.itemsize > words:
+            return False
+    return True
 
 
 def gathered_sum(

@@ -112,6 +112,34 @@ def test_one_contribution_per_rank_moves_the_plain_algorithms_bytes(algorithm: s
     comm.Free()
 
 
+@pytest.mark.parametrize("adds", [1, 20])
+def test_an_exact_sum_gathers_where_its_rows_fit(adds: int) -> None:
+    """An ExactSum with one contribution per rank hands MPI the plain all-reduce's bytes on one
+    node, as the one-array call does; with 20 float64 contributions per rank the rows would not
+    fit in the words' scratch and the sum goes along the steps. The serial sum's bits either way."""
+    from hpcring import exact
+    from hpcring.arrays import adapter_for
+    from hpcring.comm import channel_for
+
+    comm = WORLD.Dup()
+    rows = values(11, comm.size * adds, 999, "float64", "cancel")
+    acc = hpcring.ExactSum(like=rows[0])
+    for row in rows[comm.rank * adds : (comm.rank + 1) * adds]:
+        acc.add(row)
+    channel = channel_for(comm, adapter_for(rows[0]))
+    gathered = exact.gathers(comm.size, channel.topology().nodes) and adds == 1 and comm.size > 1
+    before = channel.bytes_sent
+    got = acc.allreduce(comm=comm, check=False)
+    sent = channel.bytes_sent - before
+    ok = digest(got) == serial(rows)
+    before = channel.bytes_sent
+    hpcring.allreduce(rows[comm.rank], comm=comm, check=False, out=np.empty_like(rows[0]))
+    plain = channel.bytes_sent - before
+    ok &= sent == plain if gathered else sent > plain or comm.size == 1
+    assert everywhere(WORLD, ok), (sent, plain)
+    comm.Free()
+
+
 def test_mean_divides_the_reproducible_sum_by_the_rank_count() -> None:
     rows = values(7, WORLD.size, 100, "float32", "cancel")
     result = hpcring.allreduce(rows[WORLD.rank].copy(), op="mean", reproducible=True)

@@ -7,6 +7,8 @@ run: the max over ranks of the mean of ``--calls`` calls, check=False) of
 
 - ``plain``: the plain all-reduce (``-a``: ring or rabenseifner);
 - ``exact``: ``reproducible=True``, converted inside the algorithm's steps (`hpcring.exact.fused`);
+- ``accum``: an `hpcring.ExactSum` holding the same array as its one contribution, its
+  ``allreduce`` (the adds not timed);
 - ``whole``: the same sum the way it ran before, converting whole arrays around two whole
   all-reduces (`hpcring.exact.run`: codes, MAX, words, sum, rounding);
 - ``floor``: the bytes the format moves, through the same algorithm with plain reductions and no
@@ -86,7 +88,10 @@ def main() -> None:
     say = print if comm.rank == 0 else (lambda *a, **k: None)
     say(f"# {comm.size} ranks, {args.algorithm}, median of {args.runs} runs x {args.calls} calls, ms;")
     say("# ratios to plain; bytes this rank handed to MPI per call")
-    say("# dtype   MiB   plain   exact   whole   floor | exact  whole  floor | bytes plain  exact (formula)")
+    say(
+        "# dtype   MiB   plain   exact   accum   whole   floor | exact  accum  whole  floor "
+        "| bytes plain  exact (formula)"
+    )
     for dtype in (np.float32, np.float64):
         for mib in map(float, args.sizes.split(",")):
             say(row(comm, channel, args.algorithm, np.dtype(dtype), mib, args.runs, args.calls), flush=True)
@@ -109,6 +114,8 @@ def row(
     mine = segment_bounds(n, size)[rank]
     shard, part = np.empty(mine[1] - mine[0], wide), np.zeros(n // size, dtype)
     gathered = np.empty(size * (n // size), dtype)
+    acc = hpcring.ExactSum(like=x)
+    acc.add(x)
 
     def reduce(buf: np.ndarray, op: str) -> None:
         compiled(channel, algorithms.ALLREDUCE, name, buf, buf, OPS[op])
@@ -124,6 +131,7 @@ def row(
     variants = {
         "plain": lambda: hpcring.allreduce(x, out=work, algorithm=name, check=False),
         "exact": lambda: hpcring.allreduce(x, out=work, algorithm=name, check=False, reproducible=True),
+        "accum": lambda: acc.allreduce(out=work, algorithm=name, check=False),
         "whole": whole,
         "floor": floor,
     }
@@ -145,10 +153,11 @@ def row(
     assert spec.split_sent is not None
     gathered = exact.gathers(size, channel.topology().nodes)
     formula = exact.bytes_sent(by_formula, n, dtype, spec.split_sent(n, size, position), gathered=gathered)
-    ratio = " ".join(f"{med[k] / med['plain']:5.2f}x" for k in ("exact", "whole", "floor"))
+    ratio = " ".join(f"{med[k] / med['plain']:5.2f}x" for k in ("exact", "accum", "whole", "floor"))
     return (
-        f"{dtype.name:8s} {mib:4g} {med['plain']:7.2f} {med['exact']:7.2f} {med['whole']:7.2f} "
-        f"{med['floor']:7.2f} | {ratio} | {sent['plain']:>11,} {sent['exact']:>11,} ({formula:,})"
+        f"{dtype.name:8s} {mib:4g} "
+        + " ".join(f"{med[k]:7.2f}" for k in ("plain", "exact", "accum", "whole", "floor"))
+        + f" | {ratio} | {sent['plain']:>11,} {sent['exact']:>11,} ({formula:,})"
     )
 
 
