@@ -525,6 +525,7 @@ class Elastic:
             began = time.perf_counter()
             try:
                 inter = growth.spawn(self.comm, 1, self.spawn_command, self.hosts())
+                spawned = inter.Get_remote_size()
                 merged = growth.merge(inter, high=False)
             except (MPI.Exception, RuntimeError) as error:
                 if is_failure(error, self.comm):  # a rank died while spawning: shrink, try again
@@ -533,7 +534,7 @@ class Elastic:
                 made.grow_error = str(error).splitlines()[0]  # no replacement could start: go on
                 return
             made.phases["spawn"] = made.phases.get("spawn", 0.0) + time.perf_counter() - began
-            self._admit(merged, made)
+            self._admit(merged, made, spawned)
 
     def _follow(self, old: MPI.Intracomm, comm: MPI.Intracomm) -> list[int]:
         """Go on with ``comm``, the survivors of ``old`` (in its order): the ranks of ``old`` lost
@@ -570,13 +571,17 @@ class Elastic:
         made.after = self.comm.Get_size()
         made.rank = self.comm.Get_rank()
 
-    def _admit(self, merged: MPI.Intracomm, made: Recovery | None) -> np.ndarray:
-        """Send the state to the newcomers of ``merged`` (the ranks that hold it first), agree that
-        every rank got it; where a rank dies meanwhile, shrink ``merged`` and send again (a newcomer
-        that got nothing yet still needs it). Collective over ``merged``, newcomers included, whose
-        step and settings come with the header. Returns the header."""
+    def _admit(self, merged: MPI.Intracomm, made: Recovery | None, newcomers: int) -> np.ndarray:
+        """Send the state to the ``newcomers`` last ranks of ``merged`` (the ranks that hold it
+        first), agree that every rank got it; where a rank dies meanwhile, shrink ``merged`` and
+        send again (a newcomer that got nothing yet still needs it). Collective over ``merged``,
+        newcomers included, whose step and settings come with the header. The first try sends
+        to the newcomers alone (`growth.send_state`), and the agreement that follows carries
+        its check: a newcomer whose state differs from rank 0's makes every rank's ValueError.
+        A try after a loss broadcasts to all (`growth.transfer`, checked). Returns the header."""
         began = time.perf_counter()
         comm = merged
+        first = True
 
         def arrived(header: np.ndarray) -> None:
             self.step = int(header[growth.HEADER.index("step")])
@@ -584,9 +589,28 @@ class Elastic:
 
         while True:
             try:
-                header = growth.transfer(comm, self.state, self._header(), self.transfer_algorithm, arrived)
+                problem = None
+                if first:
+                    size = comm.Get_size()
+                    header, problem = growth.send_state(
+                        comm, self.state, self._header(), range(size - newcomers, size),
+                        self.transfer_algorithm, arrived,
+                    )  # fmt: skip
+                else:
+                    header = growth.transfer(
+                        comm, self.state, self._header(), self.transfer_algorithm, arrived
+                    )
+                first = False
                 names = comm.allgather(MPI.Get_processor_name())
-                if agree(comm, 1):
+                agreed = agree(comm, 1 | (0 if problem else 2))
+                if not agreed & 2:
+                    raise ValueError(
+                        problem
+                        or "hpcring.elastic: a newcomer's state differs from rank 0's (each array's type, "
+                        "shape and dtype; its own error names them): it must build the state as the "
+                        "job's ranks do (the same program and settings)"
+                    )
+                if agreed & 1:
                     break
             except LookupError:  # every rank that held the state died: no one can send it
                 raise TooFewRanksError(
@@ -641,8 +665,9 @@ class Elastic:
                     raise NotNeededError(
                         f"hpcring.elastic: the job at {rendezvous.path} ended without needing this rank"
                     )
+            arriving = inter.Get_size()  # this process's side: the newcomers, the last ranks merged
             merged = growth.merge(inter, high=True)
-            header = self._admit(merged, None)
+            header = self._admit(merged, None, arriving)
         except (MPI.Exception, RankFailedError, StallError, TimeoutError) as error:
             raise JoinError(f"hpcring.elastic: this replacement could not join the job: {error}") from None
         finally:
@@ -689,12 +714,14 @@ class Elastic:
         at, began = time.time(), time.perf_counter()
         before = self.comm.Get_size()
         self._phase("accept", self.comm)
-        merged = growth.merge(growth.accept(self.comm, self._port or ""), high=False)
+        inter = growth.accept(self.comm, self._port or "")
+        guests = inter.Get_remote_size()
+        merged = growth.merge(inter, high=False)
         made = Recovery(
             [], before, before, self.step, False, 0.0, self.rank, "ranks joined",
             shrunk=before, at=at, phases={"connect": time.perf_counter() - began},
         )  # fmt: skip
-        self._admit(merged, made)
+        self._admit(merged, made, guests)
         made.seconds = time.perf_counter() - began
         made.layout = layout(self.comm)
         self.recoveries.append(made)

@@ -31,8 +31,10 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+from . import config
 from .collectives import allreduce, broadcast
-from .comm import known_state
+from .comm import known_state, state_of
+from .errors import StallError
 from .ops import supported
 
 POLICIES = ("shrink", "replace", "replace-when-available")
@@ -42,6 +44,11 @@ PACK_BELOW = 1 << 20  # bytes: NumPy arrays smaller than this travel packed in o
 HEADER = ("step", "policy", "min_size", "max_size", "holds", "bytes", "joins")  # joins: tries left
 JOIN_ENV = "HPCRING_ELASTIC_JOIN"  # set on processes started later: the rendezvous file to join at
 RENDEZVOUS_ENV = "HPCRING_ELASTIC_RENDEZVOUS"  # the survivors' rendezvous file (replace-when-available)
+# What `send_state` sends after the header: whether the state follows in messages (1) or by
+# `transfer` (0), a checksum of the sender's layout (each array's type, shape and dtype), and how
+# many arrays follow one message each.
+PREAMBLE = ("direct", "layout", "apart")
+TAG = 0x4852  # send_state's messages, on hpcring's own duplicate of the communicator
 
 
 def errors_return(comm: Any) -> Any:
@@ -266,6 +273,126 @@ def transfer(
     return header
 
 
+def send_state(
+    comm: MPI.Intracomm,
+    state: Sequence[Any],
+    header: np.ndarray,
+    newcomers: range,
+    algorithm: str = "auto",
+    arrived: Callable[[np.ndarray], None] | None = None,
+) -> tuple[np.ndarray, str | None]:
+    """`transfer` for a join's first try, where every rank knows which ranks are the newcomers
+    (``newcomers``: the last ranks of ``comm``; the others hold the state alike): rank 0 sends
+    the header, the small arrays packed after it and then each larger array, one message each,
+    to each newcomer only, on hpcring's own duplicate of ``comm``. The holders send and receive
+    nothing, and there is no collective but the set-up of hpcring's state on a new
+    communicator. A newcomer takes any message (its size from ``MPI_Mprobe``), so a layout
+    unlike rank 0's cannot derail MPI; it is returned as the problem (None: none) for the
+    caller's next collective to make every rank's error. Where rank 0's state is not all
+    contiguous NumPy arrays, its first message says so and every rank goes on with `transfer`.
+    Returns the header and this rank's problem."""
+    if known_state(comm) is None:
+        allreduce(np.zeros(1), algorithm="auto", comm=comm)
+    private, rank = state_of(comm).comm, comm.Get_rank()
+    small, apart, layout = _plan(state)
+    direct = layout is not None
+    lead = len(HEADER) + len(PREAMBLE)
+    if rank == 0:
+        words = np.empty(words_for(small, lead), dtype=np.int64)
+        words[: len(HEADER)] = header
+        words[len(HEADER) : lead] = (int(direct), layout or 0, len(apart))
+        _pack(small, words[lead:].view(np.uint8))
+        requests = []
+        for newcomer in newcomers:
+            requests.append(private.Isend(words, newcomer, TAG))
+            requests += [private.Isend(_bytes(a), newcomer, TAG) for a in apart]
+        _wait(requests, "the state sent to the newcomers")
+    elif rank in newcomers:
+        status = MPI.Status()
+        message = _probe(private, status)
+        words = np.empty(status.Get_count(MPI.BYTE) // 8, dtype=np.int64)
+        _wait([message.Irecv(words)], "the state from rank 0")
+        header[...] = words[: len(HEADER)]
+        sent_direct, sent_layout, sent_apart = (int(w) for w in words[len(HEADER) : lead])
+        if arrived is not None:
+            arrived(header)
+        if not header[HEADER.index("holds")]:
+            raise LookupError("every rank that held the state died before it was sent")
+        if not sent_direct:
+            return transfer(comm, state, header, algorithm), None
+        if sent_layout == layout and sent_apart == len(apart) and words.size == words_for(small, lead):
+            _unpack(words[lead:].view(np.uint8), small)
+            _wait([private.Irecv(_bytes(a), 0, TAG) for a in apart], "the state from rank 0")
+            return header, None
+        for _ in range(sent_apart):  # what rank 0 sends comes in all the same, left unread
+            message = _probe(private, status)
+            _wait([message.Irecv(np.empty(status.Get_count(MPI.BYTE), np.uint8))], "the state from rank 0")
+        shapes = [
+            (type(a).__name__, getattr(a, "shape", None), str(getattr(a, "dtype", None))) for a in state
+        ]
+        return header, (
+            f"hpcring.elastic: this newcomer's state differs from rank 0's (each array's type, shape "
+            f"and dtype: {shapes}); a newcomer must build the state as the job's ranks do (the same "
+            "program and settings)"
+        )
+    if arrived is not None:
+        arrived(header)
+    if not direct:
+        return transfer(comm, state, header, algorithm, None), None
+    return header, None
+
+
+def words_for(small: list[np.ndarray], lead: int) -> int:
+    """The int64 words of `send_state`'s first message: ``lead`` words, then ``small`` packed."""
+    return lead + -(-sum(a.nbytes for a in small) // 8)
+
+
+def _plan(state: Sequence[Any]) -> tuple[list[np.ndarray], list[np.ndarray], int | None]:
+    """How `send_state` sends ``state``: the arrays packed into the first message, those sent
+    one message each, and a checksum of the layout (each array's dtype and shape: Python's hash
+    of integers, the same in every process); no checksum (None) where an array is not a
+    contiguous NumPy array, which then goes by `transfer`."""
+    small, apart, key = [], [], []
+    for a in state:
+        if type(a) is not np.ndarray or not a.flags.c_contiguous:
+            return [], [], None
+        (small if _packable(a) else apart).append(a)
+        key.append((a.dtype.num, a.dtype.itemsize, a.dtype.isnative, a.shape))
+    return small, apart, hash(tuple(key))
+
+
+def _bytes(array: np.ndarray) -> np.ndarray:
+    """A contiguous NumPy array's memory as bytes: any dtype travels, MPI's or not."""
+    return array.reshape(-1).view(np.uint8)
+
+
+def _wait(requests: list[MPI.Request], what: str) -> None:
+    """Wait for ``requests`` within HPCRING_TIMEOUT, testing them (a failed peer raises at once,
+    as MPI reports it): spin a few milliseconds, then nap, so a small state costs a message's
+    latency and a stuck one leaves the core. StallError at the deadline, never a hang."""
+    timeout = config.current().timeout
+    began = time.monotonic()
+    while not MPI.Request.Testall(requests):
+        waited = time.monotonic() - began
+        if timeout and waited > timeout:
+            raise StallError([], what, timeout, detail="; a rank alive but stuck inside MPI cannot join")
+        if waited > 0.005:
+            time.sleep(2e-4)
+
+
+def _probe(private: MPI.Intracomm, status: MPI.Status) -> MPI.Message:
+    """The next message from rank 0 under `TAG` (``MPI_Improbe``), within HPCRING_TIMEOUT."""
+    timeout = config.current().timeout
+    began = time.monotonic()
+    while (message := private.Improbe(0, TAG, status)) is None:
+        waited = time.monotonic() - began
+        if timeout and waited > timeout:
+            raise StallError([], "the state from rank 0", timeout, detail="; rank 0 never sent it")
+        if waited > 0.005:
+            time.sleep(2e-4)
+    return message
+
+
 def state_bytes(state: Sequence[Any]) -> int:
     """The bytes ``state`` holds (what a newcomer receives)."""
     return sum(int(a.nbytes) for a in state)
@@ -297,6 +424,7 @@ __all__ = [
     "HEADER",
     "JOIN_ENV",
     "POLICIES",
+    "PREAMBLE",
     "RENDEZVOUS_ENV",
     "Rendezvous",
     "accept",
@@ -306,6 +434,7 @@ __all__ = [
     "joining",
     "merge",
     "parent",
+    "send_state",
     "spawn",
     "state_bytes",
     "transfer",

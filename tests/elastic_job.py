@@ -21,7 +21,8 @@ of the first ranks makes one and tells the others). FLAGS: the example's own (``
 ``--policy``, ``--min-ranks``...). Prints what the example
 prints: ``step S/T ranks G`` per step from rank 0, a line per recovery and join, the weights
 digest last, after the final test accuracy (or ``# stopped: ...`` where fewer ranks remain than
-the minimum, status 3).
+the minimum, status 3; ``# refused: ...`` from every rank, status 5, where a replacement built
+by ``--newcomer-width`` holds other state than the job's).
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--kill", type=parse_kill, action="append", default=[])
     parser.add_argument("--marks", default="")
     parser.add_argument("--delay", type=float, default=10.0, help="ms into the step for a 'step' kill")
+    parser.add_argument("--newcomer-width", type=int, help="a replacement builds layers this wide instead")
     ours, rest = parser.parse_known_args(argv)
     args = train.parse(rest)
     kills = list(ours.kill)
@@ -132,6 +134,7 @@ def main(argv: list[str]) -> int:
                 flush=True,
             )
 
+    from hpcring import growth
     from hpcring.elastic import JoinError, TooFewRanksError
 
     policy = args.policy or ("replace" if args.grow else "shrink")
@@ -150,10 +153,14 @@ def main(argv: list[str]) -> int:
             min_size=args.min_ranks,
             max_size=args.max_ranks,
             rendezvous=args.rendezvous,
+            **({"width": ours.newcomer_width} if ours.newcomer_width and growth.joining() else {}),
         )
     except TooFewRanksError as error:
         print(f"# stopped: {error}", flush=True)
         return 3
+    except ValueError as error:  # a replacement whose state differs: every rank says so
+        print(f"# refused: {error}", flush=True)
+        return 5
     except JoinError as error:
         print(f"# could not join: {error}", file=sys.stderr, flush=True)
         return 4

@@ -109,6 +109,18 @@ def test_a_failure_during_the_join_is_survived(digests: dict[int, str]) -> None:
     assert digest_of(lines) == digests[STEPS]
 
 
+def test_a_replacement_that_builds_other_state_is_refused_on_every_rank() -> None:
+    """Rank 1 dies inside step 6; its replacement builds layers 64 wide where the job's are 128
+    (``--newcomer-width``): the state sent to it alone in the join's first try does not fit, and
+    the join's agreement makes it every rank's ValueError, the newcomer's naming its own arrays;
+    no rank hangs and none goes on training."""
+    run, lines = ran(lambda: job(4, "--grow", "--kill", "6:1:step", "--newcomer-width", "64"))
+    refused = [line for line in lines if line.startswith("# refused: hpcring.elastic: ")]
+    assert len(refused) == 4, run.output()
+    assert sum("this newcomer's state differs" in line and "(64, 64)" in line for line in refused) == 1
+    assert not any(line.startswith("# weights digest") for line in lines), run.output()
+
+
 def test_the_example_grows_back_after_a_kill_from_outside(digests: dict[int, str]) -> None:
     """``python -m hpcring.examples.train --reproducible --elastic --grow --max-steps 300 --digest``:
     a rank SIGKILLed after step 20 is replaced; progress lines, then the digest last. 300 steps:

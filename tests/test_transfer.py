@@ -68,3 +68,75 @@ def test_ranks_that_expect_other_state_all_raise() -> None:
     ok &= all(a.tobytes() == b.tobytes() for a, b in zip(state, before, strict=True))
     assert everywhere(WORLD, ok)
     comm.Free()
+
+
+def header_of(rank: int) -> np.ndarray:
+    """Rank 0's header (distinct values), or a blank one elsewhere; rank 0 holds the state."""
+    header = (
+        np.arange(len(growth.HEADER), dtype=np.int64) - 3
+        if rank == 0
+        else np.zeros(len(growth.HEADER), np.int64)
+    )
+    header[growth.HEADER.index("holds")] = int(rank == 0)
+    return header
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("joined", [1, 2])
+def test_a_joins_first_try_sends_to_the_newcomers_alone(joined: int) -> None:
+    """`send_state`: the last ``joined`` ranks get rank 0's header and arrays bit for bit (packed
+    and sent apart); the other holders keep their own and hear their own header; no problem."""
+    comm = WORLD.Dup()
+    newcomers = range(max(comm.size - joined, 1), comm.size)
+    header, state = header_of(comm.rank), state_of(comm.rank, 4 << 10)
+    first = comm.bcast(header.copy(), root=0)
+    heard = []
+    got, problem = growth.send_state(comm, state, header, newcomers, arrived=lambda h: heard.append(h.copy()))
+    owner = 0 if comm.rank in newcomers else comm.rank
+    expected = state_of(owner, 4 << 10)
+    ok = problem is None and got is header and len(heard) == 1
+    ok &= np.array_equal(header, first) if comm.rank in newcomers or comm.rank == 0 else True
+    ok &= all(a.tobytes() == b.tobytes() for a, b in zip(state, expected, strict=True))
+    assert everywhere(WORLD, ok)
+    comm.Free()
+
+
+@pytest.mark.mpi
+def test_a_newcomer_with_other_state_hears_why_and_nothing_hangs() -> None:
+    """The last rank, a newcomer, built a longer first array: it takes rank 0's messages as they
+    come, keeps its arrays as they were and returns the problem (for the join's agreement to make
+    every rank's error); the others return none."""
+    if WORLD.size == 1:
+        pytest.skip("needs a newcomer")
+    comm = WORLD.Dup()
+    newcomer = comm.size - 1
+    state = state_of(comm.rank, 4 << 10)
+    if comm.rank == newcomer:
+        state[0] = np.zeros(state[0].size + 2, np.float32)
+    before = [a.copy() for a in state]
+    _, problem = growth.send_state(comm, state, header_of(comm.rank), range(newcomer, comm.size))
+    if comm.rank == newcomer:
+        ok = problem is not None and "differs from rank 0's" in problem and "(1026,)" in problem
+        ok &= all(a.tobytes() == b.tobytes() for a, b in zip(state, before, strict=True))
+    else:
+        ok = problem is None
+    assert everywhere(WORLD, ok)
+    comm.Free()
+
+
+class Tagged(np.ndarray):
+    """An array type of the user's own: not a plain NumPy array to `send_state`."""
+
+
+@pytest.mark.mpi
+def test_state_that_is_not_all_numpy_goes_by_the_checked_broadcast() -> None:
+    """A state with an array of another type (an ndarray subclass): rank 0's first message says
+    so, and every rank takes `transfer` (the holders' arrays then rank 0's too)."""
+    comm = WORLD.Dup()
+    state = [*state_of(comm.rank, 4 << 10), np.full(5, float(comm.rank)).view(Tagged)]
+    newcomers = range(comm.size - 1, comm.size) if comm.size > 1 else range(1, 1)
+    _, problem = growth.send_state(comm, state, header_of(comm.rank), newcomers)
+    expected = [*state_of(0, 4 << 10), np.zeros(5)]
+    ok = problem is None and all(a.tobytes() == b.tobytes() for a, b in zip(state, expected, strict=True))
+    assert everywhere(WORLD, ok)
+    comm.Free()

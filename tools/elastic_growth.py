@@ -12,14 +12,16 @@ Two parts, each from real jobs under ``mpiexec --with-ft ulfm --mca pml ob1 --mc
   example prints when it caught it); shrink: the error to the agreed step (revoke, shrink,
   rebuild, agree); spawn: ``MPI_Comm_spawn`` of the replacement and ``MPI_Intercomm_merge``
   (the replacement's Python start and imports included: it runs the same program); transfer:
-  the state to the newcomer (``hpcring.growth.transfer``); first step: from there to the first
+  the state to the newcomer (``hpcring.growth.send_state``); first step: from there to the first
   ``step S/T ranks 4`` line read from the job (the step itself, its output's way through the
   launcher). The parts add up to the whole, the kill to that line.
 - transfer: 3 ranks spawn one more and merge (the grown world of 4, as after a recovery), then
-  for each size (float32 state of 4 KiB to 64 MiB) the transfer as a join sends it
-  (``transfer(comm, [state], header)``: a checked all-reduce, the header, the state by
-  ``hpcring.broadcast``) and a bare ``comm.Bcast`` of the same bytes, interleaved, 5 each per
-  round; medians. ``--ranks 2`` measures 1 survivor and 1 newcomer.
+  for each size (float32 state of 4 KiB to 64 MiB) the state as a join's first try sends it
+  (``direct``: ``send_state(comm, [state], header, newcomers)``, rank 0's messages to the
+  newcomer alone), as a try after a loss sends it (``transfer(comm, [state], header,
+  algorithm=...)``: the header and the state by ``hpcring.broadcast``, checked, to every rank)
+  and a bare ``comm.Bcast`` of the same bytes, interleaved, 5 each per round; medians.
+  ``--ranks 2`` measures 1 survivor and 1 newcomer.
 
 Every figure is the median over runs (min and max with it); the ranks oversubscribe the
 machine's cores: run it under the CPU lock, with the load average printed alongside.
@@ -108,18 +110,22 @@ def transfer_worker(rounds: int) -> None:
     header[growth.HEADER.index("holds")] = 1
     for size in SIZES:
         state = np.full(size // 4, rank, dtype=np.float32)
-        times: dict[str, list[float]] = {name: [] for name in ("bcast", *ALGORITHMS)}
+        times: dict[str, list[float]] = {name: [] for name in ("bcast", "direct", *ALGORITHMS)}
         for _ in range(rounds):
             for name in times:
                 comm.Barrier()
                 began = time.perf_counter()
                 if name == "bcast":
                     comm.Bcast(state, root=0)
+                elif name == "direct":  # the newcomer is the last rank; the others keep their own
+                    growth.send_state(
+                        comm, [state], header.copy(), range(comm.Get_size() - 1, comm.Get_size())
+                    )
                 else:
                     growth.transfer(comm, [state], header.copy(), algorithm=name)
                 took = comm.allreduce(time.perf_counter() - began, op=MPI.MAX)
                 times[name].append(took)
-                assert (state == 0).all()
+                assert (state == 0).all() or (name == "direct" and rank < comm.Get_size() - 1)
                 state.fill(rank)
         if rank == 0:
             medians = {name: statistics.median(values) for name, values in times.items()}
@@ -138,7 +144,7 @@ def transfer(repeats: int, ranks: int) -> list[dict[str, Any]]:
     for size in SIZES:
         mine = [r for r in rows if r["bytes"] == size]
         entry: dict[str, Any] = {"bytes": size, "ranks": ranks}
-        for name in ("bcast", *ALGORITHMS):
+        for name in ("bcast", "direct", *ALGORITHMS):
             entry[name] = spread([r[name] for r in mine])
         table.append(entry)
     return table
@@ -153,8 +159,9 @@ def plot(table: list[dict[str, Any]], path: str) -> None:
     sizes = [row["bytes"] for row in table]
     figure, axes = plt.subplots(figsize=(6.4, 4.2))
     axes.plot(sizes, [row["bcast"]["median"] * 1e3 for row in table], "k--o", label="bare MPI_Bcast")
+    axes.plot(sizes, [row["direct"]["median"] * 1e3 for row in table], "-o", label="a join's first try")
     for name, style in (("auto", "-s"), ("mpi", "-^"), ("ring", "-v")):
-        axes.plot(sizes, [row[name]["median"] * 1e3 for row in table], style, label=f"transfer ({name})")
+        axes.plot(sizes, [row[name]["median"] * 1e3 for row in table], style, label=f"after a loss ({name})")
     axes.set_xscale("log", base=2)
     axes.set_yscale("log")
     axes.set_xlabel("state (bytes)")
