@@ -10,10 +10,12 @@ On MPI's own means, under its fault tolerance (ULFM):
   can read, the `Rendezvous`) by ``MPI_Comm_connect``/``MPI_Comm_accept``, then merge.
 
 The newcomers then receive what every rank of a data-parallel job holds alike, the step and the
-model and optimizer state, from the survivors' rank 0 by `transfer`: ``hpcring.broadcast`` on
-hpcring's engine, so the arrays' shapes and dtypes are checked against the survivors' before a
-byte moves, and a rank that dies meanwhile is a `hpcring.RankFailedError` on every other rank,
-as in any call. Nothing comes from disk.
+model and optimizer state, from the survivors' rank 0: in a join's first try by `send_state`,
+messages to the newcomers alone, whose layout the join's agreement checks; in a try after a
+loss by `transfer`, ``hpcring.broadcast`` on hpcring's engine to every rank, so the arrays'
+shapes and dtypes are checked against the survivors' before a byte moves. A rank that dies
+meanwhile is an MPI error on the others, and the join shrinks and tries again. Nothing comes
+from disk.
 """
 
 from __future__ import annotations
