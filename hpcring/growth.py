@@ -50,6 +50,10 @@ RENDEZVOUS_ENV = "HPCRING_ELASTIC_RENDEZVOUS"  # the survivors' rendezvous file 
 # `transfer` (0), a checksum of the sender's layout (each array's type, shape and dtype), and how
 # many arrays follow one message each.
 PREAMBLE = ("direct", "layout", "apart")
+# send_state packs arrays under this many bytes after the header, copied on both sides; each
+# larger one goes as its own message, received in place (no copy; each message more costs less
+# than copying its bytes twice above this size)
+SEND_PACK_BELOW = 32 << 10
 TAG = 0x4852  # send_state's messages, on hpcring's own duplicate of the communicator
 
 
@@ -293,17 +297,20 @@ def send_state(
     caller's next collective to make every rank's error. Where rank 0's state is not all
     contiguous NumPy arrays, its first message says so and every rank goes on with `transfer`.
     Returns the header and this rank's problem."""
-    if known_state(comm) is None:
+    made = known_state(comm)
+    if made is None:
         allreduce(np.zeros(1), algorithm="auto", comm=comm)
-    private, rank = state_of(comm).comm, comm.Get_rank()
+        made = state_of(comm)
+    private, rank = made.comm, comm.Get_rank()
     small, apart, layout = _plan(state)
     direct = layout is not None
     lead = len(HEADER) + len(PREAMBLE)
     if rank == 0:
         words = np.empty(words_for(small, lead), dtype=np.int64)
         words[: len(HEADER)] = header
-        words[len(HEADER) : lead] = (int(direct), layout or 0, len(apart))
-        _pack(small, words[lead:].view(np.uint8))
+        words[lead - 3], words[lead - 2], words[lead - 1] = int(direct), layout or 0, len(apart)
+        if small:
+            _pack(small, words[lead:].view(np.uint8))
         requests = []
         for newcomer in newcomers:
             requests.append(private.Isend(words, newcomer, TAG))
@@ -314,17 +321,20 @@ def send_state(
         message = _probe(private, status)
         words = np.empty(status.Get_count(MPI.BYTE) // 8, dtype=np.int64)
         _wait([message.Irecv(words)], "the state from rank 0")
-        header[...] = words[: len(HEADER)]
         sent_direct, sent_layout, sent_apart = (int(w) for w in words[len(HEADER) : lead])
+        fits = sent_layout == layout and sent_apart == len(apart) and words.size == words_for(small, lead)
+        pending = [private.Irecv(_bytes(a), 0, TAG) for a in apart] if sent_direct and fits else []
+        header[...] = words[: len(HEADER)]
         if arrived is not None:
             arrived(header)
         if not header[HEADER.index("holds")]:
             raise LookupError("every rank that held the state died before it was sent")
         if not sent_direct:
             return transfer(comm, state, header, algorithm), None
-        if sent_layout == layout and sent_apart == len(apart) and words.size == words_for(small, lead):
-            _unpack(words[lead:].view(np.uint8), small)
-            _wait([private.Irecv(_bytes(a), 0, TAG) for a in apart], "the state from rank 0")
+        if fits:  # the larger arrays arrive in place while the packed ones are copied out
+            if small:
+                _unpack(words[lead:].view(np.uint8), small)
+            _wait(pending, "the state from rank 0")
             return header, None
         for _ in range(sent_apart):  # what rank 0 sends comes in all the same, left unread
             message = _probe(private, status)
@@ -350,15 +360,15 @@ def words_for(small: list[np.ndarray], lead: int) -> int:
 
 
 def _plan(state: Sequence[Any]) -> tuple[list[np.ndarray], list[np.ndarray], int | None]:
-    """How `send_state` sends ``state``: the arrays packed into the first message, those sent
-    one message each, and a checksum of the layout (each array's dtype and shape: Python's hash
-    of integers, the same in every process); no checksum (None) where an array is not a
-    contiguous NumPy array, which then goes by `transfer`."""
+    """How `send_state` sends ``state``: the arrays packed into the first message (under
+    SEND_PACK_BELOW bytes), those sent one message each, and a checksum of the layout (each
+    array's dtype and shape: Python's hash of integers, the same in every process); no checksum
+    (None) where an array is not a contiguous NumPy array, which then goes by `transfer`."""
     small, apart, key = [], [], []
     for a in state:
         if type(a) is not np.ndarray or not a.flags.c_contiguous:
             return [], [], None
-        (small if _packable(a) else apart).append(a)
+        (small if a.nbytes < SEND_PACK_BELOW else apart).append(a)
         key.append((a.dtype.num, a.dtype.itemsize, a.dtype.isnative, a.shape))
     return small, apart, hash(tuple(key))
 

@@ -191,44 +191,51 @@ class Job:
         return "\n".join(line for _, line in self.lines) + "\n--- stderr ---\n" + self.stderr
 
     @property
-    def pmix_crashed(self) -> bool:
-        """Whether a process of the job crashed inside Open MPI's PMIx thread: a signal report
-        (Open MPI's handler prints one per process, each line under its ``[host:pid]``) whose
-        frames are in libpmix and none in hpcring's own code."""
+    def mpi_crashed(self) -> bool:
+        """Whether a process of the job crashed inside Open MPI itself: a signal report (Open MPI's
+        handler prints one per process, each line under its ``[host:pid]``) whose frames are in
+        libpmix and none in hpcring's own code (its PMIx thread), or whose faulting frame (the
+        first after the signal handler's) is in Open MPI's point-to-point layer (ob1)."""
         reports: dict[str, list[str]] = {}
         for line in self._errors:
             if match := REPORT.match(line):
                 reports.setdefault(match.group(1), []).append(line)
         return any(
             any(CRASHED in line for line in report)
-            and any("libpmix" in line for line in report)
-            and not any("hpcring" in line for line in report)
+            and (
+                (any("libpmix" in line for line in report) and not any("hpcring" in line for line in report))
+                or any(FAULTING.search(line) and "mca_pml_ob1" in line for line in report)
+            )
             for report in reports.values()
         )
 
 
 REPORT = re.compile(r"^\[[^\]:]+:(\d+)\] ")  # a line of Open MPI's signal report, by process id
 CRASHED = "*** Process received signal ***"
+FAULTING = re.compile(r"\] \[ 1\] ")  # the frame that faulted ([ 0] is the signal handler's return)
 
 
 def ran(start: Callable[[], Job], finish: Callable[[Job], list[str]] = Job.finish) -> tuple[Job, list[str]]:
-    """A job ``start``-ed and ``finish``-ed; where Open MPI's PMIx crashed in one of its processes,
-    once more.
+    """A job ``start``-ed and ``finish``-ed; where Open MPI crashed in one of its processes
+    (`Job.mpi_crashed`), once more.
 
     Under ULFM, as ranks die around a spawn, a survivor has been seen to abort in its PMIx
     progress thread ("corrupted double-linked list" in pmix_ptl_base_process_msg, after libevent's
     "Epoll ADD ... Bad file descriptor"), and the launcher then lost the job ("LAUNCHER JOB OBJECT
     NOT FOUND"): once in many runs, no hpcring code on that thread's stack. Which code corrupted
-    the heap is not known (Open MPI's spawn and connect under failures is the likely place). The
-    rerun must pass on its own, the crash is printed, and a second such crash fails.
+    the heap is not known (Open MPI's spawn and connect under failures is the likely place). As
+    two ranks died inside one step, a survivor has also been seen to fault in ob1's scheduling of
+    a pending receive (``mca_pml_ob1_recv_request_schedule_once``, a null pointer), inside
+    ``MPI_Test`` of the step's agreement. The rerun must pass on its own, the crash is printed,
+    and a second such crash fails.
     """
     run = start()
     lines = finish(run)
-    if run.pmix_crashed:
-        sys.stderr.write(f"# Open MPI's PMIx crashed in the job; once more:\n{run.stderr[-4000:]}\n")
+    if run.mpi_crashed:
+        sys.stderr.write(f"# Open MPI crashed in the job; once more:\n{run.stderr[-4000:]}\n")
         run = start()
         lines = finish(run)
-        assert not run.pmix_crashed, f"Open MPI's PMIx crashed twice:\n{run.output()}"
+        assert not run.mpi_crashed, f"Open MPI crashed twice:\n{run.output()}"
     return run, lines
 
 
