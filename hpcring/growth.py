@@ -297,6 +297,10 @@ def send_state(
     caller's next collective to make every rank's error. Where rank 0's state is not all
     contiguous NumPy arrays, its first message says so and every rank goes on with `transfer`.
     Returns the header and this rank's problem."""
+    if 0 in newcomers:
+        raise ValueError(
+            f"hpcring.growth.send_state: rank 0 sends the state, so it cannot be a newcomer ({newcomers})"
+        )
     made = known_state(comm)
     if made is None:
         allreduce(np.zeros(1), algorithm="auto", comm=comm)
