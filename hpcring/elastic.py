@@ -590,8 +590,8 @@ class Elastic:
         while True:
             try:
                 problem = None
-                if first:
-                    size = comm.Get_size()
+                if first:  # every rank's later tries, after any loss, broadcast to all
+                    first, size = False, comm.Get_size()
                     header, problem = growth.send_state(
                         comm, self.state, self._header(), range(size - newcomers, size),
                         self.transfer_algorithm, arrived,
@@ -600,7 +600,6 @@ class Elastic:
                     header = growth.transfer(
                         comm, self.state, self._header(), self.transfer_algorithm, arrived
                     )
-                first = False
                 names = comm.allgather(MPI.Get_processor_name())
                 agreed = agree(comm, 1 | (0 if problem else 2))
                 if not agreed & 2:
