@@ -50,10 +50,6 @@ RENDEZVOUS_ENV = "HPCRING_ELASTIC_RENDEZVOUS"  # the survivors' rendezvous file 
 # `transfer` (0), a checksum of the sender's layout (each array's type, shape and dtype), and how
 # many arrays follow one message each.
 PREAMBLE = ("direct", "layout", "apart")
-# send_state packs arrays under this many bytes after the header, copied on both sides; each
-# larger one goes as its own message, received in place (no copy; each message more costs less
-# than copying its bytes twice above this size)
-SEND_PACK_BELOW = 32 << 10
 TAG = 0x4852  # send_state's messages, on hpcring's own duplicate of the communicator
 
 
@@ -296,7 +292,10 @@ def send_state(
     unlike rank 0's cannot derail MPI; it is returned as the problem (None: none) for the
     caller's next collective to make every rank's error. Where rank 0's state is not all
     contiguous NumPy arrays, its first message says so and every rank goes on with `transfer`.
-    Returns the header and this rank's problem."""
+    The arrays under PACK_BELOW travel in the first message, as `transfer` packs them, and not
+    one message each: none of rank 0's sends is then still moving when the newcomer goes on (a
+    newcomer that dies with a send toward it still moving was seen to deadlock rank 0 inside
+    Open MPI's TCP transport, docs/elastic.md). Returns the header and this rank's problem."""
     if 0 in newcomers:
         raise ValueError(
             f"hpcring.growth.send_state: rank 0 sends the state, so it cannot be a newcomer ({newcomers})"
@@ -365,14 +364,15 @@ def words_for(small: list[np.ndarray], lead: int) -> int:
 
 def _plan(state: Sequence[Any]) -> tuple[list[np.ndarray], list[np.ndarray], int | None]:
     """How `send_state` sends ``state``: the arrays packed into the first message (under
-    SEND_PACK_BELOW bytes), those sent one message each, and a checksum of the layout (each
-    array's dtype and shape: Python's hash of integers, the same in every process); no checksum
-    (None) where an array is not a contiguous NumPy array, which then goes by `transfer`."""
+    PACK_BELOW bytes, as `transfer` packs them), those sent one message each, and a checksum of
+    the layout (each array's dtype and shape: Python's hash of integers, the same in every
+    process); no checksum (None) where an array is not a contiguous NumPy array, which then
+    goes by `transfer`."""
     small, apart, key = [], [], []
     for a in state:
         if type(a) is not np.ndarray or not a.flags.c_contiguous:
             return [], [], None
-        (small if a.nbytes < SEND_PACK_BELOW else apart).append(a)
+        (small if a.nbytes < PACK_BELOW else apart).append(a)
         key.append((a.dtype.num, a.dtype.itemsize, a.dtype.isnative, a.shape))
     return small, apart, hash(tuple(key))
 
