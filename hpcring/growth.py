@@ -309,7 +309,7 @@ def send_state(
     direct = layout is not None
     lead = len(HEADER) + len(PREAMBLE)
     if rank == 0:
-        words = np.empty(words_for(small, lead), dtype=np.int64)
+        words = np.empty(_words_for(small, lead), dtype=np.int64)
         words[: len(HEADER)] = header
         words[lead - 3], words[lead - 2], words[lead - 1] = int(direct), layout or 0, len(apart)
         if small:
@@ -325,7 +325,7 @@ def send_state(
         words = np.empty(status.Get_count(MPI.BYTE) // 8, dtype=np.int64)
         _wait([message.Irecv(words)], "the state from rank 0")
         sent_direct, sent_layout, sent_apart = (int(w) for w in words[len(HEADER) : lead])
-        fits = sent_layout == layout and sent_apart == len(apart) and words.size == words_for(small, lead)
+        fits = sent_layout == layout and sent_apart == len(apart) and words.size == _words_for(small, lead)
         pending = [private.Irecv(_bytes(a), 0, TAG) for a in apart] if sent_direct and fits else []
         header[...] = words[: len(HEADER)]
         if arrived is not None:
@@ -357,7 +357,7 @@ def send_state(
     return header, None
 
 
-def words_for(small: list[np.ndarray], lead: int) -> int:
+def _words_for(small: list[np.ndarray], lead: int) -> int:
     """The int64 words of `send_state`'s first message: ``lead`` words, then ``small`` packed."""
     return lead + -(-sum(a.nbytes for a in small) // 8)
 
