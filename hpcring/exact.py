@@ -34,7 +34,7 @@ error bound.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -763,20 +763,21 @@ def fused(
     The same bits as `run`."""
     xp, fmt, n = ch.xp, format_of(dst.dtype), dst.size
     block = _blocker(ch, n)
-    floats = not accumulated and ch.size <= 1 << 10  # as in `run`
     divisor = ch.size if op == "mean" else 1
     if split.owners is not None and gathers(ch.size, ch.topology().nodes):
+        owners = split.owners()
         if not accumulated:
-            _gathered(ch, split, parts, [1] * ch.size, dst, fmt, block, divisor)
+            _gathered(ch, split, owners, parts, [1] * ch.size, dst, fmt, block, divisor)
             return
         # An ExactSum's ranks may hold any number of contributions: each learns every rank's count
         # (one small all-gather), and all gather where the rows fit in the words' own scratch
         counts = [int(c) for c in ch.table([len(parts)])[:, 0]]
-        if _gather_fits(split.owners(), counts, fmt, n):
-            _gathered(ch, split, parts, counts, dst, fmt, block, divisor)
+        if _gather_fits(owners, counts, fmt, n):
+            _gathered(ch, split, owners, parts, counts, dst, fmt, block, divisor)
             return
     code = ch.scratch("exact-code", n, fmt.code)
     words = ch.scratch("exact-words", n, word_dtype(fmt))
+    floats = not accumulated and ch.size <= 1 << 10  # as in `run`
     terms = None if accumulated else ch.size
     x = parts[0] if len(parts) == 1 else None
     if x is None:  # several contributions (or none): their codes' maximum, then their words' sum
@@ -820,17 +821,24 @@ def gathers(size: int, nodes: int) -> bool:
 
 
 def _gathered(
-    ch: Any, split: Any, parts: list[Any], counts: list[int], dst: Any, fmt: Format, block: Any, divisor: int
+    ch: Any,
+    split: Any,
+    owners: Sequence[tuple[int, slice]],
+    parts: list[Any],
+    counts: list[int],
+    dst: Any,
+    fmt: Format,
+    block: Any,
+    divisor: int,
 ) -> None:
     """`fused` with its reduce-scatter as a gather: each rank sends every other rank that rank's
     ``owned`` part of each of its contributions as it is (a pairwise exchange: for one
     contribution per rank the plain reduce-scatter's bytes, not the 8-byte words of partial
     sums, and no agreement of codes beforehand), then the owner sums the contributions it holds
-    (`gathered_sum`), and the all-gather passes the rounded results on. ``counts``: every rank's
-    number of contributions (an `ExactSum`'s; else one each), at least two in all. The codes,
-    words and rounding are `run`'s, so the bits are too."""
+    (`gathered_sum`), and the all-gather passes the rounded results on. ``owners``: the split's
+    (`Split.owners`); ``counts``: every rank's number of contributions (an `ExactSum`'s; else one
+    each), at least two in all. The codes, words and rounding are `run`'s, so the bits are too."""
     xp, size, total = ch.xp, ch.size, sum(counts)
-    owners = split.owners()
     position = next(p for p, (rank, _) in enumerate(owners) if rank == ch.rank)
     mine = owners[position][1]
     m = mine.stop - mine.start
@@ -867,16 +875,16 @@ def _packed(ch: Any, parts: list[Any], piece: slice, like: Any) -> Any:
     return pack
 
 
-def _gather_fits(owners: list[tuple[int, slice]], counts: list[int], fmt: Format, count: int) -> bool:
+def _gather_fits(owners: Sequence[tuple[int, slice]], counts: list[int], fmt: Format, count: int) -> bool:
     """Whether an ExactSum's contributions are gathered: at least two in all, and every rank's rows
-    and pack within the integer words that reducing along the steps holds (its own, the agreed
-    sums' and those in flight: what the memory guard priced, `scratch_bytes`). The same answer
+    and pack within the integer words that reducing along the steps holds (`words_held`: what
+    the memory guard priced). The same answer
     on every rank: it depends only on what all of them know."""
     total = sum(counts)
     if not 2 <= total <= MAX_CONTRIBUTIONS:
         return False
     longest = max(part.stop - part.start for _, part in owners)
-    words = 3 * fmt.words * count * 8
+    words = words_held(fmt, count, accumulated=True)
     for rank, part in owners:
         rows = (total - min(counts[rank], 1)) * (part.stop - part.start)
         pack = counts[rank] * longest if counts[rank] > 1 else 0
@@ -960,13 +968,20 @@ def scratch_bytes(
     guard prices this before anything is allocated."""
     fmt = format_of(dtype)
     code = count * fmt.code.itemsize
-    held = code * (2 if accumulated else 1) + fmt.words * count * 8
+    fused = ch.size > 1 and count > 0
+    held = code * (2 if accumulated else 1) + words_held(fmt, count, accumulated, fused)
     held += min(count, _step(count, ch.xp)) * (
         fmt.uint.itemsize + 1 + fmt.code.itemsize + 4 + 8 * fmt.words
     )  # bits, flag, codes, shift, words
-    if ch.size == 1 or count == 0:
+    if not fused:
         return held
-    # `fused`: the converted pieces in flight (at most the whole contribution: a folded rank's),
-    # and an ExactSum's own words
-    held += fmt.words * count * 8 * (2 if accumulated else 1)
     return held + max(scratch(fmt.words * count, 8), scratch(count, fmt.code.itemsize))
+
+
+def words_held(fmt: Format, count: int, accumulated: bool, fused: bool = True) -> int:
+    """The bytes of integer words a reproducible call of ``count`` elements holds: the words, and
+    across ranks (`fused`) the converted pieces in flight (at most the whole contribution: a
+    folded rank's) and an ExactSum's own words. Part of `scratch_bytes`; `_gather_fits` keeps
+    the gathered rows within it."""
+    copies = 1 + ((2 if accumulated else 1) if fused else 0)
+    return copies * fmt.words * count * 8
