@@ -384,29 +384,28 @@ def _bytes(array: np.ndarray) -> np.ndarray:
 
 def _wait(requests: list[MPI.Request], what: str) -> None:
     """Wait for ``requests`` within HPCRING_TIMEOUT, testing them (a failed peer raises at once,
-    as MPI reports it): spin a few milliseconds, then nap, so a small state costs a message's
-    latency and a stuck one leaves the core. StallError at the deadline, never a hang."""
-    timeout = config.current().timeout
-    began = time.monotonic()
-    while not MPI.Request.Testall(requests):
-        waited = time.monotonic() - began
-        if timeout and waited > timeout:
-            raise StallError([], what, timeout, detail="; a rank alive but stuck inside MPI cannot join")
-        if waited > 0.005:
-            time.sleep(2e-4)
+    as MPI reports it)."""
+    _until(lambda: MPI.Request.Testall(requests), what, "; a rank alive but stuck inside MPI cannot join")
 
 
 def _probe(private: MPI.Intracomm, status: MPI.Status) -> MPI.Message:
     """The next message from rank 0 under `TAG` (``MPI_Improbe``), within HPCRING_TIMEOUT."""
+    return _until(lambda: private.Improbe(0, TAG, status), "the state from rank 0", "; rank 0 never sent it")
+
+
+def _until(ready: Callable[[], Any], what: str, detail: str) -> Any:
+    """``ready()``'s first true value: spin a few milliseconds, then nap, so a small state costs a
+    message's latency and a stuck one leaves the core. StallError (``what``, ``detail``) at
+    HPCRING_TIMEOUT, never a hang."""
     timeout = config.current().timeout
     began = time.monotonic()
-    while (message := private.Improbe(0, TAG, status)) is None:
+    while not (value := ready()):
         waited = time.monotonic() - began
         if timeout and waited > timeout:
-            raise StallError([], "the state from rank 0", timeout, detail="; rank 0 never sent it")
+            raise StallError([], what, timeout, detail=detail)
         if waited > 0.005:
             time.sleep(2e-4)
-    return message
+    return value
 
 
 def state_bytes(state: Sequence[Any]) -> int:
