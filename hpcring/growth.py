@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from . import config
+from . import config, core
 from .collectives import allreduce, broadcast
 from .comm import known_state, state_of
 from .errors import StallError
@@ -305,27 +305,21 @@ def send_state(
         allreduce(np.zeros(1), algorithm="auto", comm=comm)
         made = state_of(comm)
     private, rank = made.comm, comm.Get_rank()
-    small, apart, layout = _plan(state)
+    small, apart, layout, nbytes = _plan(state)
     direct = layout is not None
-    lead = len(HEADER) + len(PREAMBLE)
+    lead = np.empty(len(HEADER) + len(PREAMBLE), dtype=np.int64)  # the header, then the preamble
     if rank == 0:
-        words = np.empty(_words_for(small, lead), dtype=np.int64)
-        words[: len(HEADER)] = header
-        words[lead - 3], words[lead - 2], words[lead - 1] = int(direct), layout or 0, len(apart)
-        if small:
-            _pack(small, words[lead:].view(np.uint8))
-        requests = []
-        for newcomer in newcomers:
-            requests.append(private.Isend(words, newcomer, TAG))
-            requests += [private.Isend(_bytes(a), newcomer, TAG) for a in apart]
-        _wait(requests, "the state sent to the newcomers")
+        lead[: len(HEADER)] = header
+        lead[len(HEADER) :] = (int(direct), layout or 0, len(apart))
+        _send(private, lead, small, apart, nbytes, newcomers)
     elif rank in newcomers:
-        status = MPI.Status()
-        message = _probe(private, status)
-        words = np.empty(status.Get_count(MPI.BYTE) // 8, dtype=np.int64)
-        _wait([message.Irecv(words)], "the state from rank 0")
-        sent_direct, sent_layout, sent_apart = (int(w) for w in words[len(HEADER) : lead])
-        fits = sent_layout == layout and sent_apart == len(apart) and words.size == _words_for(small, lead)
+        lead[len(HEADER) :] = (1, layout or 0, len(apart))  # what a direct send of this layout says
+        words, unpacked = _receive(private, lead, small, nbytes)
+        if unpacked:
+            sent_direct, fits, sent_apart = 1, True, len(apart)
+        else:
+            sent_direct, sent_layout, sent_apart = (int(w) for w in words[len(HEADER) : lead.size])
+            fits = sent_layout == layout and sent_apart == len(apart) and words.nbytes == nbytes
         pending = [private.Irecv(_bytes(a), 0, TAG) for a in apart] if sent_direct and fits else []
         header[...] = words[: len(HEADER)]
         if arrived is not None:
@@ -335,10 +329,12 @@ def send_state(
         if not sent_direct:
             return transfer(comm, state, header, algorithm), None
         if fits:  # the larger arrays arrive in place while the packed ones are copied out
-            if small:
-                _unpack(words[lead:].view(np.uint8), small)
-            _wait(pending, "the state from rank 0")
+            if small and not unpacked:
+                _unpack(words[lead.size :].view(np.uint8), small)
+            if pending:
+                _wait(pending, "the state from rank 0")
             return header, None
+        status = MPI.Status()
         for _ in range(sent_apart):  # what rank 0 sends comes in all the same, left unread
             message = _probe(private, status)
             _wait([message.Irecv(np.empty(status.Get_count(MPI.BYTE), np.uint8))], "the state from rank 0")
@@ -357,24 +353,84 @@ def send_state(
     return header, None
 
 
-def _words_for(small: list[np.ndarray], lead: int) -> int:
-    """The int64 words of `send_state`'s first message: ``lead`` words, then ``small`` packed."""
-    return lead + -(-sum(a.nbytes for a in small) // 8)
+def _send(
+    private: MPI.Intracomm,
+    lead: np.ndarray,
+    small: list[np.ndarray],
+    apart: list[np.ndarray],
+    nbytes: int,
+    newcomers: range,
+) -> None:
+    """Rank 0's messages to each newcomer: ``lead`` (the header and the preamble) and ``small``
+    packed, padded to ``nbytes``, then each of ``apart``; in the compiled core where it runs (the
+    same bytes, without the Python between the calls, which cost a small state as much again),
+    else here."""
+    module = _compiled()
+    if module is not None:
+        sent = module.send_state(
+            private, tuple(newcomers), TAG, (lead, *small), nbytes, tuple(apart), _seconds()
+        )
+        if sent is False:
+            _stalled("the state sent to the newcomers", _STUCK)
+        if sent is True:
+            return
+    words = np.empty(nbytes // 8, dtype=np.int64)  # past 2 GiB too, as mpi4py sends it
+    words[: lead.size] = lead
+    if small:
+        _pack(small, words[lead.size :].view(np.uint8))
+    requests = []
+    for newcomer in newcomers:
+        requests.append(private.Isend(words, newcomer, TAG))
+        requests += [private.Isend(_bytes(a), newcomer, TAG) for a in apart]
+    _wait(requests, "the state sent to the newcomers")
 
 
-def _plan(state: Sequence[Any]) -> tuple[list[np.ndarray], list[np.ndarray], int | None]:
+def _receive(
+    private: MPI.Intracomm, lead: np.ndarray, small: list[np.ndarray], nbytes: int
+) -> tuple[np.ndarray, bool]:
+    """A newcomer's first message from rank 0, whatever its size: its int64 words, and whether
+    they are already unpacked into ``lead`` and ``small`` (in the compiled core, where the
+    message holds ``nbytes`` and the preamble ``lead`` holds: a direct send of this rank's
+    layout). Else ``lead`` and ``small`` are as they were."""
+    module = _compiled()
+    if module is not None:
+        got = module.recv_state(private, 0, TAG, (lead, *small), nbytes, len(PREAMBLE) * 8, _seconds())
+        if got is None:
+            _stalled("the state from rank 0", "; rank 0 never sent it")
+        if got is True:
+            return lead, True
+        return np.frombuffer(got, dtype=np.int64), False
+    status = MPI.Status()
+    message = _probe(private, status)
+    words = np.empty(status.Get_count(MPI.BYTE) // 8, dtype=np.int64)
+    _wait([message.Irecv(words)], "the state from rank 0")
+    return words, False
+
+
+def _compiled() -> Any:
+    """The compiled core's module where it runs now (HPCRING_CORE), else None."""
+    return core.mpi_core()[0] if core.active() else None
+
+
+def _plan(state: Sequence[Any]) -> tuple[list[np.ndarray], list[np.ndarray], int | None, int]:
     """How `send_state` sends ``state``: the arrays packed into the first message (under
-    PACK_BELOW bytes, as `transfer` packs them), those sent one message each, and a checksum of
-    the layout (each array's dtype and shape: Python's hash of integers, the same in every
-    process); no checksum (None) where an array is not a contiguous NumPy array, which then
-    goes by `transfer`."""
-    small, apart, key = [], [], []
+    PACK_BELOW bytes, as `transfer` packs them), those sent one message each, a checksum of the
+    layout (each array's dtype and shape: Python's hash of integers, the same in every process),
+    and the first message's bytes (the header, the preamble and the packed arrays, in int64
+    words); no checksum (None) where an array is not a contiguous NumPy array, which then goes by
+    `transfer`."""
+    small, apart, key, packed = [], [], [], 0
     for a in state:
         if type(a) is not np.ndarray or not a.flags.c_contiguous:
-            return [], [], None
-        (small if a.nbytes < PACK_BELOW else apart).append(a)
-        key.append((a.dtype.num, a.dtype.itemsize, a.dtype.isnative, a.shape))
-    return small, apart, hash(tuple(key))
+            return [], [], None, (len(HEADER) + len(PREAMBLE)) * 8
+        dtype, size = a.dtype, a.nbytes
+        if size < PACK_BELOW:
+            small.append(a)
+            packed += size
+        else:
+            apart.append(a)
+        key.append((dtype.num, dtype.itemsize, dtype.isnative, a.shape))
+    return small, apart, hash(tuple(key)), (len(HEADER) + len(PREAMBLE) - (-packed // 8)) * 8
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:
@@ -385,7 +441,19 @@ def _bytes(array: np.ndarray) -> np.ndarray:
 def _wait(requests: list[MPI.Request], what: str) -> None:
     """Wait for ``requests`` within HPCRING_TIMEOUT, testing them (a failed peer raises at once,
     as MPI reports it)."""
-    _until(lambda: MPI.Request.Testall(requests), what, "; a rank alive but stuck inside MPI cannot join")
+    _until(lambda: MPI.Request.Testall(requests), what, _STUCK)
+
+
+_STUCK = "; a rank alive but stuck inside MPI cannot join"
+
+
+def _seconds() -> float:
+    """HPCRING_TIMEOUT for one wait, as the compiled core takes it (0: no limit)."""
+    return float(config.current().timeout or 0)
+
+
+def _stalled(what: str, detail: str) -> None:
+    raise StallError([], what, config.current().timeout, detail=detail)
 
 
 def _probe(private: MPI.Intracomm, status: MPI.Status) -> MPI.Message:
@@ -402,7 +470,7 @@ def _until(ready: Callable[[], Any], what: str, detail: str) -> Any:
     while not (value := ready()):
         waited = time.monotonic() - began
         if timeout and waited > timeout:
-            raise StallError([], what, timeout, detail=detail)
+            _stalled(what, detail)
         if waited > 0.005:
             time.sleep(2e-4)
     return value

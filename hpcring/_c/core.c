@@ -325,6 +325,7 @@ static PyObject *mpi_error(int rc) {
 }
 
 #include "shared.h" /* a plan's all-reduce through shared memory: after the waits, which it shares */
+#include "state.h"  /* a join's state to its newcomers (hpcring/growth.py): after the waits too */
 
 /* ---- Program: a step table (hpcring/program.py) ------------------------------------------- */
 
@@ -2423,6 +2424,8 @@ static PyMethodDef methods[] = {
     {"comm_world", comm_world, METH_NOARGS, comm_world_doc},
     {"library_version", library_version, METH_NOARGS, library_version_doc},
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL, allreduce_doc},
+    {"send_state", (PyCFunction)(void (*)(void))send_state, METH_FASTCALL, send_state_doc},
+    {"recv_state", (PyCFunction)(void (*)(void))recv_state, METH_FASTCALL, recv_state_doc},
     {NULL, NULL, 0, NULL},
 };
 
