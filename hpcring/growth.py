@@ -307,21 +307,18 @@ def send_state(
     private, rank = made.comm, comm.Get_rank()
     small, apart, layout, nbytes = _plan(state)
     direct = layout is not None
-    lead = np.empty(len(HEADER) + len(PREAMBLE), dtype=np.int64)  # the header, then the preamble
     if rank == 0:
-        lead[: len(HEADER)] = header
-        lead[len(HEADER) :] = (int(direct), layout or 0, len(apart))
-        _send(private, lead, small, apart, nbytes, newcomers)
+        _send(private, header, (int(direct), layout or 0, len(apart)), small, apart, nbytes, newcomers)
     elif rank in newcomers:
-        lead[len(HEADER) :] = (1, layout or 0, len(apart))  # what a direct send of this layout says
-        words, unpacked = _receive(private, lead, small, nbytes)
-        if unpacked:
+        words = _receive(private, header, (1, layout or 0, len(apart)), small, nbytes)
+        if words is None:  # a direct send of this rank's layout, unpacked: the header and small arrays
             sent_direct, fits, sent_apart = 1, True, len(apart)
         else:
-            sent_direct, sent_layout, sent_apart = (int(w) for w in words[len(HEADER) : lead.size])
+            lead = len(HEADER) + len(PREAMBLE)
+            sent_direct, sent_layout, sent_apart = (int(w) for w in words[len(HEADER) : lead])
             fits = sent_layout == layout and sent_apart == len(apart) and words.nbytes == nbytes
+            header[...] = words[: len(HEADER)]
         pending = [private.Irecv(_bytes(a), 0, TAG) for a in apart] if sent_direct and fits else []
-        header[...] = words[: len(HEADER)]
         if arrived is not None:
             arrived(header)
         if not header[HEADER.index("holds")]:
@@ -329,8 +326,8 @@ def send_state(
         if not sent_direct:
             return transfer(comm, state, header, algorithm), None
         if fits:  # the larger arrays arrive in place while the packed ones are copied out
-            if small and not unpacked:
-                _unpack(words[lead.size :].view(np.uint8), small)
+            if small and words is not None:
+                _unpack(words[len(HEADER) + len(PREAMBLE) :].view(np.uint8), small)
             if pending:
                 _wait(pending, "the state from rank 0")
             return header, None
@@ -355,29 +352,31 @@ def send_state(
 
 def _send(
     private: MPI.Intracomm,
-    lead: np.ndarray,
+    header: np.ndarray,
+    preamble: tuple[int, int, int],
     small: list[np.ndarray],
     apart: list[np.ndarray],
     nbytes: int,
     newcomers: range,
 ) -> None:
-    """Rank 0's messages to each newcomer: ``lead`` (the header and the preamble) and ``small``
-    packed, padded to ``nbytes``, then each of ``apart``; in the compiled core where it runs (the
+    """Rank 0's messages to each newcomer: ``header``, ``preamble`` and ``small`` packed in int64
+    words, padded to ``nbytes``, then each of ``apart``; in the compiled core where it runs (the
     same bytes, without the Python between the calls, which cost a small state as much again),
     else here."""
     module = _compiled()
     if module is not None:
         sent = module.send_state(
-            private, tuple(newcomers), TAG, (lead, *small), nbytes, tuple(apart), _seconds()
+            private, tuple(newcomers), TAG, header, preamble, tuple(small), nbytes, tuple(apart), _seconds()
         )
         if sent is False:
             _stalled("the state sent to the newcomers", _STUCK)
         if sent is True:
             return
     words = np.empty(nbytes // 8, dtype=np.int64)  # past 2 GiB too, as mpi4py sends it
-    words[: lead.size] = lead
+    words[: len(HEADER)] = header
+    words[len(HEADER) : len(HEADER) + len(PREAMBLE)] = preamble
     if small:
-        _pack(small, words[lead.size :].view(np.uint8))
+        _pack(small, words[len(HEADER) + len(PREAMBLE) :].view(np.uint8))
     requests = []
     for newcomer in newcomers:
         requests.append(private.Isend(words, newcomer, TAG))
@@ -386,25 +385,26 @@ def _send(
 
 
 def _receive(
-    private: MPI.Intracomm, lead: np.ndarray, small: list[np.ndarray], nbytes: int
-) -> tuple[np.ndarray, bool]:
-    """A newcomer's first message from rank 0, whatever its size: its int64 words, and whether
-    they are already unpacked into ``lead`` and ``small`` (in the compiled core, where the
-    message holds ``nbytes`` and the preamble ``lead`` holds: a direct send of this rank's
-    layout). Else ``lead`` and ``small`` are as they were."""
+    private: MPI.Intracomm,
+    header: np.ndarray,
+    preamble: tuple[int, int, int],
+    small: list[np.ndarray],
+    nbytes: int,
+) -> np.ndarray | None:
+    """A newcomer's first message from rank 0, whatever its size, as int64 words; None where the
+    compiled core unpacked it into ``header`` and ``small`` already (where it holds ``nbytes``
+    and ``preamble``: a direct send of this rank's layout). Else both are as they were."""
     module = _compiled()
     if module is not None:
-        got = module.recv_state(private, 0, TAG, (lead, *small), nbytes, len(PREAMBLE) * 8, _seconds())
+        got = module.recv_state(private, 0, TAG, header, preamble, tuple(small), nbytes, _seconds())
         if got is None:
             _stalled("the state from rank 0", "; rank 0 never sent it")
-        if got is True:
-            return lead, True
-        return np.frombuffer(got, dtype=np.int64), False
+        return None if got is True else np.frombuffer(got, dtype=np.int64)
     status = MPI.Status()
     message = _probe(private, status)
     words = np.empty(status.Get_count(MPI.BYTE) // 8, dtype=np.int64)
     _wait([message.Irecv(words)], "the state from rank 0")
-    return words, False
+    return words
 
 
 def _compiled() -> Any:

@@ -102,21 +102,26 @@ def test_a_joins_first_try_sends_to_the_newcomers_alone(joined: int) -> None:
 
 
 @pytest.mark.mpi
-def test_a_newcomer_with_other_state_hears_why_and_nothing_hangs() -> None:
-    """The last rank, a newcomer, built a longer first array: it takes rank 0's messages as they
-    come, keeps its arrays as they were and returns the problem (for the join's agreement to make
-    every rank's error); the others return none."""
+@pytest.mark.parametrize("other", ["longer", "reshaped"])
+def test_a_newcomer_with_other_state_hears_why_and_nothing_hangs(other: str) -> None:
+    """The last rank, a newcomer, built a longer first array (a message of another length), or
+    one of the same bytes in another shape (a message of its own length, whose layout differs):
+    it takes rank 0's messages as they come, keeps its arrays as they were and returns the problem
+    (for the join's agreement to make every rank's error); the others return none."""
     if WORLD.size == 1:
         pytest.skip("needs a newcomer")
     comm = WORLD.Dup()
     newcomer = comm.size - 1
     state = state_of(comm.rank, 4 << 10)
     if comm.rank == newcomer:
-        state[0] = np.zeros(state[0].size + 2, np.float32)
+        state[0] = np.zeros(
+            (state[0].size + 2,) if other == "longer" else (2, state[0].size // 2), np.float32
+        )
     before = [a.copy() for a in state]
     _, problem = growth.send_state(comm, state, header_of(comm.rank), range(newcomer, comm.size))
     if comm.rank == newcomer:
-        ok = problem is not None and "differs from rank 0's" in problem and "(1026,)" in problem
+        shape = "(1026,)" if other == "longer" else "(2, 512)"
+        ok = problem is not None and "differs from rank 0's" in problem and shape in problem
         ok &= all(a.tobytes() == b.tobytes() for a, b in zip(state, before, strict=True))
     else:
         ok = problem is None

@@ -46,37 +46,53 @@ static int state_wait(int n, MPI_Request *req, double seconds, int *rc) {
     return done;
 }
 
+/* The three int64 words of a preamble tuple into ``words``; -1 with an error set. */
+static int preamble_words(PyObject *preamble, int64_t *words) {
+    if (!PyTuple_Check(preamble) || PyTuple_GET_SIZE(preamble) != 3) {
+        PyErr_SetString(PyExc_TypeError, "preamble: a tuple of 3 ints");
+        return -1;
+    }
+    for (int k = 0; k < 3; k++) {
+        words[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(preamble, k));
+        if (words[k] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
 PyDoc_STRVAR(send_state_doc,
-             "send_state(comm, newcomers, tag, packed, nbytes, apart, seconds) -> bool\n\n"
-             "Send each rank of ``newcomers`` (a tuple) the arrays of ``packed`` end to end, zero-padded "
-             "to ``nbytes``, in one message, then each array of ``apart`` in its own, all under ``tag``; "
-             "wait for them up to ``seconds`` (0: no limit). False when the time ran out (the caller says "
-             "so; what was posted is left to finish), NotImplemented for messages past 2 GiB; "
-             "MPI.Exception on an MPI error.");
+             "send_state(comm, newcomers, tag, header, preamble, small, nbytes, apart, seconds) -> bool\n\n"
+             "Send each rank of ``newcomers`` (a tuple) one message: ``header``'s bytes, the 3 int64 words "
+             "of ``preamble``, then the arrays of ``small`` end to end, zero-padded to ``nbytes``; then "
+             "each array of ``apart`` in its own; all under ``tag``. Wait for them up to ``seconds`` (0: no "
+             "limit). False when the time ran out (the caller says so; what was posted is left to "
+             "finish), NotImplemented for messages past 2 GiB; MPI.Exception on an MPI error.");
 
 static PyObject *send_state(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (argc != 7) {
-        PyErr_SetString(PyExc_TypeError, "send_state takes 7 arguments");
+    if (argc != 9) {
+        PyErr_SetString(PyExc_TypeError, "send_state takes 9 arguments");
         return NULL;
     }
     MPI_Comm *comm = PyMPIComm_Get(argv[0]);
     if (comm == NULL) return NULL;
     PyObject *dests = argv[1];
     int tag = (int)PyLong_AsLong(argv[2]);
-    Py_ssize_t nbytes = PyLong_AsSsize_t(argv[4]);
-    double seconds = PyFloat_AsDouble(argv[6]);
-    if (PyErr_Occurred()) return NULL;
-    if (!PyTuple_Check(dests)) {
-        PyErr_SetString(PyExc_TypeError, "newcomers: a tuple of ranks");
+    Py_ssize_t nbytes = PyLong_AsSsize_t(argv[6]);
+    double seconds = PyFloat_AsDouble(argv[8]);
+    int64_t preamble[3];
+    if (PyErr_Occurred() || preamble_words(argv[4], preamble) < 0) return NULL;
+    if (!PyTuple_Check(dests) || !PyTuple_Check(argv[5]) || !PyTuple_Check(argv[7])) {
+        PyErr_SetString(PyExc_TypeError, "send_state: newcomers, small and apart are tuples");
         return NULL;
     }
-    Py_ssize_t npacked = PyTuple_Check(argv[3]) ? PyTuple_GET_SIZE(argv[3]) : 0, total = 0, apart_total = 0;
-    Py_ssize_t napart = PyTuple_Check(argv[5]) ? PyTuple_GET_SIZE(argv[5]) : 0;
-    Py_buffer *packed = take_parts(argv[3], 0, &total);
-    if (packed == NULL) return NULL;
-    Py_buffer *apart = take_parts(argv[5], 0, &apart_total);
-    if (apart == NULL) return release_parts(packed, npacked), NULL;
-    int fits = total <= nbytes && nbytes <= INT32_MAX;
+    Py_buffer header;
+    if (PyObject_GetBuffer(argv[3], &header, PyBUF_C_CONTIGUOUS) < 0) return NULL;
+    Py_ssize_t npacked = PyTuple_GET_SIZE(argv[5]), napart = PyTuple_GET_SIZE(argv[7]), total = 0, apart_total = 0;
+    Py_buffer *packed = take_parts(argv[5], 0, &total);
+    if (packed == NULL) return PyBuffer_Release(&header), NULL;
+    Py_buffer *apart = take_parts(argv[7], 0, &apart_total);
+    if (apart == NULL) return PyBuffer_Release(&header), release_parts(packed, npacked), NULL;
+    Py_ssize_t lead = header.len + (Py_ssize_t)sizeof preamble;
+    int fits = lead + total <= nbytes && nbytes <= INT32_MAX;
     for (Py_ssize_t k = 0; k < napart; k++) fits &= apart[k].len <= INT32_MAX;
     Py_ssize_t ndests = PyTuple_GET_SIZE(dests), nreq = ndests * (1 + napart);
     char *buf = NULL;
@@ -95,7 +111,9 @@ static PyObject *send_state(PyObject *self, PyObject *const *argv, Py_ssize_t ar
         result = PyErr_NoMemory();
         goto done;
     }
-    Py_ssize_t at = 0;
+    memcpy(buf, header.buf, (size_t)header.len);
+    memcpy(buf + header.len, preamble, sizeof preamble);
+    Py_ssize_t at = lead;
     for (Py_ssize_t k = 0; k < npacked; k++) {
         memcpy(buf + at, packed[k].buf, (size_t)packed[k].len);
         at += packed[k].len;
@@ -126,40 +144,47 @@ static PyObject *send_state(PyObject *self, PyObject *const *argv, Py_ssize_t ar
     }
     result = PyBool_FromLong(sent);
 done:
+    PyBuffer_Release(&header);
     release_parts(packed, npacked);
     release_parts(apart, napart);
     return result;
 }
 
 PyDoc_STRVAR(recv_state_doc,
-             "recv_state(comm, source, tag, packed, nbytes, nexpect, seconds) -> True, bytes or None\n\n"
+             "recv_state(comm, source, tag, header, preamble, small, nbytes, seconds) -> True, bytes or None\n\n"
              "Take the next message from ``source`` under ``tag`` (MPI_Improbe, whatever its size) within "
              "``seconds`` (0: no limit) for the probe and again for the receive. Where it holds ``nbytes`` "
-             "and, at the end of the first array of ``packed``, the ``nexpect`` bytes that array holds "
-             "there now, unpack it into ``packed``'s arrays end to end and return True; else return the "
-             "message as bytes, every array left as it was. None when the time ran out; MPI.Exception on "
-             "an MPI error.");
+             "with ``preamble``'s 3 int64 words after the header, unpack it into ``header`` and the arrays "
+             "of ``small`` end to end and return True; else return the message as bytes, every array left "
+             "as it was. None when the time ran out; MPI.Exception on an MPI error.");
 
 static PyObject *recv_state(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (argc != 7) {
-        PyErr_SetString(PyExc_TypeError, "recv_state takes 7 arguments");
+    if (argc != 8) {
+        PyErr_SetString(PyExc_TypeError, "recv_state takes 8 arguments");
         return NULL;
     }
     MPI_Comm *comm = PyMPIComm_Get(argv[0]);
     if (comm == NULL) return NULL;
     int source = (int)PyLong_AsLong(argv[1]), tag = (int)PyLong_AsLong(argv[2]);
-    Py_ssize_t nbytes = PyLong_AsSsize_t(argv[4]), nexpect = PyLong_AsSsize_t(argv[5]);
-    double seconds = PyFloat_AsDouble(argv[6]);
-    if (PyErr_Occurred()) return NULL;
-    Py_ssize_t npacked = PyTuple_Check(argv[3]) ? PyTuple_GET_SIZE(argv[3]) : 0, total = 0;
-    Py_buffer *packed = take_parts(argv[3], 1, &total);
-    if (packed == NULL) return NULL;
+    Py_ssize_t nbytes = PyLong_AsSsize_t(argv[6]);
+    double seconds = PyFloat_AsDouble(argv[7]);
+    int64_t preamble[3];
+    if (PyErr_Occurred() || preamble_words(argv[4], preamble) < 0) return NULL;
+    if (!PyTuple_Check(argv[5])) {
+        PyErr_SetString(PyExc_TypeError, "recv_state: small is a tuple");
+        return NULL;
+    }
+    Py_buffer header;
+    if (PyObject_GetBuffer(argv[3], &header, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
+    Py_ssize_t npacked = PyTuple_GET_SIZE(argv[5]), total = 0;
+    Py_buffer *packed = take_parts(argv[5], 1, &total);
+    if (packed == NULL) return PyBuffer_Release(&header), NULL;
+    Py_ssize_t lead = header.len + (Py_ssize_t)sizeof preamble;
     PyObject *result = NULL;
-    if (npacked == 0 || nexpect < 0 || packed[0].len < nexpect || total > nbytes) {
-        PyErr_SetString(PyExc_ValueError, "recv_state: the first array must hold the nexpect bytes");
+    if (lead + total > nbytes) {
+        PyErr_SetString(PyExc_ValueError, "recv_state: nbytes is less than the header, preamble and arrays");
         goto done;
     }
-    const char *expect = (const char *)packed[0].buf + packed[0].len - nexpect;
     MPI_Message message = MPI_MESSAGE_NULL;
     MPI_Status status;
     int rc = MPI_SUCCESS, flag = 0, count = 0;
@@ -186,8 +211,9 @@ static PyObject *recv_state(PyObject *self, PyObject *const *argv, Py_ssize_t ar
         result = Py_NewRef(Py_None);
         goto done;
     }
-    /* The message as it came: where it fits, a scratch buffer unpacked once the check passed; else
-     * the bytes returned. Kept for good where the receive may still write it (a timeout, an error). */
+    /* The message as it came: where it has this layout's length, a scratch buffer unpacked once
+     * its preamble is checked; else the bytes returned. Kept for good where the receive may still
+     * write it (a timeout, an error). */
     PyObject *raw = NULL;
     char *buf;
     if (count == nbytes) {
@@ -212,12 +238,13 @@ static PyObject *recv_state(PyObject *self, PyObject *const *argv, Py_ssize_t ar
         result = raw;
         goto done;
     }
-    if (memcmp(buf + packed[0].len - nexpect, expect, (size_t)nexpect) != 0) { /* another layout */
+    if (memcmp(buf + header.len, preamble, sizeof preamble) != 0) { /* another layout, or not direct */
         result = PyBytes_FromStringAndSize(buf, count);
         free(buf);
         goto done;
     }
-    Py_ssize_t at = 0;
+    memcpy(header.buf, buf, (size_t)header.len);
+    Py_ssize_t at = lead;
     for (Py_ssize_t k = 0; k < npacked; k++) {
         memcpy(packed[k].buf, buf + at, (size_t)packed[k].len);
         at += packed[k].len;
@@ -225,6 +252,7 @@ static PyObject *recv_state(PyObject *self, PyObject *const *argv, Py_ssize_t ar
     free(buf);
     result = Py_NewRef(Py_True);
 done:
+    PyBuffer_Release(&header);
     release_parts(packed, npacked);
     return result;
 }
