@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import struct
 import sys
 import time
 import uuid
@@ -305,106 +306,93 @@ def send_state(
         allreduce(np.zeros(1), algorithm="auto", comm=comm)
         made = state_of(comm)
     private, rank = made.comm, comm.Get_rank()
-    small, apart, layout, nbytes = _plan(state)
-    direct = layout is not None
-    if rank == 0:
-        _send(private, header, (int(direct), layout or 0, len(apart)), small, apart, nbytes, newcomers)
-    elif rank in newcomers:
-        words = _receive(private, header, (1, layout or 0, len(apart)), small, nbytes)
-        if words is None:  # a direct send of this rank's layout, unpacked: the header and small arrays
-            sent_direct, fits, sent_apart = 1, True, len(apart)
-        else:
-            lead = len(HEADER) + len(PREAMBLE)
-            sent_direct, sent_layout, sent_apart = (int(w) for w in words[len(HEADER) : lead])
-            fits = sent_layout == layout and sent_apart == len(apart) and words.nbytes == nbytes
-            header[...] = words[: len(HEADER)]
-        pending = [private.Irecv(_bytes(a), 0, TAG) for a in apart] if sent_direct and fits else []
+    module = _compiled()  # the whole first message in one call where the compiled core runs
+    got = NotImplemented
+    if module is not None:
+        got = module.first_try(
+            private, state, header, newcomers.start, newcomers.stop, PACK_BELOW, TAG, _seconds()
+        )  # fmt: skip
+    if got is NotImplemented:
+        got = _first_try(private, rank, state, header, newcomers)
+    if got is None:
+        if rank == 0:
+            _stalled("the state sent to the newcomers", _STUCK)
+        _stalled("the state from rank 0", "; rank 0 never sent it")
+    if rank not in newcomers:  # got: whether the state went (or goes) directly
         if arrived is not None:
             arrived(header)
-        if not header[HEADER.index("holds")]:
-            raise LookupError("every rank that held the state died before it was sent")
-        if not sent_direct:
-            return transfer(comm, state, header, algorithm), None
-        if fits:  # the larger arrays arrive in place while the packed ones are copied out
-            if small and words is not None:
-                _unpack(words[len(HEADER) + len(PREAMBLE) :].view(np.uint8), small)
-            if pending:
-                _wait(pending, "the state from rank 0")
-            return header, None
-        status = MPI.Status()
-        for _ in range(sent_apart):  # what rank 0 sends comes in all the same, left unread
-            message = _probe(private, status)
-            _wait([message.Irecv(np.empty(status.Get_count(MPI.BYTE), np.uint8))], "the state from rank 0")
-        shapes = [
-            (type(a).__name__, getattr(a, "shape", None), str(getattr(a, "dtype", None))) for a in state
-        ]
-        return header, (
-            f"hpcring.elastic: this newcomer's state differs from rank 0's (each array's type, shape "
-            f"and dtype: {shapes}); a newcomer must build the state as the job's ranks do (the same "
-            "program and settings)"
-        )
+        if not got:
+            return transfer(comm, state, header, algorithm, None), None
+        return header, None
+    if type(got) is tuple:  # rank 0's layout: the header and the packed arrays are in
+        pending = [private.Irecv(_bytes(a), 0, TAG) for a in got]
+        _arrived(header, arrived)
+        if pending:  # the larger arrays arrive in place
+            _wait(pending, "the state from rank 0")
+        return header, None
+    words = got if isinstance(got, np.ndarray) else np.frombuffer(got, dtype=np.int64)
+    sent_direct, _, sent_apart = (int(w) for w in words[len(HEADER) : len(HEADER) + len(PREAMBLE)])
+    header[...] = words[: len(HEADER)]
+    _arrived(header, arrived)
+    if not sent_direct:
+        return transfer(comm, state, header, algorithm), None
+    status = MPI.Status()
+    for _ in range(sent_apart):  # what rank 0 sends comes in all the same, left unread
+        message = _probe(private, status)
+        _wait([message.Irecv(np.empty(status.Get_count(MPI.BYTE), np.uint8))], "the state from rank 0")
+    shapes = [(type(a).__name__, getattr(a, "shape", None), str(getattr(a, "dtype", None))) for a in state]
+    return header, (
+        f"hpcring.elastic: this newcomer's state differs from rank 0's (each array's type, shape "
+        f"and dtype: {shapes}); a newcomer must build the state as the job's ranks do (the same "
+        "program and settings)"
+    )
+
+
+def _arrived(header: np.ndarray, arrived: Callable[[np.ndarray], None] | None) -> None:
+    """A newcomer has rank 0's header: ``arrived`` hears it, and a header that says rank 0 does
+    not hold the state (every holder died) is a LookupError."""
     if arrived is not None:
         arrived(header)
-    if not direct:
-        return transfer(comm, state, header, algorithm, None), None
-    return header, None
+    if not header[HEADER.index("holds")]:
+        raise LookupError("every rank that held the state died before it was sent")
 
 
-def _send(
-    private: MPI.Intracomm,
-    header: np.ndarray,
-    preamble: tuple[int, int, int],
-    small: list[np.ndarray],
-    apart: list[np.ndarray],
-    nbytes: int,
-    newcomers: range,
-) -> None:
-    """Rank 0's messages to each newcomer: ``header``, ``preamble`` and ``small`` packed in int64
-    words, padded to ``nbytes``, then each of ``apart``; in the compiled core where it runs (the
-    same bytes, without the Python between the calls, which cost a small state as much again),
-    else here."""
-    module = _compiled()
-    if module is not None:
-        sent = module.send_state(
-            private, tuple(newcomers), TAG, header, preamble, tuple(small), nbytes, tuple(apart), _seconds()
-        )
-        if sent is False:
-            _stalled("the state sent to the newcomers", _STUCK)
-        if sent is True:
-            return
-    words = np.empty(nbytes // 8, dtype=np.int64)  # past 2 GiB too, as mpi4py sends it
-    words[: len(HEADER)] = header
-    words[len(HEADER) : len(HEADER) + len(PREAMBLE)] = preamble
-    if small:
-        _pack(small, words[len(HEADER) + len(PREAMBLE) :].view(np.uint8))
-    requests = []
-    for newcomer in newcomers:
-        requests.append(private.Isend(words, newcomer, TAG))
-        requests += [private.Isend(_bytes(a), newcomer, TAG) for a in apart]
-    _wait(requests, "the state sent to the newcomers")
-
-
-def _receive(
-    private: MPI.Intracomm,
-    header: np.ndarray,
-    preamble: tuple[int, int, int],
-    small: list[np.ndarray],
-    nbytes: int,
-) -> np.ndarray | None:
-    """A newcomer's first message from rank 0, whatever its size, as int64 words; None where the
-    compiled core unpacked it into ``header`` and ``small`` already (where it holds ``nbytes``
-    and ``preamble``: a direct send of this rank's layout). Else both are as they were."""
-    module = _compiled()
-    if module is not None:
-        got = module.recv_state(private, 0, TAG, header, preamble, tuple(small), nbytes, _seconds())
-        if got is None:
-            _stalled("the state from rank 0", "; rank 0 never sent it")
-        return None if got is True else np.frombuffer(got, dtype=np.int64)
+def _first_try(
+    private: MPI.Intracomm, rank: int, state: Sequence[Any], header: np.ndarray, newcomers: range
+) -> Any:
+    """`send_state`'s first message on this rank, as the compiled core's ``first_try`` sends and
+    takes it (the reference): rank 0 sends the header, the preamble and the packed arrays, then
+    each array apart, and returns whether its state went directly; a newcomer returns the arrays
+    to receive apart (a tuple) once the header and the packed arrays are unpacked, where the
+    message is its own layout's, else the message's words, every array as it was; another rank
+    returns whether its state would go directly. None: the time ran out."""
+    small, apart, layout = _plan(state)
+    lead = len(HEADER) + len(PREAMBLE)
+    nbytes = (lead - (-sum(a.nbytes for a in small) // 8)) * 8
+    if rank == 0:
+        words = np.zeros(nbytes // 8, dtype=np.int64)
+        words[: len(HEADER)] = header
+        words[len(HEADER) : lead] = (int(layout is not None), layout or 0, len(apart))
+        if small:
+            _pack(small, words[lead:].view(np.uint8))
+        requests = []
+        for newcomer in newcomers:
+            requests.append(private.Isend(words, newcomer, TAG))
+            requests += [private.Isend(_bytes(a), newcomer, TAG) for a in apart]
+        _wait(requests, "the state sent to the newcomers")
+        return layout is not None
+    if rank not in newcomers:
+        return layout is not None
     status = MPI.Status()
     message = _probe(private, status)
     words = np.empty(status.Get_count(MPI.BYTE) // 8, dtype=np.int64)
     _wait([message.Irecv(words)], "the state from rank 0")
-    return words
+    if layout is None or words.nbytes != nbytes or list(words[len(HEADER) : lead]) != [1, layout, len(apart)]:
+        return words
+    header[...] = words[: len(HEADER)]
+    if small:
+        _unpack(words[lead:].view(np.uint8), small)
+    return tuple(apart)
 
 
 def _compiled() -> Any:
@@ -412,25 +400,37 @@ def _compiled() -> Any:
     return core.mpi_core()[0] if core.active() else None
 
 
-def _plan(state: Sequence[Any]) -> tuple[list[np.ndarray], list[np.ndarray], int | None, int]:
+def _plan(state: Sequence[Any]) -> tuple[list[np.ndarray], list[np.ndarray], int | None]:
     """How `send_state` sends ``state``: the arrays packed into the first message (under
-    PACK_BELOW bytes, as `transfer` packs them), those sent one message each, a checksum of the
-    layout (each array's dtype and shape: Python's hash of integers, the same in every process),
-    and the first message's bytes (the header, the preamble and the packed arrays, in int64
-    words); no checksum (None) where an array is not a contiguous NumPy array, which then goes by
-    `transfer`."""
-    small, apart, key, packed = [], [], [], 0
+    PACK_BELOW bytes, as `transfer` packs them), those sent one message each, and the checksum
+    of the layout (`_layout`); nothing and no checksum (None) where an array is not a
+    C-contiguous NumPy array with a buffer format, which then goes by `transfer`."""
+    small, apart, views = [], [], []
     for a in state:
         if type(a) is not np.ndarray or not a.flags.c_contiguous:
-            return [], [], None, (len(HEADER) + len(PREAMBLE)) * 8
-        dtype, size = a.dtype, a.nbytes
-        if size < PACK_BELOW:
-            small.append(a)
-            packed += size
-        else:
-            apart.append(a)
-        key.append((dtype.num, dtype.itemsize, dtype.isnative, a.shape))
-    return small, apart, hash(tuple(key)), (len(HEADER) + len(PREAMBLE) - (-packed // 8)) * 8
+            return [], [], None
+        try:
+            views.append(memoryview(a))
+        except (BufferError, ValueError, TypeError):  # a dtype without a buffer format
+            return [], [], None
+        (small if a.nbytes < PACK_BELOW else apart).append(a)
+    return small, apart, _layout(views)
+
+
+def _layout(views: Sequence[memoryview]) -> int:
+    """The checksum of a state's layout that its first message carries, the compiled core's
+    (state.h): FNV-1a 64 over each array's buffer format, a NUL, then its itemsize, ndim and
+    shape as little-endian int64; as an int64."""
+    h = 0xCBF29CE484222325
+    for view in views:
+        blob = (
+            view.format.encode()
+            + b"\0"
+            + struct.pack(f"<{2 + view.ndim}q", view.itemsize, view.ndim, *view.shape)
+        )
+        for byte in blob:
+            h = ((h ^ byte) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h - (1 << 64) if h >= 1 << 63 else h
 
 
 def _bytes(array: np.ndarray) -> np.ndarray:

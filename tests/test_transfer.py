@@ -10,7 +10,7 @@ import pytest
 from helpers import everywhere
 from mpi4py import MPI
 
-from hpcring import growth
+from hpcring import growth, kernels
 
 WORLD = MPI.COMM_WORLD
 
@@ -142,6 +142,34 @@ def test_state_that_is_not_all_numpy_goes_by_the_checked_broadcast() -> None:
     newcomers = range(comm.size - 1, comm.size) if comm.size > 1 else range(1, 1)
     _, problem = growth.send_state(comm, state, header_of(comm.rank), newcomers)
     expected = [*state_of(0, 4 << 10), np.zeros(5)]
+    ok = problem is None and all(a.tobytes() == b.tobytes() for a, b in zip(state, expected, strict=True))
+    assert everywhere(WORLD, ok)
+    comm.Free()
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize("python_rank", ["sender", "newcomer"])
+def test_the_compiled_and_the_python_first_try_speak_alike(python_rank: str) -> None:
+    """Rank 0 and the newcomer on different cores (one compiled, one the Python reference): the
+    state arrives bit for bit with no problem, so both pack the same bytes and checksum the same
+    layout (arrays of several formats, shapes and byte orders); where the compiled core does not
+    run here, both are the reference."""
+    if WORLD.size == 1:
+        pytest.skip("needs a newcomer")
+    comm = WORLD.Dup()
+    newcomer = comm.size - 1
+    rng = np.random.default_rng(comm.rank)
+    state = [
+        *state_of(comm.rank, 4 << 10),
+        rng.standard_normal((3, 5)).astype(">f8"),
+        np.array(comm.rank, dtype=np.int32),
+        (rng.standard_normal(6) + 1j).astype(np.complex64),
+    ]
+    sent = comm.bcast([a.copy() for a in state] if comm.rank == 0 else None, root=0)
+    expected = sent if comm.rank == newcomer else [a.copy() for a in state]
+    python_here = comm.rank == (0 if python_rank == "sender" else newcomer)
+    with kernels.using("python" if python_here else kernels.ACTIVE):
+        _, problem = growth.send_state(comm, state, header_of(comm.rank), range(newcomer, comm.size))
     ok = problem is None and all(a.tobytes() == b.tobytes() for a, b in zip(state, expected, strict=True))
     assert everywhere(WORLD, ok)
     comm.Free()

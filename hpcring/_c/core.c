@@ -2424,8 +2424,7 @@ static PyMethodDef methods[] = {
     {"comm_world", comm_world, METH_NOARGS, comm_world_doc},
     {"library_version", library_version, METH_NOARGS, library_version_doc},
     {"allreduce", (PyCFunction)(void (*)(void))allreduce, METH_FASTCALL, allreduce_doc},
-    {"send_state", (PyCFunction)(void (*)(void))send_state, METH_FASTCALL, send_state_doc},
-    {"recv_state", (PyCFunction)(void (*)(void))recv_state, METH_FASTCALL, recv_state_doc},
+    {"first_try", (PyCFunction)(void (*)(void))first_try, METH_FASTCALL, first_try_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,40 +1,85 @@
-/* A join's state, as hpcring/growth.py's send_state moves it on its first try: rank 0 packs the
- * header and the small arrays into one message for each newcomer, and each newcomer takes the next
- * message from rank 0, whatever its size, and unpacks it where it holds what this rank expects.
- * The protocol and its checks are growth.py's (its Python path is the reference); here are only
- * the packing, the messages and the bounded waits, so that a small state costs about what one
- * message does, not the Python between the calls. Included by core.c after its waits. */
+/* A join's first try at sending the state (hpcring/growth.py's send_state), whole, in one call per
+ * rank: the plan of the state (which arrays travel packed, which apart, and the layout's
+ * checksum), rank 0's messages to the newcomers, a newcomer's receive and unpacking where the
+ * message is its own layout's. The protocol, the checksum and the checks are growth.py's, whose
+ * Python path is the reference; here they run without the Python between the calls, which cost a
+ * small state as much again as its message. Included by core.c after its waits. */
 
-/* The C-contiguous buffers of the tuple ``parts`` (writable where asked), their total bytes in
- * ``*total``; NULL with an error set. Release with release_parts. */
-static Py_buffer *take_parts(PyObject *parts, int writable, Py_ssize_t *total) {
-    if (!PyTuple_Check(parts)) {
-        PyErr_SetString(PyExc_TypeError, "parts: a tuple of arrays");
-        return NULL;
+/* The state's plan: ``direct`` where every array is a C-contiguous NumPy array (else nothing
+ * is taken and the state goes by growth.transfer), their buffers (format and shape), the
+ * checksum of the layout (growth._layout: FNV-1a 64 over each array's format, a NUL, and its
+ * itemsize, ndim and shape as little-endian int64), the packed arrays' bytes and the count of
+ * those sent apart (PACK_BELOW bytes and more). */
+typedef struct {
+    Py_buffer *views;
+    Py_ssize_t n, packed, apart, below;
+    int direct;
+    int64_t layout;
+} hr_plan;
+
+#define FNV_OFFSET 0xcbf29ce484222325ULL
+#define FNV_PRIME 0x100000001b3ULL
+
+static uint64_t fnv(uint64_t h, const void *data, size_t len) {
+    const unsigned char *p = data;
+    for (size_t k = 0; k < len; k++) h = (h ^ p[k]) * FNV_PRIME;
+    return h;
+}
+
+static uint64_t fnv_word(uint64_t h, int64_t word) {
+    unsigned char le[8];
+    for (int k = 0; k < 8; k++) le[k] = (unsigned char)((uint64_t)word >> (8 * k));
+    return fnv(h, le, 8);
+}
+
+static void plan_release(hr_plan *p) {
+    for (Py_ssize_t k = 0; k < p->n; k++) PyBuffer_Release(&p->views[k]);
+    PyMem_Free(p->views);
+    p->views = NULL;
+    p->n = 0;
+}
+
+/* 0, or -1 with an error set (not a sequence, no memory). */
+static int plan_state(PyObject *state, Py_ssize_t below, hr_plan *p) {
+    PyObject *seq = PySequence_Fast(state, "the state: a sequence of arrays");
+    if (seq == NULL) return -1;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    *p = (hr_plan){NULL, 0, 0, 0, below, 1, 0};
+    if ((p->views = PyMem_Calloc(n ? (size_t)n : 1, sizeof(Py_buffer))) == NULL) {
+        Py_DECREF(seq);
+        PyErr_NoMemory();
+        return -1;
     }
-    Py_ssize_t n = PyTuple_GET_SIZE(parts);
-    Py_buffer *views = PyMem_Calloc(n ? n : 1, sizeof(Py_buffer));
-    if (views == NULL) return (Py_buffer *)PyErr_NoMemory();
-    *total = 0;
+    uint64_t h = FNV_OFFSET;
     for (Py_ssize_t k = 0; k < n; k++) {
-        if (PyObject_GetBuffer(PyTuple_GET_ITEM(parts, k), &views[k],
-                               PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0) {
-            for (Py_ssize_t j = 0; j < k; j++) PyBuffer_Release(&views[j]);
-            PyMem_Free(views);
-            return NULL;
+        PyObject *a = PySequence_Fast_GET_ITEM(seq, k);
+        Py_buffer *v = &p->views[k];
+        if (Py_TYPE(a) != ndarray_type || PyObject_GetBuffer(a, v, PyBUF_FORMAT | PyBUF_C_CONTIGUOUS) < 0) {
+            PyErr_Clear(); /* another type, a strided array, a dtype without a buffer format */
+            p->direct = 0;
+            break;
         }
-        *total += views[k].len;
+        p->n = k + 1;
+        const char *format = v->format != NULL ? v->format : "B";
+        h = fnv(h, format, strlen(format) + 1);
+        h = fnv_word(fnv_word(h, v->itemsize), v->ndim);
+        for (int d = 0; d < v->ndim; d++) h = fnv_word(h, v->shape[d]);
+        if (v->len < below)
+            p->packed += v->len;
+        else
+            p->apart++;
     }
-    return views;
+    Py_DECREF(seq);
+    if (!p->direct) {
+        plan_release(p);
+        *p = (hr_plan){NULL, 0, 0, 0, below, 0, 0};
+    }
+    p->layout = p->direct ? (int64_t)h : 0;
+    return 0;
 }
 
-static void release_parts(Py_buffer *views, Py_ssize_t n) {
-    for (Py_ssize_t k = 0; k < n; k++) PyBuffer_Release(&views[k]);
-    PyMem_Free(views);
-}
-
-/* Python's bounded wait (hpcring.growth._until), GIL released: test for 5 ms, then nap 200 us
- * between tests, up to ``seconds`` (0: no limit). 1 done, 0 timed out; an MPI error in *rc. */
+/* Python's bounded wait (growth._until), GIL released: test for 5 ms, then nap 200 us between
+ * tests, up to ``seconds`` (0: no limit). 1 done, 0 timed out; an MPI error in *rc. */
 static int state_wait(int n, MPI_Request *req, double seconds, int *rc) {
     int done = 0;
     *rc = MPI_SUCCESS;
@@ -46,152 +91,63 @@ static int state_wait(int n, MPI_Request *req, double seconds, int *rc) {
     return done;
 }
 
-/* The three int64 words of a preamble tuple into ``words``; -1 with an error set. */
-static int preamble_words(PyObject *preamble, int64_t *words) {
-    if (!PyTuple_Check(preamble) || PyTuple_GET_SIZE(preamble) != 3) {
-        PyErr_SetString(PyExc_TypeError, "preamble: a tuple of 3 ints");
-        return -1;
-    }
-    for (int k = 0; k < 3; k++) {
-        words[k] = PyLong_AsLongLong(PyTuple_GET_ITEM(preamble, k));
-        if (words[k] == -1 && PyErr_Occurred()) return -1;
-    }
-    return 0;
-}
-
-PyDoc_STRVAR(send_state_doc,
-             "send_state(comm, newcomers, tag, header, preamble, small, nbytes, apart, seconds) -> bool\n\n"
-             "Send each rank of ``newcomers`` (a tuple) one message: ``header``'s bytes, the 3 int64 words "
-             "of ``preamble``, then the arrays of ``small`` end to end, zero-padded to ``nbytes``; then "
-             "each array of ``apart`` in its own; all under ``tag``. Wait for them up to ``seconds`` (0: no "
-             "limit). False when the time ran out (the caller says so; what was posted is left to "
-             "finish), NotImplemented for messages past 2 GiB; MPI.Exception on an MPI error.");
-
-static PyObject *send_state(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (argc != 9) {
-        PyErr_SetString(PyExc_TypeError, "send_state takes 9 arguments");
-        return NULL;
-    }
-    MPI_Comm *comm = PyMPIComm_Get(argv[0]);
-    if (comm == NULL) return NULL;
-    PyObject *dests = argv[1];
-    int tag = (int)PyLong_AsLong(argv[2]);
-    Py_ssize_t nbytes = PyLong_AsSsize_t(argv[6]);
-    double seconds = PyFloat_AsDouble(argv[8]);
-    int64_t preamble[3];
-    if (PyErr_Occurred() || preamble_words(argv[4], preamble) < 0) return NULL;
-    if (!PyTuple_Check(dests) || !PyTuple_Check(argv[5]) || !PyTuple_Check(argv[7])) {
-        PyErr_SetString(PyExc_TypeError, "send_state: newcomers, small and apart are tuples");
-        return NULL;
-    }
-    Py_buffer header;
-    if (PyObject_GetBuffer(argv[3], &header, PyBUF_C_CONTIGUOUS) < 0) return NULL;
-    Py_ssize_t npacked = PyTuple_GET_SIZE(argv[5]), napart = PyTuple_GET_SIZE(argv[7]), total = 0, apart_total = 0;
-    Py_buffer *packed = take_parts(argv[5], 0, &total);
-    if (packed == NULL) return PyBuffer_Release(&header), NULL;
-    Py_buffer *apart = take_parts(argv[7], 0, &apart_total);
-    if (apart == NULL) return PyBuffer_Release(&header), release_parts(packed, npacked), NULL;
-    Py_ssize_t lead = header.len + (Py_ssize_t)sizeof preamble;
-    int fits = lead + total <= nbytes && nbytes <= INT32_MAX;
-    for (Py_ssize_t k = 0; k < napart; k++) fits &= apart[k].len <= INT32_MAX;
-    Py_ssize_t ndests = PyTuple_GET_SIZE(dests), nreq = ndests * (1 + napart);
-    char *buf = NULL;
-    MPI_Request *req = NULL;
-    PyObject *result = NULL;
-    if (!fits) {
-        result = Py_NewRef(Py_NotImplemented); /* mpi4py's large-count calls take it */
-        goto done;
-    }
+/* Rank 0: the first message (the header, the preamble, the packed arrays, zero-padded to
+ * ``nbytes``) and then each array sent apart, to each rank in [first, stop). True sent, False
+ * timed out, NotImplemented past 2 GiB (mpi4py's large-count calls take it); NULL raised. */
+static PyObject *state_send(MPI_Comm comm, const Py_buffer *header, const int64_t *preamble, hr_plan *p,
+                            Py_ssize_t nbytes, int first, int stop, int tag, double seconds) {
+    int fits = nbytes <= INT32_MAX;
+    for (Py_ssize_t k = 0; k < p->n; k++) fits &= p->views[k].len <= INT32_MAX;
+    if (!fits) return Py_NewRef(Py_NotImplemented);
+    int ndests = stop > first ? stop - first : 0;
+    size_t nreq = (size_t)ndests * (size_t)(1 + p->apart);
     /* Kept for good where a send may still read them (a timeout, an error): the job is ending. */
-    buf = malloc(nbytes ? (size_t)nbytes : 1);
-    req = malloc((nreq ? (size_t)nreq : 1) * sizeof(MPI_Request));
+    char *buf = malloc(nbytes ? (size_t)nbytes : 1);
+    MPI_Request *req = malloc((nreq ? nreq : 1) * sizeof(MPI_Request));
     if (buf == NULL || req == NULL) {
         free(buf);
         free(req);
-        result = PyErr_NoMemory();
-        goto done;
+        return PyErr_NoMemory();
     }
-    memcpy(buf, header.buf, (size_t)header.len);
-    memcpy(buf + header.len, preamble, sizeof preamble);
-    Py_ssize_t at = lead;
-    for (Py_ssize_t k = 0; k < npacked; k++) {
-        memcpy(buf + at, packed[k].buf, (size_t)packed[k].len);
-        at += packed[k].len;
+    memcpy(buf, header->buf, (size_t)header->len);
+    memcpy(buf + header->len, preamble, 3 * sizeof(int64_t));
+    Py_ssize_t at = header->len + 3 * (Py_ssize_t)sizeof(int64_t);
+    for (Py_ssize_t k = 0; k < p->n; k++) {
+        if (p->views[k].len >= p->below) continue;
+        memcpy(buf + at, p->views[k].buf, (size_t)p->views[k].len);
+        at += p->views[k].len;
     }
     memset(buf + at, 0, (size_t)(nbytes - at));
-    int rc = MPI_SUCCESS;
-    Py_ssize_t posted = 0;
-    for (Py_ssize_t d = 0; d < ndests && rc == MPI_SUCCESS; d++) {
-        int dest = (int)PyLong_AsLong(PyTuple_GET_ITEM(dests, d));
-        if (PyErr_Occurred()) break;
-        rc = MPI_Isend(buf, (int)nbytes, MPI_BYTE, dest, tag, *comm, &req[posted++]);
-        for (Py_ssize_t k = 0; k < napart && rc == MPI_SUCCESS; k++)
-            rc = MPI_Isend(apart[k].buf, (int)apart[k].len, MPI_BYTE, dest, tag, *comm, &req[posted++]);
+    int rc = MPI_SUCCESS, posted = 0;
+    for (int dest = first; dest < stop && rc == MPI_SUCCESS; dest++) {
+        rc = MPI_Isend(buf, (int)nbytes, MPI_BYTE, dest, tag, comm, &req[posted++]);
+        for (Py_ssize_t k = 0; k < p->n && rc == MPI_SUCCESS; k++)
+            if (p->views[k].len >= p->below)
+                rc = MPI_Isend(p->views[k].buf, (int)p->views[k].len, MPI_BYTE, dest, tag, comm, &req[posted++]);
     }
-    if (PyErr_Occurred()) goto done; /* a rank that is not an int: buf and req are kept (above) */
-    if (rc != MPI_SUCCESS) {
-        mpi_error(rc);
-        goto done;
-    }
-    int sent = state_wait((int)posted, req, seconds, &rc);
-    if (rc != MPI_SUCCESS) {
-        mpi_error(rc);
-        goto done;
-    }
+    int sent = rc == MPI_SUCCESS ? state_wait(posted, req, seconds, &rc) : 0;
+    if (rc != MPI_SUCCESS) return mpi_error(rc);
     if (sent) {
         free(buf);
         free(req);
     }
-    result = PyBool_FromLong(sent);
-done:
-    PyBuffer_Release(&header);
-    release_parts(packed, npacked);
-    release_parts(apart, napart);
-    return result;
+    return PyBool_FromLong(sent);
 }
 
-PyDoc_STRVAR(recv_state_doc,
-             "recv_state(comm, source, tag, header, preamble, small, nbytes, seconds) -> True, bytes or None\n\n"
-             "Take the next message from ``source`` under ``tag`` (MPI_Improbe, whatever its size) within "
-             "``seconds`` (0: no limit) for the probe and again for the receive. Where it holds ``nbytes`` "
-             "with ``preamble``'s 3 int64 words after the header, unpack it into ``header`` and the arrays "
-             "of ``small`` end to end and return True; else return the message as bytes, every array left "
-             "as it was. None when the time ran out; MPI.Exception on an MPI error.");
-
-static PyObject *recv_state(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
-    if (argc != 8) {
-        PyErr_SetString(PyExc_TypeError, "recv_state takes 8 arguments");
-        return NULL;
-    }
-    MPI_Comm *comm = PyMPIComm_Get(argv[0]);
-    if (comm == NULL) return NULL;
-    int source = (int)PyLong_AsLong(argv[1]), tag = (int)PyLong_AsLong(argv[2]);
-    Py_ssize_t nbytes = PyLong_AsSsize_t(argv[6]);
-    double seconds = PyFloat_AsDouble(argv[7]);
-    int64_t preamble[3];
-    if (PyErr_Occurred() || preamble_words(argv[4], preamble) < 0) return NULL;
-    if (!PyTuple_Check(argv[5])) {
-        PyErr_SetString(PyExc_TypeError, "recv_state: small is a tuple");
-        return NULL;
-    }
-    Py_buffer header;
-    if (PyObject_GetBuffer(argv[3], &header, PyBUF_C_CONTIGUOUS | PyBUF_WRITABLE) < 0) return NULL;
-    Py_ssize_t npacked = PyTuple_GET_SIZE(argv[5]), total = 0;
-    Py_buffer *packed = take_parts(argv[5], 1, &total);
-    if (packed == NULL) return PyBuffer_Release(&header), NULL;
-    Py_ssize_t lead = header.len + (Py_ssize_t)sizeof preamble;
-    PyObject *result = NULL;
-    if (lead + total > nbytes) {
-        PyErr_SetString(PyExc_ValueError, "recv_state: nbytes is less than the header, preamble and arrays");
-        goto done;
-    }
+/* A newcomer: the next message from rank 0 under ``tag``, whatever its size, within ``seconds``
+ * for the probe and again for the receive. Where it holds ``nbytes`` and ``preamble`` after the
+ * header, the header and the packed arrays are unpacked into ``header`` and the state, and the
+ * arrays sent apart are returned (a tuple, for the caller to receive); else the message as bytes,
+ * every array as it was. None timed out; NULL raised. */
+static PyObject *state_receive(MPI_Comm comm, PyObject *state, Py_buffer *header, const int64_t *preamble,
+                               hr_plan *p, Py_ssize_t nbytes, int tag, double seconds) {
     MPI_Message message = MPI_MESSAGE_NULL;
     MPI_Status status;
     int rc = MPI_SUCCESS, flag = 0, count = 0;
     Py_BEGIN_ALLOW_THREADS
     double began = now();
     for (;;) {
-        if ((rc = MPI_Improbe(source, tag, *comm, &flag, &message, &status)) != MPI_SUCCESS || flag) break;
+        if ((rc = MPI_Improbe(0, tag, comm, &flag, &message, &status)) != MPI_SUCCESS || flag) break;
         double waited = now() - began;
         if (seconds > 0 && waited > seconds) break;
         if (waited > 0.005) {
@@ -203,56 +159,109 @@ static PyObject *recv_state(PyObject *self, PyObject *const *argv, Py_ssize_t ar
     }
     if (rc == MPI_SUCCESS && flag) rc = MPI_Get_count(&status, MPI_BYTE, &count);
     Py_END_ALLOW_THREADS
-    if (rc != MPI_SUCCESS) {
-        mpi_error(rc);
-        goto done;
-    }
-    if (!flag) {
-        result = Py_NewRef(Py_None);
-        goto done;
-    }
-    /* The message as it came: where it has this layout's length, a scratch buffer unpacked once
-     * its preamble is checked; else the bytes returned. Kept for good where the receive may still
-     * write it (a timeout, an error). */
+    if (rc != MPI_SUCCESS) return mpi_error(rc);
+    if (!flag) return Py_NewRef(Py_None);
+    /* Where it has this layout's length, a scratch buffer unpacked once its preamble is checked;
+     * else the bytes returned. Kept for good where the receive may still write it. */
     PyObject *raw = NULL;
     char *buf;
     if (count == nbytes) {
-        buf = malloc(count ? (size_t)count : 1);
-        if (buf == NULL) {
-            result = PyErr_NoMemory();
-            goto done;
-        }
+        if ((buf = malloc(count ? (size_t)count : 1)) == NULL) return PyErr_NoMemory();
     } else {
-        raw = PyBytes_FromStringAndSize(NULL, count);
-        if (raw == NULL) goto done;
+        if ((raw = PyBytes_FromStringAndSize(NULL, count)) == NULL) return NULL;
         buf = PyBytes_AS_STRING(raw);
     }
     MPI_Request req;
     rc = MPI_Imrecv(buf, count, MPI_BYTE, &message, &req);
     int got = rc == MPI_SUCCESS ? state_wait(1, &req, seconds, &rc) : 0;
-    if (rc != MPI_SUCCESS || !got) { /* buf (raw's too) kept for good: the receive may still write it */
-        result = rc != MPI_SUCCESS ? mpi_error(rc) : Py_NewRef(Py_None);
-        goto done;
-    }
-    if (raw != NULL) {
-        result = raw;
-        goto done;
-    }
-    if (memcmp(buf + header.len, preamble, sizeof preamble) != 0) { /* another layout, or not direct */
-        result = PyBytes_FromStringAndSize(buf, count);
+    if (rc != MPI_SUCCESS) return mpi_error(rc);
+    if (!got) return Py_NewRef(Py_None);
+    if (raw != NULL) return raw;
+    if (!p->direct || memcmp(buf + header->len, preamble, 3 * sizeof(int64_t)) != 0) {
+        raw = PyBytes_FromStringAndSize(buf, count); /* another layout, or rank 0's is not direct */
         free(buf);
-        goto done;
+        return raw;
     }
-    memcpy(header.buf, buf, (size_t)header.len);
-    Py_ssize_t at = lead;
-    for (Py_ssize_t k = 0; k < npacked; k++) {
-        memcpy(packed[k].buf, buf + at, (size_t)packed[k].len);
-        at += packed[k].len;
+    for (Py_ssize_t k = 0; k < p->n; k++) {
+        if (p->views[k].readonly) {
+            free(buf);
+            PyErr_SetString(PyExc_ValueError, "hpcring.elastic: a newcomer's state holds a read-only array");
+            return NULL;
+        }
     }
+    PyObject *apart = PyTuple_New(p->apart), *seq = PySequence_Fast(state, "the state");
+    if (apart == NULL || seq == NULL) {
+        Py_XDECREF(apart);
+        Py_XDECREF(seq);
+        free(buf);
+        return NULL;
+    }
+    memcpy(header->buf, buf, (size_t)header->len);
+    Py_ssize_t at = header->len + 3 * (Py_ssize_t)sizeof(int64_t), j = 0;
+    for (Py_ssize_t k = 0; k < p->n; k++) {
+        if (p->views[k].len >= p->below) {
+            PyTuple_SET_ITEM(apart, j++, Py_NewRef(PySequence_Fast_GET_ITEM(seq, k)));
+            continue;
+        }
+        memcpy(p->views[k].buf, buf + at, (size_t)p->views[k].len);
+        at += p->views[k].len;
+    }
+    Py_DECREF(seq);
     free(buf);
-    result = Py_NewRef(Py_True);
-done:
+    return apart;
+}
+
+PyDoc_STRVAR(first_try_doc,
+             "first_try(comm, state, header, first, stop, below, tag, seconds)\n\n"
+             "growth.send_state's first message on this rank of ``comm`` (hpcring's duplicate), the "
+             "newcomers being ranks [first, stop), arrays of ``below`` bytes and more sent apart, within "
+             "``seconds`` (0: no limit) per wait. Rank 0 sends, and returns whether its state went "
+             "directly (False: it said it goes by growth.transfer); a newcomer returns the arrays to "
+             "receive apart (a tuple: the header and the packed arrays are rank 0's now), the message as "
+             "bytes where it is not its layout's (every array as it was); any other rank returns whether "
+             "its state would go directly. None: the time ran out. NotImplemented: past 2 GiB, or an "
+             "argument this path does not take (the Python path runs). MPI.Exception on an MPI error.");
+
+static PyObject *first_try(PyObject *self, PyObject *const *argv, Py_ssize_t argc) {
+    if (argc != 8) {
+        PyErr_SetString(PyExc_TypeError, "first_try takes 8 arguments");
+        return NULL;
+    }
+    MPI_Comm *comm = PyMPIComm_Get(argv[0]);
+    if (comm == NULL) return NULL;
+    int first = (int)PyLong_AsLong(argv[3]), stop = (int)PyLong_AsLong(argv[4]), tag = (int)PyLong_AsLong(argv[6]);
+    Py_ssize_t below = PyLong_AsSsize_t(argv[5]);
+    double seconds = PyFloat_AsDouble(argv[7]);
+    if (PyErr_Occurred()) return NULL;
+    int rank, rc = MPI_Comm_rank(*comm, &rank);
+    if (rc != MPI_SUCCESS) return mpi_error(rc);
+    hr_plan p;
+    if (plan_state(argv[1], below, &p) < 0) return NULL;
+    int newcomer = rank >= first && rank < stop;
+    if (rank != 0 && !newcomer) {
+        plan_release(&p);
+        return PyBool_FromLong(p.direct);
+    }
+    Py_buffer header;
+    if (PyObject_GetBuffer(argv[2], &header, PyBUF_C_CONTIGUOUS | (newcomer ? PyBUF_WRITABLE : 0)) < 0) {
+        plan_release(&p);
+        return NULL;
+    }
+    PyObject *result;
+    if (header.len % 8) {
+        result = Py_NewRef(Py_NotImplemented);
+    } else {
+        Py_ssize_t nbytes = header.len + 3 * (Py_ssize_t)sizeof(int64_t) + (p.packed + 7) / 8 * 8;
+        if (rank == 0) {
+            int64_t preamble[3] = {p.direct, p.layout, p.apart};
+            result = state_send(*comm, &header, preamble, &p, nbytes, first, stop, tag, seconds);
+            if (result == Py_True && !p.direct) Py_SETREF(result, Py_NewRef(Py_False));
+        } else {
+            int64_t preamble[3] = {1, p.layout, p.apart}; /* what a direct send of this layout says */
+            result = state_receive(*comm, argv[1], &header, preamble, &p, nbytes, tag, seconds);
+        }
+    }
     PyBuffer_Release(&header);
-    release_parts(packed, npacked);
+    plan_release(&p);
     return result;
 }
