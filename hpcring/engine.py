@@ -25,7 +25,6 @@ both cores are tested against.
 
 from __future__ import annotations
 
-import copy
 import functools
 import math
 import threading
@@ -545,6 +544,8 @@ class Call:
         # Its own Call, whose Spec says it does not block: the run's wait is bounded by its own
         # timeout (`plan_waited`), so the watchdog, which ends a job stuck in a blocking library
         # call, must not take it for one.
+        import copy  # here: the module costs a first call 1-2 ms (its Jython probe searches sys.path)
+
         run = copy.copy(self)
         run.spec = self.spec._replace(blocking=False)
         run.planning = True

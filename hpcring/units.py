@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import re
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
+# compiled at its first use (re's own cache), not at import: a first call that never parses a size
+# does not pay for it
+_SIZE = r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgt]?)(?:i?b)?\s*$"
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -21,7 +23,7 @@ def parse_size(text: str) -> int:
     A fraction is fine when it names whole bytes (``1.5K``); one that does not (``0.3``) is
     refused rather than truncated, so a typo never becomes another size.
     """
-    match = _SIZE.match(text)
+    match = re.match(_SIZE, text, re.IGNORECASE)
     if match is None:
         raise ValueError(f"invalid size {text!r}: use a number of bytes with an optional K, M, G or T suffix")
     value = float(match.group(1)) * _UNITS[match.group(2).lower()]
