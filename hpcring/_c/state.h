@@ -161,6 +161,11 @@ static PyObject *state_receive(MPI_Comm comm, PyObject *state, Py_buffer *header
     Py_END_ALLOW_THREADS
     if (rc != MPI_SUCCESS) return mpi_error(rc);
     if (!flag) return Py_NewRef(Py_None);
+    if (count == MPI_UNDEFINED || count < 0) { /* past 2 GiB, where this rank's own is not (first_try) */
+        PyErr_SetString(PyExc_ValueError, "hpcring.elastic: rank 0's first message holds more than 2 GiB, "
+                                          "this newcomer's state less: the states differ");
+        return NULL;
+    }
     /* Where it has this layout's length, a scratch buffer unpacked once its preamble is checked;
      * else the bytes returned. Kept for good where the receive may still write it. */
     PyObject *raw = NULL;
@@ -248,10 +253,10 @@ static PyObject *first_try(PyObject *self, PyObject *const *argv, Py_ssize_t arg
         return NULL;
     }
     PyObject *result;
-    if (header.len % 8) {
+    Py_ssize_t nbytes = header.len + 3 * (Py_ssize_t)sizeof(int64_t) + (p.packed + 7) / 8 * 8;
+    if (header.len % 8 || nbytes > INT32_MAX) { /* mpi4py's large-count calls, on both sides alike */
         result = Py_NewRef(Py_NotImplemented);
     } else {
-        Py_ssize_t nbytes = header.len + 3 * (Py_ssize_t)sizeof(int64_t) + (p.packed + 7) / 8 * 8;
         if (rank == 0) {
             int64_t preamble[3] = {p.direct, p.layout, p.apart};
             result = state_send(*comm, &header, preamble, &p, nbytes, first, stop, tag, seconds);
