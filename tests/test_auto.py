@@ -230,10 +230,18 @@ def test_a_size_auto_has_chosen_runs_and_is_priced_as_its_choice(tmp_path_factor
 
 def test_untuned_defaults_follow_the_rank_count() -> None:
     """Rabenseifner where G is a power of two, the ring otherwise (its fold sends the whole
-    buffer twice more), the library's own below 64 KiB; across nodes Rabenseifner, and where
-    G is not a power of two hierarchical from H MiB (tests/test_defaults_model.py)."""
-    for key in (1, 2, 4, "8", "16-in-place", 1024):
+    buffer twice more), the library's own up to 64 KiB (on 2 ranks 32 KiB, where a checked
+    call's data rides with the agreement; the all-reduce's table alone); across nodes
+    Rabenseifner, and where G is not a power of two hierarchical from H MiB
+    (tests/test_defaults_model.py)."""
+    for key in (1, 4, "8", "16-in-place", 1024, "reduce_scatter:2"):
         assert tuning.default_table(key) == tuning.DEFAULT
+    for key in (2, "2-in-place"):
+        assert tuning.default_table(key) == tuning.DEFAULT_TWO_RANKS
+        assert [tuning.choose(n, tuning.default_table(key)) for n in (32 << 10, 64 << 10)] == [
+            "mpi",
+            "rabenseifner",
+        ]
     for key in (3, "6", "12-in-place", 1000):
         assert tuning.default_table(key) == tuning.DEFAULT_NOT_POWER_OF_TWO
     assert tuning.default_table("2x4") == tuning.DEFAULT_TWO_LEVEL

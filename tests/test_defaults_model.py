@@ -87,7 +87,9 @@ def test_choosing_page_states_the_defaults() -> None:
     """docs/choosing.md's table of what untuned `auto` picks says what `tuning` holds."""
     page = (ROOT / "docs" / "choosing.md").read_text()
     one, other = tuning.DEFAULT, tuning.DEFAULT_NOT_POWER_OF_TWO
+    two = tuning.DEFAULT_TWO_RANKS
     rows = {
+        "one node, 2 ranks": f"`{two[0][1]}` up to {_threshold(two, 0)}, `{two[1][1]}` above",
         "one node, G a power of two": f"`{one[0][1]}` up to {_threshold(one, 0)}, `{one[1][1]}` above",
         "one node, G not a power of two": f"`{other[0][1]}` up to {_threshold(other, 0)}, "
         f"`{other[1][1]}` above",

@@ -6,8 +6,9 @@ runs the choice. The choice comes from a tuning file written by `python -m hpcri
 writer are `hpcring.algorithms.tuning`): for each collective and rank count, a list of (up to
 this many bytes, algorithm) thresholds. Without a file, or without an entry for this key,
 built-in defaults apply (measured: `tuning.DEFAULT`): for the all-reduce the library's own up
-to 64 KiB (latency), then Rabenseifner where G is a power of two (log2 G steps, the ring's
-bytes) and the ring otherwise. Rank 0 reads the file once per communicator and broadcasts the
+to 64 KiB (latency; on 2 ranks up to 32 KiB, as far as a checked call's data rides with its
+agreement), then Rabenseifner where G is a power of two (log2 G steps, the ring's bytes) and
+the ring otherwise. Rank 0 reads the file once per communicator and broadcasts the
 table, so every rank makes the same choice even if their files differ.
 
 The topology counts too: on several nodes of L > 1 ranks each the table is the one tuned for

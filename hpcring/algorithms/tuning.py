@@ -27,6 +27,12 @@ from .. import config
 # for any other count, where Rabenseifner's fold sends the whole buffer twice more.
 DEFAULT: tuple[tuple[int | None, str], ...] = ((64 << 10, "mpi"), (None, "rabenseifner"))
 DEFAULT_NOT_POWER_OF_TWO: tuple[tuple[int | None, str], ...] = ((64 << 10, "mpi"), (None, "ring"))
+# On 2 ranks the library's own only up to 32 KiB: as far as a checked call's data rides with the
+# agreement there (hpcring.agreement.TWO_RANKS), one exchange; past it a checked `mpi` call pays
+# the agreement's exchange and then MPI's all-reduce, and at 64 KiB out of place Rabenseifner
+# measured 1.14-1.23x the bare call against 0.83-0.89x for `mpi` (three sweeps, 2026-12-07),
+# in place the two within 0.02 of each other.
+DEFAULT_TWO_RANKS: tuple[tuple[int | None, str], ...] = ((32 << 10, "mpi"), (None, "rabenseifner"))
 # Across nodes (a table keyed "HxL"), untuned: what the cost model (hpcring.model, presets of
 # GPU clusters: NVLink 4 inside a node, NDR/HDR InfiniBand or 100 Gb/s RoCE between nodes, a NIC
 # per GPU or per node) finds fastest, or close to it. The library's own up to 32 KiB, then flat
@@ -175,6 +181,8 @@ def default_table(key: int | str) -> tuple[tuple[int | None, str], ...]:
             return two_level_default(int(nodes), int(per_node))
         return two_level
     ranks = int(text) if text.isdigit() else 0
+    if ranks == 2 and collective in ("", "allreduce"):
+        return DEFAULT_TWO_RANKS
     return power_of_two if ranks & (ranks - 1) == 0 else other
 
 
