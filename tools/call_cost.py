@@ -249,6 +249,7 @@ def header(args: argparse.Namespace) -> dict[str, Any]:
         "ranks": MPI.COMM_WORLD.size,
         "mpi": MPI.Get_library_version().splitlines()[0].split(",")[0].strip(),
         "hpcring": hpcring.__file__,
+        "core": hpcring.info()["core"],  # "python" where the compiled core is off or refused (stale)
         "date": datetime.datetime.now().isoformat(timespec="seconds"),
         "placement": "in place" if args.in_place else "out of place",
         "fresh": args.fresh,
@@ -309,7 +310,10 @@ def print_table(head: dict[str, Any], rows: list[dict[str, Any]], names: list[st
     if head["late_rank"] is not None:
         late = f"; rank {head['late_rank']} {head['late_us']:g} us late at every call"
     written = ", input written before each call" if head["fresh"] else ""
-    print(f"# call_cost: G={head['ranks']}  MPI: {head['mpi']}  hpcring: {head['hpcring']}  {head['date']}")
+    print(
+        f"# call_cost: G={head['ranks']}  MPI: {head['mpi']}  hpcring: {head['hpcring']}  "
+        f"core: {head['core']}  {head['date']}"
+    )
     print(
         f"# sum, {head['placement']}{written}{late}; us per call, median of {head['passes']} passes x N "
         f"calls (max over ranks); in brackets: {'+us over' if delta else 'ratio to'} {base}"
