@@ -365,7 +365,7 @@ def _first_try(
     each array apart, and returns whether its state went directly; a newcomer returns the arrays
     to receive apart (a tuple) once the header and the packed arrays are unpacked, where the
     message is its own layout's, else the message's words, every array as it was; another rank
-    returns whether its state would go directly. None: the time ran out."""
+    returns whether its state would go directly. Its waits raise StallError at HPCRING_TIMEOUT."""
     small, apart, layout = _plan(state)
     lead = len(HEADER) + len(PREAMBLE)
     nbytes = (lead - (-sum(a.nbytes for a in small) // 8)) * 8
