@@ -317,7 +317,7 @@ def send_state(
     if got is None:
         if rank == 0:
             _stalled("the state sent to the newcomers", _STUCK)
-        _stalled("the state from rank 0", "; rank 0 never sent it")
+        _stalled(*_NEVER_SENT)
     if rank not in newcomers:  # got: whether the state went (or goes) directly
         if arrived is not None:
             arrived(header)
@@ -445,6 +445,7 @@ def _wait(requests: list[MPI.Request], what: str) -> None:
 
 
 _STUCK = "; a rank alive but stuck inside MPI cannot join"
+_NEVER_SENT = ("the state from rank 0", "; rank 0 never sent it")  # a newcomer's stall: what, detail
 
 
 def _seconds() -> float:
@@ -458,7 +459,7 @@ def _stalled(what: str, detail: str) -> None:
 
 def _probe(private: MPI.Intracomm, status: MPI.Status) -> MPI.Message:
     """The next message from rank 0 under `TAG` (``MPI_Improbe``), within HPCRING_TIMEOUT."""
-    return _until(lambda: private.Improbe(0, TAG, status), "the state from rank 0", "; rank 0 never sent it")
+    return _until(lambda: private.Improbe(0, TAG, status), *_NEVER_SENT)
 
 
 def _until(ready: Callable[[], Any], what: str, detail: str) -> Any:

@@ -96,9 +96,8 @@ static int state_wait(int n, MPI_Request *req, double seconds, int *rc) {
  * timed out, NotImplemented past 2 GiB (mpi4py's large-count calls take it); NULL raised. */
 static PyObject *state_send(MPI_Comm comm, const Py_buffer *header, const int64_t *preamble, hr_plan *p,
                             Py_ssize_t nbytes, int first, int stop, int tag, double seconds) {
-    int fits = nbytes <= INT32_MAX;
-    for (Py_ssize_t k = 0; k < p->n; k++) fits &= p->views[k].len <= INT32_MAX;
-    if (!fits) return Py_NewRef(Py_NotImplemented);
+    for (Py_ssize_t k = 0; k < p->n; k++) /* the first message's own size: first_try checked it */
+        if (p->views[k].len > INT32_MAX) return Py_NewRef(Py_NotImplemented);
     int ndests = stop > first ? stop - first : 0;
     size_t nreq = (size_t)ndests * (size_t)(1 + p->apart);
     /* Kept for good where a send may still read them (a timeout, an error): the job is ending. */
