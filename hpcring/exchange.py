@@ -466,7 +466,9 @@ def receive(
     agreement: Agreement, src: Any, dst: Any, pending: list[Any], number: int, timeout: float, what: str
 ) -> None:
     """The blocks sent ahead, received into ``dst`` now that every rank agreed, this rank's own
-    copied; then the sends done."""
+    copied; then the sends done. Posted only now, even into an output the call made: before the
+    agreement a receive could take a block of another size, and Open MPI 5.0 writes a longer
+    message of rendezvous size past the end of the receive buffer (its error says truncated)."""
     comm, size, rank = agreement.comm, agreement.size, agreement.rank
     raw, block = dst.view(np.uint8), dst.nbytes // size
     peers = [q for q in range(size) if q != rank]

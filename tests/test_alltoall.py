@@ -362,6 +362,48 @@ def test_header_mismatches_on_warm_calls_raise_everywhere_with_out_unchanged() -
     assert everywhere(WORLD, ok)
 
 
+def test_mismatches_on_warm_calls_that_make_their_output_leave_nothing_posted() -> None:
+    """Where the warm call in C makes its output, it posts the blocks' receives ahead of the
+    agreement too. One rank with a longer block (the others' receive from it cut short), a
+    shorter one, another dtype of the same size, or in another collective (its block never
+    comes: the receive cancelled): every rank raises, and the next calls, which send their
+    blocks ahead again, get the right blocks, not a stale receive's."""
+    if WORLD.size == 1:
+        pytest.skip("one rank cannot disagree with itself")
+    g, rank = WORLD.size, WORLD.rank
+    last = rank == g - 1
+    x = (np.arange(512 * g) + 1000 * rank).astype(np.float64)  # 4 KiB blocks
+    want = np.empty_like(x)
+    WORLD.Alltoall(x, want)
+    comm = WORLD.Dup()
+    for _ in range(3):
+        hpcring.alltoall(x, comm=comm)  # warm: from the third on, in C
+    ok = True
+    odd = {
+        "longer": (np.concatenate([x, x]), "ranks disagree on count"),
+        "shorter": (x[: 256 * g], "ranks disagree on count"),
+        "dtype": (x.view(np.int64), "ranks disagree on dtype"),
+    }
+    for case, (mine, match) in odd.items():
+        raises_everywhere(
+            ValueError, match, lambda mine=mine: hpcring.alltoall(mine if last else x, comm=comm, timeout=3.0)
+        )
+        for _ in range(2):  # a receive left posted would take a block of these, or stall them
+            ok &= hpcring.alltoall(x, comm=comm, timeout=3.0).tobytes() == want.tobytes()
+        assert everywhere(WORLD, ok), case
+
+    def elsewhere() -> object:
+        if last:
+            return hpcring.allreduce(x.copy(), comm=comm, timeout=3.0)
+        return hpcring.alltoall(x, comm=comm, timeout=3.0)
+
+    raises_everywhere(ValueError, "ranks disagree on collective", elsewhere)
+    for _ in range(2):
+        ok &= hpcring.alltoall(x, comm=comm, timeout=3.0).tobytes() == want.tobytes()
+    comm.Free()
+    assert everywhere(WORLD, ok)
+
+
 @pytest.mark.parametrize("warm", [False, True], ids=["first", "warm"])
 def test_a_rank_in_another_collective_raises_on_every_rank(warm: bool) -> None:
     """One rank all-reduces while the others all-to-all (their blocks sent ahead; ``warm``: on

@@ -1797,9 +1797,11 @@ static int send_ahead(Warm *w, const char *src) {
     return bad ? -1 : 0;
 }
 
-/* The blocks sent ahead, received into ``dst`` once every rank agreed (hpcring.exchange.receive),
- * this rank's own copied; then the sends done. 0, or -1 raised (the requests then left to MPI). */
-static int receive_ahead(Warm *w, long long number, PyObject *timeout, const char *src, char *dst) {
+/* The blocks sent ahead, received into ``dst`` (``out``'s memory) once every rank agreed
+ * (hpcring.exchange.receive), this rank's own copied; then the sends done. 0, or -1 raised: the
+ * requests are then left to MPI, and ``out``, which MPI may still write, kept for good with them
+ * (polling.abandon's reason; an output this call made would otherwise be freed under them). */
+static int receive_ahead(Warm *w, long long number, PyObject *timeout, const char *src, char *dst, PyObject *out) {
     int size = w->size, me = w->rank, rc = MPI_SUCCESS, n = w->nahead;
     size_t block = (size_t)w->nbytes / (size_t)size;
     MPI_Request *req = w->ahead_req;
@@ -1816,6 +1818,10 @@ static int receive_ahead(Warm *w, long long number, PyObject *timeout, const cha
     w->nahead = 0;
     if (agree_wait(w, n, req, number, timeout, 0) < 0) {
         w->ahead_req = NULL; /* MPI may still use them: left to it */
+        hr_exc exc = exc_take();
+        if (abandoned != NULL) PyList_Append(abandoned, out);
+        PyErr_Clear();
+        exc_put(exc);
         return -1;
     }
     return 0;
@@ -2086,7 +2092,7 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
             w->nahead = 0;
         }
         if (carried < 0) goto fail;
-        if (w->ahead && (carried = receive_ahead(w, number, timeout, src, dst) < 0 ? -1 : 1) < 0) goto fail;
+        if (w->ahead && (carried = receive_ahead(w, number, timeout, src, dst, out) < 0 ? -1 : 1) < 0) goto fail;
     }
     if (store_long(&m_number, slot, number) < 0 || store_long(&m_phase, slot, 2) < 0) goto fail;
     /* the data, where it did not ride with the agreement */
