@@ -199,51 +199,54 @@ class _Stream:
         self.state = np.uint64(seed * 0x9E3779B97F4A7C15 % (1 << 64))
 
     def bits(self, n: int) -> np.ndarray:
-        """n uniform 64-bit words."""
-        with np.errstate(over="ignore"):
-            z = self.state + np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-            self.state = z[-1] if n else self.state
-            z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-            z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-            return z ^ (z >> np.uint64(31))
+        """n uniform 64-bit words (array arithmetic: it wraps without a warning)."""
+        z = self.state + np.arange(1, n + 1, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+        self.state = z[-1] if n else self.state
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
 
-    def uniform(self, n: int) -> np.ndarray:
-        """n floats in (0, 1)."""
-        return ((self.bits(n) >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53
 
-    def normal(self, n: int) -> np.ndarray:
-        """n standard normal floats (Box-Muller)."""
-        u, v = self.uniform(n), self.uniform(n)
-        return np.sqrt(-2.0 * np.log(u)) * np.cos(2.0 * np.pi * v)
+# Each float dtype's largest value, smallest normal and smallest subnormal, as bit patterns by
+# itemsize (bfloat16 apart): np.finfo builds them at its first call per dtype, 0.1-0.6 ms that
+# the self-test at load would add to every first call.
+_EXTREMES = {2: (0x7BFF, 0x0400, 0x0001), 4: (0x7F7FFFFF, 0x00800000, 1), 8: (0x7FEFFFFFFFFFFFFF, 1 << 52, 1)}
+_BF16_EXTREMES = (0x7F7F, 0x0080, 0x0001)
 
-    def choice(self, values: list[float], n: int) -> np.ndarray:
-        return np.array(values)[self.bits(n) % np.uint64(len(values))]
 
-    def permutation(self, a: np.ndarray) -> np.ndarray:
-        return a[np.argsort(self.bits(a.size), kind="stable")]
+def _extremes(dtype: np.dtype) -> list[float]:
+    """``dtype``'s (max, tiny, smallest subnormal), as floats."""
+    patterns = _BF16_EXTREMES if dtype.kind == "V" else _EXTREMES[dtype.itemsize]
+    return np.array(patterns, f"u{dtype.itemsize}").view(dtype).astype(np.float64).tolist()
 
 
 def _edge_values(dtype: np.dtype, n: int, seed: int) -> np.ndarray:
-    """n values of ``dtype`` full of edges: signed zeros, Infs, NaNs, subnormals, extremes, ties."""
+    """n values of ``dtype`` full of edges: signed zeros, Infs, NaNs, subnormals, extremes, ties
+    (one draw of random words per call: the self-test runs at load)."""
     rng = _Stream(seed)
     if dtype.kind in "iu":
         info = np.iinfo(dtype)
+        words = rng.bits(2 * n)
         edges = np.array([0, 1, -1, info.max, info.min, info.max - 1], dtype=np.int64)[:n]
-        out = rng.bits(n).astype(np.dtype(f"u{dtype.itemsize}")).view(dtype)  # the whole range
+        out = words[:n].astype(np.dtype(f"u{dtype.itemsize}")).view(dtype)  # the whole range
         out[: len(edges)] = edges.astype(dtype)
-        return rng.permutation(out)
+        return out[np.argsort(words[n:], kind="stable")]
     if dtype.kind == "c":
         part = np.dtype(np.float32 if dtype.itemsize == 8 else np.float64)
         out = np.empty(n, dtype)
-        out.real, out.imag = _edge_values(part, n, seed), _edge_values(part, n, seed + 1)
+        # the parts from streams 2^32 words apart (seed + 1 would give the same words, one on)
+        out.real, out.imag = _edge_values(part, n, seed), _edge_values(part, n, seed + (1 << 32))
         return out
-    info = np.finfo(dtype) if dtype.kind == "f" else importlib.import_module("ml_dtypes").finfo(dtype)
-    scale = rng.choice([1.0, float(info.tiny), float(info.max) / 4, float(info.smallest_subnormal) * 3], n)
+    big, tiny, subnormal = _extremes(dtype)
+    words = rng.bits(4 * n)
+    scale = np.array([1.0, tiny, big / 4, subnormal * 3])[words[:n] % np.uint64(4)]
+    unit = ((words[n : 3 * n] >> np.uint64(11)).astype(np.float64) + 0.5) * 2.0**-53  # in (0, 1)
+    u, v = unit[:n], unit[n:]
     with np.errstate(all="ignore"):
-        out = (rng.normal(n) * scale).astype(dtype)
-    edges = [0.0, -0.0, np.inf, -np.inf, np.nan, float(info.max), -float(info.max), float(info.tiny)][:n]
+        out = (np.sqrt(-2.0 * np.log(u)) * np.cos(2.0 * np.pi * v) * scale).astype(dtype)  # Box-Muller
+    edges = [0.0, -0.0, np.inf, -np.inf, np.nan, big, -big, tiny][:n]
     out[: len(edges)] = np.array(edges).astype(dtype)
-    return rng.permutation(out)
+    return out[np.argsort(words[3 * n :], kind="stable")]
 
 
 def _nan(a: np.ndarray) -> np.ndarray:
