@@ -59,10 +59,9 @@ from . import algorithms, config, core, kernels
 from .arrays import NAMES
 from .flight import Recorder
 from .ops import NAMES as DTYPE_NAMES
-from .ops import OPS
+from .ops import OPS, WIRE_NAMES
 from .ops import code as dtype_code
 from .polling import Waiter
-from .wire import WIRE_NAMES
 
 REPRODUCIBLE = " (reproducible=True)"  # the op as the row sees it where reproducible=True
 _OPS = [*OPS, *(op + REPRODUCIBLE for op in OPS)]  # ranks that differ on reproducible= differ on op

@@ -52,6 +52,8 @@ class Traffic:
 class Channel:
     """hpcring's duplicate of one user communicator, for one array adapter."""
 
+    wire: Any = None  # the dtype payloads travel as: None, as they are (`hpcring.wire.WireChannel`)
+
     def __init__(self, comm: MPI.Intracomm, adapter: Adapter, waiter: Waiter | None = None) -> None:
         self.comm = comm
         self.rank = comm.Get_rank()

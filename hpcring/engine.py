@@ -35,7 +35,6 @@ import numpy as np
 from mpi4py import MPI
 
 from . import algorithms, config, core, kernels, tracing
-from . import wire as wires
 from .agreement import NO_PAYLOAD, REPRODUCIBLE, Both, Payload, Row, payload_descriptor
 from .agreement import collective as agreement_collective
 from .algorithms import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCE_SCATTER, Spec
@@ -401,7 +400,7 @@ class Call:
                     else:
                         spec.run(self.channel, dst, self.options.root)
                 except BaseException:
-                    if isinstance(self.channel, wires.WireChannel):  # its wire buffers back to the pool
+                    if self.channel.wire is not None:  # a WireChannel: its wire buffers back to the pool
                         self.channel.settle()
                     raise
             if self.mean:
@@ -421,7 +420,7 @@ class Call:
         in_place = bool(self.in_place) and collective == ALLREDUCE  # auto's tables tell only its placement
         name = chooser.choose(self.channel, nbytes, in_place, algorithms.choices(collective))
         chosen = algorithms.spec(collective, name)
-        if isinstance(self.channel, wires.WireChannel) and not chooser.keep_wire(self.channel, chosen):
+        if self.channel.wire is not None and not chooser.keep_wire(self.channel, chosen):
             self.channel = self.state.channel(self.adapter)  # wire= where it does not pay: sent as it is
         self.spec, self.ran, self.settled = chosen, name, True
         self.fuse = self.fusion()
@@ -483,7 +482,7 @@ class Call:
         if not adapter.direct or adapter.device or type(src) is not np.ndarray:
             return False
         channel = self.channel
-        wire = channel.wire if isinstance(channel, wires.WireChannel) else None
+        wire = channel.wire
         op = reduction if reduction is not None else self.reduction
         # dst a part of src (reduce-scatter in place), src a row of dst (all-gather in place), or apart
         placed = "same" if dst is src else _offset_inside(dst, src)
@@ -872,9 +871,12 @@ def prepare(
                 from . import exact
 
                 exact_path = exact.check(op, dtype, accumulated=parts is not None)
-            narrowed = wires.check(options.wire, dtype, spec, options.reproducible, bool(adapter.device))
-            if narrowed is not None:  # ---- wire compression: hpcring/wire.py ----
-                channel = wires.channel(channel, narrowed)
+            if options.wire is not None:  # ---- wire compression: hpcring/wire.py ----
+                from . import wire as wires  # here: only wire= needs it
+
+                narrowed = wires.check(options.wire, dtype, spec, options.reproducible, bool(adapter.device))
+                if narrowed is not None:
+                    channel = wires.channel(channel, narrowed)
             if spec.refuses is not None and (refusal := spec.refuses(adapter)):
                 raise TypeError(refusal)
             if spec.choose is not None:  # auto, where it has chosen for this size already
@@ -1133,7 +1135,9 @@ def check_memory(
         scratch = exact.scratch_bytes(channel, dtype, count, scratch_of, accumulated)
     need = scratch - channel.scratch_held()
     pool = 0
-    if isinstance(channel, wires.WireChannel):  # wire=: its pool holds about one narrowed copy in flight
+    if channel.wire is not None:  # wire=: its pool holds about one narrowed copy in flight
+        from . import wire as wires
+
         pool = max(wires.pool_bytes(count, channel.wire) - channel.pool_held(), 0)
         need = max(need, 0) + pool
     if need <= 0:

@@ -23,6 +23,9 @@ from .tracing import reduction
 
 # The dtypes hpcring reduces, in the agreement's order (`code`).
 NAMES = ("float16", "float32", "float64", "int32", "int64", "complex64", "complex128", "bfloat16")
+# The narrow dtypes a wire= call's data may travel as (hpcring.wire), in the agreement's order:
+# wire=None is 0, then these. Here, not in hpcring.wire, which a call without wire= never loads.
+WIRE_NAMES = ("bfloat16", "float16")
 _NUMPY: dict[np.dtype, int] = {np.dtype(name): k for k, name in enumerate(NAMES[:-1])}
 _BFLOAT16: list[np.dtype] = []  # ml_dtypes' bfloat16, once a call needed it
 

@@ -28,8 +28,7 @@ from . import algorithms, kernels, ops
 from .algorithms.base import Spec
 from .channel import Channel
 from .errors import StallError
-
-WIRE_NAMES = ("bfloat16", "float16")  # the agreement's order: wire=None is 0, then these
+from .ops import WIRE_NAMES
 
 
 def wire_dtype(name: str) -> np.dtype:

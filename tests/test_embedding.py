@@ -42,11 +42,10 @@ CALLS = {
 }
 
 
-def loaded_after(code: str) -> list[str]:
-    """The optional modules in sys.modules after ``code`` ran in a fresh interpreter."""
-    script = (
-        f"import sys, numpy, hpcring\n{code}\nprint(' '.join(m for m in {OPTIONAL!r} if m in sys.modules))\n"
-    )
+def loaded_after(code: str, names: tuple[str, ...] = OPTIONAL) -> list[str]:
+    """The modules of ``names`` in sys.modules after ``code`` ran in a fresh interpreter."""
+    listed = f"print(' '.join(m for m in {names!r} if m in sys.modules))"
+    script = f"import sys, numpy, hpcring\n{code}\n{listed}\n"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("OMPI_COMM_WORLD", "PMIX_", "PMI_"))}
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env, check=False
@@ -69,3 +68,19 @@ def test_bfloat16_loads_ml_dtypes_when_it_is_needed() -> None:
     assert loaded_after(wire) == ["ml_dtypes"]
     array = "import ml_dtypes; x = numpy.ones(4, ml_dtypes.bfloat16); hpcring.allreduce(x); assert x[0] == 1"
     assert loaded_after(array) == ["ml_dtypes"]
+
+
+# hpcring's own modules that only some calls need: a plain all-reduce loads none of them
+ONLY_WHERE_NEEDED = (
+    "hpcring.wire",  # wire=
+    "hpcring.exact",  # reproducible=True
+    "hpcring.exchange",  # the all-to-all
+    "hpcring.persistent",  # hpcring.plan
+    "hpcring.nonblocking",  # hpcring.iallreduce and friends
+    "hpcring.bench",
+    "hpcring.model",
+)
+
+
+def test_a_plain_all_reduce_loads_only_what_it_runs() -> None:
+    assert loaded_after("hpcring.allreduce(numpy.ones(4))", ONLY_WHERE_NEEDED) == []
