@@ -50,7 +50,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from functools import cache, partial
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -62,6 +62,7 @@ from .ops import NAMES as DTYPE_NAMES
 from .ops import OPS, WIRE_NAMES
 from .ops import code as dtype_code
 from .polling import Waiter
+from .records import Record
 
 REPRODUCIBLE = " (reproducible=True)"  # the op as the row sees it where reproducible=True
 _OPS = [*OPS, *(op + REPRODUCIBLE for op in OPS)]  # ranks that differ on reproducible= differ on op
@@ -75,7 +76,7 @@ HINTS = {
 }
 
 
-class Row(NamedTuple):
+class Row(Record):
     """What must agree across ranks before a collective's data moves, as this rank sees it.
 
     The array kind is part of it: NumPy on some ranks and CuPy on others would stage and sum
@@ -367,7 +368,7 @@ def collective(compiled: bool | None = None) -> tuple[MPI.Datatype, MPI.Op]:
     return made
 
 
-class Payload(NamedTuple):
+class Payload(Record):
     """A call's data riding with its agreement: ``src`` goes in, ``dst`` gets the result (host
     arrays, flat; ``dst`` may be ``src``)."""
 

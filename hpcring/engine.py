@@ -29,7 +29,7 @@ import functools
 import math
 import threading
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 from mpi4py import MPI
@@ -48,6 +48,7 @@ from .ops import NAMES as DTYPE_NAMES
 from .ops import OPS, Op, check_op, op_name, supported
 from .partition import segment
 from .polling import abandon
+from .records import Record
 from .tracing import local_copy
 from .ulfm import first_call_failed, rank_failed
 from .units import format_bytes
@@ -69,7 +70,7 @@ _WORLD = MPI.COMM_WORLD
 _serialized = threading.Lock()  # under MPI_THREAD_SERIALIZED, one MPI call at a time in all
 
 
-class Options(NamedTuple):
+class Options(Record):
     """What a call was asked to do, beyond its arrays: fixed for its signature.
 
     ``check`` and ``timeout`` are not here: they may change from call to call without changing

@@ -38,7 +38,9 @@ exchange.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
+
+from ..records import Record
 
 
 class Run(Protocol):
@@ -47,9 +49,9 @@ class Run(Protocol):
     def __call__(self, ch: Any, *args: Any) -> None: ...
 
 
-# The records a first call loads are NamedTuples: a frozen dataclass takes 0.4-1.4 ms to create
-# at import (its methods generated and compiled), a NamedTuple 0.1-0.2 ms, in every process.
-class Phase(NamedTuple):
+# The records a first call loads are NamedTuples (`hpcring.records.Record`): a frozen dataclass
+# takes 0.4-1.4 ms to create at import (its methods generated and compiled), in every process.
+class Phase(Record):
     """The cost model's step: ``messages`` messages of ``nbytes`` each, one after another, then
     ``reduced`` bytes reduced.
 
@@ -68,7 +70,7 @@ class Phase(NamedTuple):
     partial: bool = False
 
 
-class Split(NamedTuple):
+class Split(Record):
     """An all-reduce as its two phases, for a caller that works between them: the reproducible
     sum (`hpcring.exact`) reduces integer words and gathers the rounded results.
 
@@ -89,7 +91,7 @@ class Split(NamedTuple):
     owners: Callable[[], tuple[tuple[int, slice], ...]] | None = None
 
 
-class Spec(NamedTuple):
+class Spec(Record):
     """One algorithm of one collective, as its module declares it (module docstring).
 
     ``bytes_sent(count, itemsize, size, rank)`` is the payload this rank hands to MPI in one
@@ -179,7 +181,7 @@ def choice_key(collective: str, nbytes: int, in_place: bool) -> tuple[str, str, 
     return ("auto", collective, nbytes, in_place)
 
 
-class Layout(NamedTuple):
+class Layout(Record):
     """Where an all-to-all's blocks lie, in elements of the flat arrays: MPI_Alltoallv's four
     arrays. ``send_counts[i]`` elements from ``send_displs[i]`` of this rank's input go to rank i;
     ``recv_counts[i]`` elements from rank i land at ``recv_displs[i]`` of its output."""

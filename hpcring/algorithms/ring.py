@@ -28,10 +28,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
 from .. import config
 from ..partition import chunk_bounds, segment_bounds
+from ..records import Record
 from .base import Phase, Spec, Split, no_scratch, same_memory
 
 if TYPE_CHECKING:
@@ -65,7 +66,7 @@ UNCHUNKED = 1 << 62  # elements per "chunk" when nothing is chunked: every segme
 DEPTH = 4  # at most: receives posted ahead, and sends in flight
 
 
-class Stream(NamedTuple):
+class Stream(Record):
     """One phase of the ring as a stream of chunks (all slices of the flat buffer).
 
     The rank first sends ``first`` (a segment it already holds), then every incoming
@@ -77,7 +78,7 @@ class Stream(NamedTuple):
     forward: int  # how many incoming chunks are passed on to the right
 
 
-class Schedule(NamedTuple):
+class Schedule(Record):
     """The ring of one call shape, as this rank runs it."""
 
     position: int  # this rank's place in the ring

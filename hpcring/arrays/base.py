@@ -42,12 +42,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
+from ..records import Record
 
-class Flags(NamedTuple):
+
+class Flags(Record):
     """What `Adapter.flags` answers, for a kind whose arrays' own flags do not say both."""
 
     c_contiguous: bool
