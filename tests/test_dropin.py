@@ -137,19 +137,21 @@ def test_no_hpcring_message_is_left_for_the_user(fresh: MPI.Intracomm) -> None:
 def test_iallreduce_returns_while_the_others_are_away(
     fresh: MPI.Intracomm, algorithm: str, first: bool
 ) -> None:
-    """The last rank arrives 0.6 s late: every other rank's Iallreduce returns at once, the
-    first one on the communicator (it blocked in hpcring's Idup) as any later one."""
+    """The last rank arrives 1.5 s late: every other rank's Iallreduce returns at once (within
+    half of that, so a loaded machine's scheduling does not decide it), the first one on the
+    communicator (it blocked in hpcring's Idup) as any later one."""
     if WORLD.size == 1:
         pytest.skip("needs a second rank")
+    late = 1.5
     comm = hpcring.Intracomm(fresh, algorithm=algorithm) if first else prepared(fresh, algorithm=algorithm)
     x = np.full(4, float(WORLD.rank))
     if WORLD.rank == WORLD.size - 1:
-        time.sleep(0.6)
+        time.sleep(late)
     start = time.monotonic()
     request = comm.Iallreduce(MPI.IN_PLACE, x, op=MPI.SUM)
     returned = time.monotonic() - start
     request.Wait()
-    ok = returned < 0.3 and bool((x == WORLD.size * (WORLD.size - 1) / 2).all())
+    ok = returned < late / 2 and bool((x == WORLD.size * (WORLD.size - 1) / 2).all())
     assert everywhere(WORLD, ok)
 
 
