@@ -208,8 +208,8 @@ class _Stream:
 
 
 # Each float dtype's largest value, smallest normal and smallest subnormal, as bit patterns by
-# itemsize (bfloat16 apart): np.finfo builds them at its first call per dtype, 0.1-0.6 ms that
-# the self-test at load would add to every first call.
+# itemsize (bfloat16 apart): np.finfo builds them at its first call per dtype (0.1-0.6 ms for
+# the three here), which the self-test at load would add to every first call.
 _EXTREMES = {2: (0x7BFF, 0x0400, 0x0001), 4: (0x7F7FFFFF, 0x00800000, 1), 8: (0x7FEFFFFFFFFFFFFF, 1 << 52, 1)}
 _BF16_EXTREMES = (0x7F7F, 0x0080, 0x0001)
 
