@@ -611,6 +611,15 @@ static int resolve(Program *p) {
     return 0;
 }
 
+/* ``obj`` kept for good (hpcring.polling.abandon's reason: MPI may still use it after a stall); the
+ * pending exception stays as it is. */
+static void keep(PyObject *obj) {
+    hr_exc exc = exc_take();
+    if (abandoned != NULL) PyList_Append(abandoned, obj);
+    PyErr_Clear();
+    exc_put(exc);
+}
+
 /* Keep what a failed run's requests may still read or write, for good (hpcring.polling.abandon's
  * reason: MPI may still use a buffer after a stall), and forget the requests themselves. */
 static void program_abandon(Program *p, PyObject *src, PyObject *dst) {
@@ -650,10 +659,7 @@ static int slow_wait(Program *p, const int64_t *r, int step, PyObject *timeout) 
         done = PyObject_CallMethod(ch, "finish", "OlO", request, (long)r[2], r[3] ? Py_True : Py_False);
     }
     if (done == NULL) {
-        hr_exc exc = exc_take();
-        if (abandoned) PyList_Append(abandoned, request); /* its twin here may still be pending */
-        PyErr_Clear();
-        exc_put(exc);
+        keep(request); /* its twin here may still be pending */
         Py_DECREF(request);
         return -1;
     }
@@ -1818,10 +1824,7 @@ static int receive_ahead(Warm *w, long long number, PyObject *timeout, const cha
     w->nahead = 0;
     if (agree_wait(w, n, req, number, timeout, 0) < 0) {
         w->ahead_req = NULL; /* MPI may still use them: left to it */
-        hr_exc exc = exc_take();
-        if (abandoned != NULL) PyList_Append(abandoned, out);
-        PyErr_Clear();
-        exc_put(exc);
+        keep(out);
         return -1;
     }
     return 0;
