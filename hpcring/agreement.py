@@ -57,7 +57,7 @@ from mpi4py import MPI
 
 from . import algorithms, config, core, kernels
 from .arrays import NAMES
-from .flight import Recorder
+from .flight import Recorder, Where
 from .ops import NAMES as DTYPE_NAMES
 from .ops import OPS, WIRE_NAMES
 from .ops import code as dtype_code
@@ -558,12 +558,20 @@ class Agreement:
         return work
 
     def wait(
-        self, request: Any, number: int, timeout: float, what: str, deadline: float | None = None
+        self,
+        request: Any,
+        number: int,
+        timeout: float,
+        what: str,
+        deadline: float | None = None,
+        where: Where = Where.AGREEMENT,
     ) -> None:
         """Wait for the agreement's requests of call ``number`` until ``deadline`` (None: within
         ``timeout`` from now; a ``timeout`` of 0: no limit), or raise StallError naming the ranks
         that did not arrive (the compiled core's agreement comes here too, once its own spinning
-        is over; several requests as a tuple)."""
+        is over; several requests as a tuple). ``where``: what the stall notices say this rank
+        waited in (an unchecked all-to-all's blocks, `hpcring.exchange.receive`, wait in the data
+        exchange)."""
         if isinstance(request, tuple):
             request = Both(*request)
         if request.Test():
@@ -572,7 +580,9 @@ class Agreement:
             deadline = time.monotonic() + timeout if timeout > 0 else None
         woke = self.waiter.wait(request, deadline)
         if woke is not None:
-            raise self.waiter.stall(woke, f"{what} call {number} on this communicator", timeout, number)
+            raise self.waiter.stall(
+                woke, f"{what} call {number} on this communicator", timeout, number, where=where
+            )
 
     def disagree(self, words: Sequence[int], row: Row, problem: Exception | None, caller: str) -> None:
         """The collective showed something off (``words``: this rank's call number and row): raise

@@ -43,7 +43,7 @@ from .arrays import NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
 from .comm import CommState, intracomm, known_state, state_of
 from .errors import StallError
-from .flight import AGREEMENT, MASK, MOVING, clock, dump_on_error
+from .flight import AGREEMENT, MASK, MOVING, Where, clock, dump_on_error
 from .ops import NAMES as DTYPE_NAMES
 from .ops import OPS, Op, check_op, op_name, supported
 from .partition import segment
@@ -671,12 +671,18 @@ class Call:
         return resolve_timeout(self.state, timeout)
 
     def compiled_stalled(
-        self, request: MPI.Request, number: int, timeout: float, deadline: float | None = None
+        self,
+        request: MPI.Request,
+        number: int,
+        timeout: float,
+        deadline: float | None = None,
+        where: int = Where.AGREEMENT,
     ) -> None:
         """The compiled warm call's agreement went on past its spinning: wait as the Python path
         does (until ``deadline``, the agreement's, where it has one), or raise StallError naming
-        the ranks that did not arrive."""
-        self.state.agreement.wait(request, number, timeout, self.what, deadline)
+        the ranks that did not arrive (``where``: an unchecked all-to-all's blocks wait in the data
+        exchange)."""
+        self.state.agreement.wait(request, number, timeout, self.what, deadline, Where(where))
 
     def compiled_disagreed(self, number: int, ahead: tuple[MPI.Request, ...] = ()) -> None:
         """The compiled warm call's agreement showed a difference: raise what every rank raises

@@ -23,8 +23,9 @@ the same error). Where auto runs equal blocks of host NumPy arrays on 2 to 4 ran
 size (`EAGER_UPTO`), the blocks leave ahead of the agreement (`send_ahead`, on TAG_AHEAD) and
 are received into the output once it passed (`receive`); on a mismatch every rank says in the
 agreement's error path whether it sent ahead, and what came is received into scratch
-(`hpcring.agreement.Agreement.disagree`), so nothing is left unmatched. The compiled core's
-warm call (core.c's ``ahead``) runs the same protocol.
+(`hpcring.agreement.Agreement.disagree`), so nothing is left unmatched. With ``check=False``
+the same signatures post every block at once the same way, with no agreement before them. The
+compiled core's warm call (core.c's ``ahead``) runs the same protocol.
 
 The splits count rows: the first axis of ``x`` (elements, for a 1-D array), as
 ``torch.distributed.all_to_all_single`` counts them, and the other axes travel whole.
@@ -48,7 +49,7 @@ from .arrays import NUMPY, Adapter, adapter_for, known_adapter
 from .channel import Channel
 from .comm import CommState, intracomm, known_state, state_of
 from .engine import EXCHANGING, Call, Options, keep_warm, viewed
-from .flight import dump_on_error
+from .flight import Where, dump_on_error
 from .ops import NAMES as DTYPE_NAMES
 from .ops import supported
 from .program import Unrecordable, record
@@ -73,9 +74,9 @@ TABLE_RANKS = 64
 EAGER_UPTO: dict[int, int | None] = {2: None, 3: 256 << 10, 4: 256 << 10}
 # What moves blocks that leave ahead: each rank's block straight to the rank it is for, the
 # pattern (and the bytes, (G-1)/G of the input) of pairwise exchange. So auto's choice for a
-# signature whose blocks leave ahead is this one, for every call of it (check=False's too,
-# which have no agreement to send ahead of): what the trace, the flight record and the bench
-# name, and what the byte formulas count.
+# signature whose blocks leave ahead is this one, for every call of it (check=False's too, which
+# post every block at once the same way, with no agreement before them): what the trace, the
+# flight record and the bench name, and what the byte formulas count.
 AHEAD = "pairwise"
 
 
@@ -331,9 +332,22 @@ class Exchange(Call):
         if tracer.on:
             tracer.begin(ALLTOALL, self.ran or self.options.algorithm, channel, src, dst)
         pending, self.now.pending = self.now.pending, None
+        where = Where.AGREEMENT
+        if pending is None and self.early and not self.now.check and channel.size > 1:
+            # check=False: the same pattern, every block at once, with no agreement before it
+            pending = send_ahead(self.state.agreement, src)
+            channel.traffic.sent += src.nbytes // channel.size * len(pending)
+            self.now.number, where = 0, Where.ALGORITHM  # no agreed call (its flight record's 0)
         if pending is not None:  # the blocks went with the header: received now that the ranks agree
             receive(
-                self.state.agreement, src, dst, pending, self.now.number, channel.timeout or 0.0, self.what
+                self.state.agreement,
+                src,
+                dst,
+                pending,
+                self.now.number,
+                channel.timeout or 0.0,
+                self.what,
+                where,
             )
             if self.compiled is None and kernels.ACTIVE == "c":
                 self.compiled = self.compiled_for(self.spec, src, dst, layout)
@@ -463,12 +477,20 @@ def send_ahead(agreement: Agreement, src: np.ndarray) -> list[Any]:
 
 
 def receive(
-    agreement: Agreement, src: Any, dst: Any, pending: list[Any], number: int, timeout: float, what: str
+    agreement: Agreement,
+    src: Any,
+    dst: Any,
+    pending: list[Any],
+    number: int,
+    timeout: float,
+    what: str,
+    where: Where = Where.AGREEMENT,
 ) -> None:
     """The blocks sent ahead, received into ``dst`` now that every rank agreed, this rank's own
     copied; then the sends done. Posted only now, even into an output the call made: before the
     agreement a receive could take a block of another size, and Open MPI 5.0 writes a longer
-    message of rendezvous size past the end of the receive buffer (its error says truncated)."""
+    message of rendezvous size past the end of the receive buffer (its error says truncated).
+    ``where``: what a stall says this rank waited in (check=False: the data exchange)."""
     comm, size, rank = agreement.comm, agreement.size, agreement.rank
     raw, block = dst.view(np.uint8), dst.nbytes // size
     peers = [q for q in range(size) if q != rank]
@@ -478,7 +500,7 @@ def receive(
         own, mine = dst[rank * items : (rank + 1) * items], src[rank * items : (rank + 1) * items]
         own[...] = mine
         local_copy(own, mine)
-    agreement.wait(Both(*requests, *pending), number, timeout, what)
+    agreement.wait(Both(*requests, *pending), number, timeout, what, where=where)
 
 
 # ---- checks without communication --------------------------------------------------------------

@@ -292,11 +292,13 @@ def test_the_checked_exchange_is_mpi_alltoall_on_either_side_of_its_size_limit()
     assert everywhere(WORLD, ok)
 
 
-def test_blocks_sent_ahead_are_counted_and_named_pairwise() -> None:
+@pytest.mark.parametrize("check", [True, False])
+def test_blocks_sent_ahead_are_counted_and_named_pairwise(check: bool) -> None:
     """Where auto's blocks leave ahead of the agreement, each call's traffic counts exactly them
     ((G-1)/G of the input per rank, pairwise's formula) and the call is named pairwise, the
     pattern that moved them, in its flight record: on the Python path, its compiled program, the
-    warm call in C and the pure-Python core."""
+    warm call in C and the pure-Python core; with check=False too, which posts them the same way
+    with no agreement before them, out= or not."""
     from hpcring import exchange, flight, kernels
     from hpcring.arrays import adapter_for
     from hpcring.comm import channel_for, known_state
@@ -308,14 +310,18 @@ def test_blocks_sent_ahead_are_counted_and_named_pairwise() -> None:
     channel = channel_for(WORLD, adapter_for(x))
     ahead = exchange.auto_runs(WORLD, x)
     ok = ahead == ("pairwise" if g in (2, 3, 4) and known_state(WORLD).agreement.exchanging else None)
-    for core in (kernels.ACTIVE,) * 4 + ("python",):
-        with kernels.using(core):
-            before = channel.bytes_sent
-            ok &= hpcring.alltoall(x).tobytes() == want.tobytes()
-            sent = channel.bytes_sent - before
-        ran = flight.facts(known_state(WORLD).flight.recorded()[-1][1].call)["ran"]
-        if ahead is not None:
-            ok &= sent == (g - 1) * 32 and ran == "pairwise"
+    out = np.full_like(x, -1.0)
+    for core in (kernels.ACTIVE,) * 4 + ("python",) + (kernels.ACTIVE,) * 4:
+        for given in (None, out):
+            with kernels.using(core):
+                before = channel.bytes_sent
+                out[...] = -1.0
+                got = hpcring.alltoall(x, check=check, out=given)
+                sent = channel.bytes_sent - before
+            ok &= got.tobytes() == want.tobytes() and (given is None or got is out)
+            ran = flight.facts(known_state(WORLD).flight.recorded()[-1][1].call)["ran"]
+            if ahead is not None:
+                ok &= sent == (g - 1) * 32 and ran == "pairwise"
     assert everywhere(WORLD, ok)
 
 
@@ -438,24 +444,30 @@ def test_a_rank_in_another_collective_raises_on_every_rank(warm: bool) -> None:
     assert everywhere(WORLD, ok)
 
 
-@pytest.mark.parametrize("form", ["equal", "uneven", "warm"])
+@pytest.mark.parametrize("form", ["equal", "uneven", "warm", "unchecked", "unchecked-warm"])
 @pytest.mark.waits_out
 def test_a_rank_that_never_arrives_is_named(form: str) -> None:
+    """Checked or not (check=False's blocks, where they leave at once, wait as the checked call's
+    do), on the Python path and the warm call in C."""
     if WORLD.size == 1:
         pytest.skip("needs a rank to miss")
-    uneven = form == "uneven"
+    uneven, check = form == "uneven", not form.startswith("unchecked")
     g, missing, timeout = WORLD.size, WORLD.size - 1, WAIT_OUT  # only the stalled call has it
     comm = WORLD.Dup()
     hpcring.allreduce(np.ones(1), comm=comm)  # hpcring's own communicator exists on every rank
-    if form == "warm":  # the stalled call is the warm call in C
+    if form.endswith("warm"):  # the stalled call is the warm call in C
         for _ in range(3):
-            hpcring.alltoall(np.ones(2 * g), comm=comm)
+            hpcring.alltoall(np.ones(2 * g), comm=comm, check=check)
     ok = True
     if WORLD.rank != missing:
         start = time.monotonic()
         try:
             hpcring.alltoall(
-                np.ones(2 * g), send_splits=[2] * g if uneven else None, comm=comm, timeout=timeout
+                np.ones(2 * g),
+                send_splits=[2] * g if uneven else None,
+                comm=comm,
+                timeout=timeout,
+                check=check,
             )
             ok = False
         except hpcring.StallError as error:

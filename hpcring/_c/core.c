@@ -1575,11 +1575,15 @@ static void agree_abandon(Warm *w, int n, MPI_Request *req) {
     exc_put(exc);
 }
 
+#define WHERE_AGREEMENT 0 /* hpcring.flight.Where: what a stall notice says a rank waited in */
+#define WHERE_ALGORITHM 2
+
 /* Wait for the agreement's ``n`` requests: spinning, then Python's bounded wait until ``deadline``
  * (CLOCK_MONOTONIC, as time.monotonic; 0: within the timeout from then), stall notices and
- * StallError (a late rank). 0 done, -1 raised: a stall and an MPI error alike leave the requests
- * and buffers to MPI (`agree_abandon`). */
-static int agree_wait(Warm *w, int n, MPI_Request *req, long long number, PyObject *timeout, double deadline) {
+ * StallError (a late rank; ``where`` the notices say this rank waited in). 0 done, -1 raised: a
+ * stall and an MPI error alike leave the requests and buffers to MPI (`agree_abandon`). */
+static int agree_wait_at(Warm *w, int n, MPI_Request *req, long long number, PyObject *timeout, double deadline,
+                         int where) {
     int rc;
     int done = spin_n(n, req, HELD_SECONDS, 0, &rc);
     if (!done && rc == MPI_SUCCESS) done = spin_released(n, req, SPIN_SECONDS, &rc);
@@ -1599,11 +1603,13 @@ static int agree_wait(Warm *w, int n, MPI_Request *req, long long number, PyObje
     PyObject *request = !made ? NULL : n > 1 ? Py_NewRef(requests) : Py_NewRef(PyTuple_GET_ITEM(requests, 0));
     PyObject *num = PyLong_FromLongLong(number);
     PyObject *until = deadline > 0 ? PyFloat_FromDouble(deadline) : Py_NewRef(Py_None);
-    PyObject *r = request && num && until
-                      ? PyObject_CallMethodObjArgs(w->call, s_stalled, request, num, timeout, until, NULL)
+    PyObject *at = PyLong_FromLong(where);
+    PyObject *r = request && num && until && at
+                      ? PyObject_CallMethodObjArgs(w->call, s_stalled, request, num, timeout, until, at, NULL)
                       : NULL;
     Py_XDECREF(num);
     Py_XDECREF(until);
+    Py_XDECREF(at);
     if (r == NULL) {
         hr_exc exc = exc_take();
         for (int k = 0; made && abandoned && k < n; k++) PyList_Append(abandoned, PyTuple_GET_ITEM(requests, k));
@@ -1621,6 +1627,11 @@ static int agree_wait(Warm *w, int n, MPI_Request *req, long long number, PyObje
     Py_DECREF(requests);
     for (int k = 0; k < n; k++) req[k] = MPI_REQUEST_NULL; /* completed in Python */
     return 0;
+}
+
+/* `agree_wait_at` for the agreement itself. */
+static int agree_wait(Warm *w, int n, MPI_Request *req, long long number, PyObject *timeout, double deadline) {
+    return agree_wait_at(w, n, req, number, timeout, deadline, WHERE_AGREEMENT);
 }
 
 /* An exchange (hpcring.agreement.Agreement._exchange; agree.h's hr_steps): recursive doubling,
@@ -1807,7 +1818,8 @@ static int send_ahead(Warm *w, const char *src) {
  * (hpcring.exchange.receive), this rank's own copied; then the sends done. 0, or -1 raised: the
  * requests are then left to MPI, and ``out``, which MPI may still write, kept for good with them
  * (polling.abandon's reason; an output this call made would otherwise be freed under them). */
-static int receive_ahead(Warm *w, long long number, PyObject *timeout, const char *src, char *dst, PyObject *out) {
+static int receive_ahead(Warm *w, long long number, PyObject *timeout, const char *src, char *dst, PyObject *out,
+                         int data) {
     int size = w->size, me = w->rank, rc = MPI_SUCCESS, n = w->nahead;
     size_t block = (size_t)w->nbytes / (size_t)size;
     MPI_Request *req = w->ahead_req;
@@ -1822,7 +1834,7 @@ static int receive_ahead(Warm *w, long long number, PyObject *timeout, const cha
         memcpy(dst + me * block, src + me * block, block);
     }
     w->nahead = 0;
-    if (agree_wait(w, n, req, number, timeout, 0) < 0) {
+    if (agree_wait_at(w, n, req, number, timeout, 0, data ? WHERE_ALGORITHM : WHERE_AGREEMENT) < 0) {
         w->ahead_req = NULL; /* MPI may still use them: left to it */
         keep(out);
         return -1;
@@ -2095,13 +2107,17 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
             w->nahead = 0;
         }
         if (carried < 0) goto fail;
-        if (w->ahead && (carried = receive_ahead(w, number, timeout, src, dst, out) < 0 ? -1 : 1) < 0) goto fail;
+        if (w->ahead && (carried = receive_ahead(w, number, timeout, src, dst, out, 0) < 0 ? -1 : 1) < 0) goto fail;
     }
     if (store_long(&m_number, slot, number) < 0 || store_long(&m_phase, slot, 2) < 0) goto fail;
     /* the data, where it did not ride with the agreement */
     if (!carried) {
-        int moved = w->prequest ? run_persistent(w, wait_for, src, dst) : program_exec(w->program, src, dst, x,
-                                                                             w->returns_x ? x : out, wait_for);
+        int moved;
+        if (w->ahead) /* check=False: the checked call's pattern, every block at once, no agreement before it */
+            moved = send_ahead(w, src) < 0 || receive_ahead(w, number, timeout, src, dst, out, 1) < 0 ? -1 : 1;
+        else
+            moved = w->prequest ? run_persistent(w, wait_for, src, dst)
+                                : program_exec(w->program, src, dst, x, w->returns_x ? x : out, wait_for);
         if (moved < 0) goto fail;
     }
     if (w->mean >= 0) {
