@@ -863,6 +863,8 @@ def prepare(
         if not check:
             raise error from None
         problem, adapter = error, None
+        if not isinstance(op, str):  # an op refused (MPI.LAND, not an op at all): unknown, as the row says
+            op = None
         try:  # the Spec only names the call in the flight record now: the agreement will raise
             spec = algorithms.spec(collective, options.algorithm)
         except ValueError:

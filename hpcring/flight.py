@@ -288,7 +288,7 @@ def dump(directory: str | os.PathLike[str], reason: str) -> Path:
     }
     path = folder / f"rank-{rank}.json"
     part = folder / f".rank-{rank}.json.{os.getpid()}"
-    part.write_text(json.dumps(data, indent=1))
+    part.write_text(json.dumps(data, indent=1, default=repr))  # a value JSON lacks: its repr, not no record
     os.replace(part, path)  # a reader never sees half a file
     return path
 

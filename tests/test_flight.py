@@ -146,6 +146,24 @@ def test_dump_on_a_disagreement(recorder_dir: Path) -> None:
 
 
 @pytest.mark.mpi
+@pytest.mark.parametrize("op", [MPI.LAND, "not an op", 3], ids=["MPI.LAND", "a string", "a number"])
+def test_a_refused_op_leaves_a_record_that_dumps(recorder_dir: Path, op: Any) -> None:
+    """A call refused for its op (an MPI op hpcring does not take, or no op at all) raises on every
+    rank, and the record of it still dumps as JSON afterwards (an mpi4py op in it made every later
+    dump fail), its op a name or unknown."""
+    comm = WORLD.Dup()
+    hpcring.allreduce(np.ones(2), comm=comm)
+    with pytest.raises(ValueError):
+        hpcring.allreduce(np.ones(2), op=op, comm=comm)
+    data = json.loads(flight.dump(recorder_dir, "test").read_text())
+    mine = next(c for c in data["communicators"] if c["id"] == state_of(comm).flight.ident)
+    last = mine["calls"][-1]
+    ok = last["failed"] and last["op"] in (None, op) and mine["calls"][-2]["op"] == "sum"
+    assert everywhere(WORLD, ok)
+    comm.Free()
+
+
+@pytest.mark.mpi
 def test_dump_on_sigusr1(recorder_dir: Path) -> None:
     comm = WORLD.Dup()  # its recorder installs the handler, the variable being set
     hpcring.allreduce(np.ones(6), comm=comm, algorithm="mpi")
