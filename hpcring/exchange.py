@@ -178,8 +178,7 @@ class Exchange(Call):
         if problem is not None or x is None:  # x: set by `plan` where the blocks leave early
             return super()._agree(timeout, problem, payload)
         agreement, src = self.state.agreement, self.adapter.flat(x)
-        ahead = send_ahead(agreement, src)
-        self.channel.traffic.sent += src.nbytes // agreement.size * len(ahead)  # what left ahead
+        ahead = send_ahead(agreement, self.channel, src)
         agreement.ahead = ahead
         try:
             super()._agree(timeout, problem, payload)
@@ -332,23 +331,14 @@ class Exchange(Call):
         if tracer.on:
             tracer.begin(ALLTOALL, self.ran or self.options.algorithm, channel, src, dst)
         pending, self.now.pending = self.now.pending, None
-        where = Where.AGREEMENT
+        number, where = self.now.number, Where.AGREEMENT
         if pending is None and self.early and not self.now.check and channel.size > 1:
             # check=False: the same pattern, every block at once, with no agreement before it
-            pending = send_ahead(self.state.agreement, src)
-            channel.traffic.sent += src.nbytes // channel.size * len(pending)
-            self.now.number, where = 0, Where.ALGORITHM  # no agreed call (its flight record's 0)
+            pending = send_ahead(self.state.agreement, channel, src)
+            number, where = 0, Where.ALGORITHM  # no agreed call (its flight record's 0)
         if pending is not None:  # the blocks went with the header: received now that the ranks agree
-            receive(
-                self.state.agreement,
-                src,
-                dst,
-                pending,
-                self.now.number,
-                channel.timeout or 0.0,
-                self.what,
-                where,
-            )
+            agreement = self.state.agreement
+            receive(agreement, src, dst, pending, number, channel.timeout or 0.0, self.what, where)
             if self.compiled is None and kernels.ACTIVE == "c":
                 self.compiled = self.compiled_for(self.spec, src, dst, layout)
         elif channel.size > 1 and (self.uneven or src.size):  # uneven: a rank with nothing still meets
@@ -467,12 +457,14 @@ def eager_for(size: int, nbytes: int) -> bool:
     return limit is None or nbytes <= limit
 
 
-def send_ahead(agreement: Agreement, src: np.ndarray) -> list[Any]:
+def send_ahead(agreement: Agreement, channel: Channel, src: np.ndarray) -> list[Any]:
     """``src``'s blocks sent to every other rank on the agreement's communicator (TAG_AHEAD),
-    before the agreement: their requests."""
+    before the agreement (or, unchecked, without one): their requests. What left counts in
+    ``channel``'s traffic, as a program's sends do (core.c's send_ahead counts it alike)."""
     comm, size, rank = agreement.comm, agreement.size, agreement.rank
     raw, block = src.view(np.uint8), src.nbytes // size
     peers = [q for q in range(size) if q != rank]
+    channel.traffic.sent += block * len(peers)
     return [comm.Isend([raw[q * block : (q + 1) * block], MPI.BYTE], q, TAG_AHEAD) for q in peers]
 
 
