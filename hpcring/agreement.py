@@ -23,9 +23,9 @@ same bits whatever tree MPI takes.
 
 Up to `EXCHANGE_RANKS` ranks (HPCRING_EXCHANGE_RANKS lowers it, for tuning and so that tests
 reach the collective form on few ranks) need no collective (`Agreement._exchange`): recursive doubling
-(`steps`), each step a message each way of what a rank holds so far, the header with up to
-`PAIR_INLINE` bytes of payload in the same message and a larger one (up to `PAIR_SLOT`) apart,
-straight from where it lies; each side applies the same op to the two contributions. The
+(`steps`), each step a message each way of what a rank holds so far, the header with the first
+`PAIR_INLINE` bytes of payload in the same message and the rest of a larger one (up to
+`PAIR_SLOT`) apart, straight from where it lies; each side applies the same op to the two contributions. The
 header's maxima are exact and the payload's op bitwise commutative, so both sides of a step hold
 the same bits after it, and every rank ends with the same verdict and the same result. That is
 what a checked call of up to 64 KiB then costs: one message each way on two ranks, two steps on
@@ -144,7 +144,14 @@ SLOT = 512  # bytes of payload the agreement's collective carries: an `mpi` all-
 # HPCRING_EXCHANGE_RANKS may lower the limit (`exchanges`), never raise it.
 EXCHANGE_RANKS = 4
 PAIR_SLOT = 64 << 10
-PAIR_INLINE = 1 << 10  # bytes of payload sent inside the header's message (a larger one apart: no copy)
+# The first bytes of payload, sent inside the header's message (the rest of a larger one apart,
+# from where it lies). The header (16 * WIDTH = 256 bytes) and these stay under Open MPI's
+# shared-memory eager limit (btl_sm_eager_limit, 4096 bytes with its own headers): a message
+# past it waits for a rendezvous, a round trip. With the whole payload apart past 1 KiB, as
+# before, a checked 4 KiB call on 2 ranks cost 1.46-2.06x the bare MPI_Allreduce (calls back to
+# back, input written before each); with 3.5 KiB in the header's message and 512 bytes apart,
+# 1.06-1.07x (2 and 3 KiB: 1.15-1.24x, now 1.00-1.02x).
+PAIR_INLINE = 3584
 # On two ranks fewer bytes ride: the other rank's single-copy read of a buffer just written (as
 # a code's data is before each call) costs more there than the second exchange saves. Measured
 # with the input written before each call (medians of 3 x 400 calls, 2 ranks): out of place,
@@ -157,7 +164,7 @@ PAIR_INLINE = 1 << 10  # bytes of payload sent inside the header's message (a la
 TWO_RANKS = 32 << 10
 TWO_RANKS_IN_PLACE = 16 << 10
 TAG_AGREE = 32002  # the pair's header message (the stall notices are 32001; the algorithms use small tags)
-TAG_AGREE_DATA = 32003  # the pair's payload, where it travels apart
+TAG_AGREE_DATA = 32003  # the rest of the pair's payload, past PAIR_INLINE
 # An all-to-all's blocks, sent ahead of its agreement (hpcring.exchange.send_ahead); a mismatch
 # receives them into scratch (`Agreement.disagree`).
 TAG_AHEAD = 32004
@@ -472,11 +479,12 @@ class Agreement:
         caller: str,
     ) -> bool:
         """The agreement of 2 to `EXCHANGE_RANKS` ranks (agree.h's exchange): recursive doubling
-        over `steps`, each step a message each way of the contribution so far (the header, with up
-        to `PAIR_INLINE` bytes of payload after it, a larger payload apart, straight from its
-        buffer), each side applying the op itself. The header's maxima are exact and the payload's
-        op is bitwise commutative, so both sides of a step hold the same bits after it, and every
-        rank ends with the same verdict and the same result. One deadline for all the waits."""
+        over `steps`, each step a message each way of the contribution so far (the header, with
+        the first `PAIR_INLINE` bytes of payload after it, the rest of a larger payload apart,
+        straight from its buffer), each side applying the op itself. The header's maxima are
+        exact and the payload's op is bitwise commutative, so both sides of a step hold the same
+        bits after it, and every rank ends with the same verdict and the same result. One
+        deadline for all the waits."""
         number = words[0]
         deadline = time.monotonic() + timeout if timeout > 0 else None
         buf = self.buffer
@@ -497,18 +505,17 @@ class Agreement:
                 requests = []
                 if kind in (GIVE, SWAP):  # send the contribution so far
                     n = riding
-                    if n <= PAIR_INLINE:
-                        buf[head : head + n] = mine[:n]
-                        requests.append(comm.Isend([buf[: head + n], MPI.BYTE], peer, TAG_AGREE))
-                    else:
-                        requests.append(comm.Isend([buf[:head], MPI.BYTE], peer, TAG_AGREE))
-                        requests.append(comm.Isend([mine[:n], MPI.BYTE], peer, TAG_AGREE_DATA))
+                    k = min(n, PAIR_INLINE)
+                    buf[head : head + k] = mine[:k]
+                    requests.append(comm.Isend([buf[: head + k], MPI.BYTE], peer, TAG_AGREE))
+                    if n > k:
+                        requests.append(comm.Isend([mine[k:n], MPI.BYTE], peer, TAG_AGREE_DATA))
                 if kind in (TAKE, SWAP, RESULT):  # receive the other's
                     got = comm.Irecv([incoming[: head + PAIR_INLINE], MPI.BYTE], peer, TAG_AGREE)
                     self.wait(got, number, timeout, what, deadline)
                     n = _riding(theirs) if theirs[WIDTH - 5] == 1 else 0
                     if n > PAIR_INLINE:
-                        apart = [incoming[head : head + n], MPI.BYTE]
+                        apart = [incoming[head + PAIR_INLINE : head + n], MPI.BYTE]
                         requests.append(comm.Irecv(apart, peer, TAG_AGREE_DATA))
                 if requests:
                     self.wait(Both(*requests), number, timeout, what, deadline)

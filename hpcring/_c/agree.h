@@ -27,9 +27,9 @@
 
 #define HR_PAYLOAD_COLUMNS 4 /* present, dtype, op, count: just before the verdict */
 #define HR_TAG_AGREE 32002      /* two ranks' agreement message (hpcring.agreement.TAG_AGREE) */
-#define HR_TAG_AGREE_DATA 32003 /* its payload, where it travels apart (TAG_AGREE_DATA) */
+#define HR_TAG_AGREE_DATA 32003 /* the rest of its payload, past HR_PAIR_INLINE (TAG_AGREE_DATA) */
 #define HR_TAG_AHEAD 32004      /* an all-to-all's blocks, sent ahead of its agreement (TAG_AHEAD) */
-#define HR_PAIR_INLINE 1024     /* bytes of payload inside the header's message (PAIR_INLINE) */
+#define HR_PAIR_INLINE 3584     /* the first bytes of payload, inside the header's message (PAIR_INLINE) */
 
 /* 1 where every column of [first, last) holds one value (max equals min) in the header
  * (``width`` words of maxima, then ``width`` of negated minima). */

@@ -1635,8 +1635,8 @@ static int agree_wait(Warm *w, int n, MPI_Request *req, long long number, PyObje
 }
 
 /* An exchange (hpcring.agreement.Agreement._exchange; agree.h's hr_steps): recursive doubling,
- * each step a message each way of the contribution so far (the header ``b`` with up to
- * HR_PAIR_INLINE bytes of payload, a larger payload apart, straight from where it is), each side
+ * each step a message each way of the contribution so far (the header ``b`` with the first
+ * HR_PAIR_INLINE bytes of payload, the rest of a larger one apart, straight from where it is), each side
  * combining the two itself: the header's maxima, and the payloads where both ride. The last
  * combination of a payload is written to ``dst`` (the header is then final: it agreed); a rank
  * that gets the result from another copies it there. ``*rode`` where ``dst`` holds it. One
@@ -1659,23 +1659,19 @@ static int exchange(Warm *w, long long number, PyObject *timeout, double deadlin
         if (kind != HR_GIVE)
             rc = MPI_Irecv(theirs, (int)(head + HR_PAIR_INLINE), MPI_BYTE, peer, HR_TAG_AGREE, w->agree_comm, &req[0]);
         if (rc == MPI_SUCCESS && (kind == HR_GIVE || kind == HR_SWAP)) {
-            size_t m = mine ? hr_riding(b, width, slot) : 0;
-            if (m <= HR_PAIR_INLINE) {
-                if (m) memcpy((char *)b + head, mine, m);
-                rc = MPI_Isend(b, (int)(head + m), MPI_BYTE, peer, HR_TAG_AGREE, w->agree_comm, &req[1]);
-            } else {
-                rc = MPI_Isend(b, (int)head, MPI_BYTE, peer, HR_TAG_AGREE, w->agree_comm, &req[1]);
-                if (rc == MPI_SUCCESS)
-                    rc = MPI_Isend(mine, (int)m, MPI_BYTE, peer, HR_TAG_AGREE_DATA, w->agree_comm, &req[2]);
-            }
+            size_t m = mine ? hr_riding(b, width, slot) : 0, k = m < HR_PAIR_INLINE ? m : HR_PAIR_INLINE;
+            if (k) memcpy((char *)b + head, mine, k);
+            rc = MPI_Isend(b, (int)(head + k), MPI_BYTE, peer, HR_TAG_AGREE, w->agree_comm, &req[1]);
+            if (rc == MPI_SUCCESS && m > k)
+                rc = MPI_Isend(mine + k, (int)(m - k), MPI_BYTE, peer, HR_TAG_AGREE_DATA, w->agree_comm, &req[2]);
         }
         if (rc != MPI_SUCCESS) return mpi_error(rc), agree_abandon(w, 4, req), -1;
         if (kind != HR_GIVE) {
             if (agree_wait(w, 1, req, number, timeout, deadline) < 0) return agree_abandon(w, 4, req), -1;
             size_t apart = hr_riding(theirs, width, slot); /* the other's payload beyond the header */
             if (apart > HR_PAIR_INLINE) {
-                rc = MPI_Irecv((char *)theirs + head, (int)apart, MPI_BYTE, peer, HR_TAG_AGREE_DATA, w->agree_comm,
-                               &req[3]);
+                rc = MPI_Irecv((char *)theirs + head + HR_PAIR_INLINE, (int)(apart - HR_PAIR_INLINE), MPI_BYTE, peer,
+                               HR_TAG_AGREE_DATA, w->agree_comm, &req[3]);
                 if (rc != MPI_SUCCESS) return mpi_error(rc), agree_abandon(w, 4, req), -1;
             }
         }
