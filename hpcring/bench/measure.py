@@ -290,10 +290,7 @@ def measure_row(
         call, result = bare_call(comm, dev, kind, b, args.in_place, args.op, args.root)
     else:
         options = {"reproducible": reproducible, "wire": wire} if reproducible or wire else {}
-
-        def call() -> None:
-            kind.run(b, algorithm, comm, args.op, agree, args.root, **options)
-
+        call = kind.caller(b, algorithm, comm, args.op, agree, args.root, **options)
         result = b.result
 
     def refill() -> None:
