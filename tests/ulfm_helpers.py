@@ -76,9 +76,19 @@ LIVE: set[Job] = set()  # jobs not yet ended: ended at exit (a test run cut shor
 class Job:
     """A launched job whose stdout is read by a thread: `wait_for` a line, `kill` a rank, `finish`."""
 
-    def __init__(self, command: Sequence[str], timeout: float, env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        command: Sequence[str],
+        timeout: float,
+        env: dict[str, str] | None = None,
+        stop_on_crash: bool = False,
+    ) -> None:
         self.command = list(command)
         self.deadline = time.monotonic() + timeout
+        # Where Open MPI itself crashes in a process (`mpi_crashed`), end the job a moment later,
+        # as if it had ended, instead of at its deadline: a survivor of such a crash may stay stuck
+        # inside MPI, and the caller runs the job again.
+        self.stop_on_crash = stop_on_crash
         self.lines: list[tuple[float, str]] = []  # (time.time() when read, line)
         self.killed: dict[int, float] = {}  # rank -> time.time() of its SIGKILL
         self.pids: dict[int, int] = {}  # rank -> its process, once found
@@ -113,17 +123,22 @@ class Job:
         return "\n".join(self._errors)
 
     def _next(self) -> tuple[float, str] | None:
-        left = self.deadline - time.monotonic()
-        if left <= 0:
-            self.stop()
-            pytest.fail(f"job ran past its time limit: {' '.join(self.command)}\n{self.output()}")
-        try:
-            item = self._queue.get(timeout=left)
-        except queue.Empty:
-            return self._next()
-        if item is not None:
-            self.lines.append(item)
-        return item
+        while True:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.stop()
+                pytest.fail(f"job ran past its time limit: {' '.join(self.command)}\n{self.output()}")
+            if self.stop_on_crash and self.mpi_crashed:
+                time.sleep(CRASH_GRACE)  # the rest of the report, and what the others still say
+                self.stop()
+                return None
+            try:
+                item = self._queue.get(timeout=min(left, 1.0) if self.stop_on_crash else left)
+            except queue.Empty:
+                continue
+            if item is not None:
+                self.lines.append(item)
+            return item
 
     def wait_for(self, pattern: str) -> str:
         """The first line (from now) that matches ``pattern``; fails where the job ends first."""
@@ -212,6 +227,7 @@ class Job:
 
 REPORT = re.compile(r"^\[[^\]:]+:(\d+)\] ")  # a line of Open MPI's signal report, by process id
 CRASHED = "*** Process received signal ***"
+CRASH_GRACE = 5.0  # seconds a job whose Open MPI crashed runs on before it is ended (`Job.stop_on_crash`)
 FAULTING = re.compile(r"\] \[ 1\] ")  # the frame that faulted ([ 0] is the signal handler's return)
 
 
