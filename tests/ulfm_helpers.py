@@ -246,10 +246,12 @@ def ran(start: Callable[[], Job], finish: Callable[[Job], list[str]] = Job.finis
     and a second such crash fails.
     """
     run = start()
+    run.stop_on_crash = True  # ended soon after such a crash, not at its deadline
     lines = finish(run)
     if run.mpi_crashed:
         sys.stderr.write(f"# Open MPI crashed in the job; once more:\n{run.stderr[-4000:]}\n")
         run = start()
+        run.stop_on_crash = True
         lines = finish(run)
         assert not run.mpi_crashed, f"Open MPI crashed twice:\n{run.output()}"
     return run, lines
