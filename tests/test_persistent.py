@@ -141,6 +141,41 @@ def test_where_ranks_outnumber_cores_a_plan_takes_messages(
     p.free()
 
 
+@pytest.mark.parametrize("placement", ["in place", "out="])
+@pytest.mark.parametrize(
+    ("dtype", "op"),
+    [("float32", "sum"), ("float64", "max"), ("int64", "prod"), ("float32", "min"), ("float64", "mean")],
+)
+def test_a_small_plan_that_takes_messages_gives_the_checked_calls_bits(
+    fresh_world: MPI.Intracomm, request: pytest.FixtureRequest, placement: str, dtype: str, op: str
+) -> None:
+    """Where a plan takes messages (waits give their core away), a small one runs the agreement's
+    exchange without its header: two ranks one message each way (`Pair`), three or four its
+    steps (`Steps`), past STEPS_BYTES MPI's persistent all-reduce. Every run gives the bits the
+    checked call gives, NaNs and signed zeros included, the same on every rank."""
+    from hpcring.persistent import STEPS_BYTES
+
+    polling.share(True)
+    request.addfinalizer(polling.share)
+    itemsize = np.dtype(dtype).itemsize
+    for count in (1, 7, STEPS_BYTES // itemsize, STEPS_BYTES // itemsize + 1):
+        x = np.empty(count, dtype)
+        out = None if placement == "in place" else np.empty_like(x)
+        p = hpcring.plan(x, op=op, algorithm="mpi", comm=fresh_world, out=out)
+        expected = "Pair" if G == 2 else "Steps" if count * itemsize <= STEPS_BYTES else "Prequest"
+        ok = G == 1 or _transport(p) == expected
+        for k in range(3):
+            x[...] = (np.arange(count) % 5 + fresh_world.rank + k).astype(dtype)
+            if dtype.startswith("float") and count > 4:
+                x[:3] = [np.nan, -0.0, np.inf if fresh_world.rank % 2 else -np.inf]
+            want = hpcring.allreduce(x.copy(), op=op, algorithm="mpi", comm=fresh_world)
+            got = p()
+            ok &= got.tobytes() == want.tobytes()
+            assert identical_everywhere(fresh_world, got)
+        assert everywhere(fresh_world, ok)
+        p.free()
+
+
 def test_mean_and_the_mpi_persistent_request(fresh_world: MPI.Intracomm) -> None:
     """`mpi` holds MPI-4's persistent all-reduce; mean divides after each run."""
     x = np.empty(64, dtype=np.float32)
@@ -183,12 +218,18 @@ def test_mismatch_at_creation_raises_on_every_rank(fresh_world: MPI.Intracomm) -
 
 
 @pytest.mark.waits_out
-@pytest.mark.parametrize("run", ["p()", "start, wait"])
-def test_a_rank_that_never_starts_is_named(fresh_world: MPI.Intracomm, run: str) -> None:
+@pytest.mark.parametrize(("run", "sharing"), [("p()", False), ("start, wait", False), ("p()", True)])
+def test_a_rank_that_never_starts_is_named(
+    fresh_world: MPI.Intracomm, request: pytest.FixtureRequest, run: str, sharing: bool
+) -> None:
     """A stall during a started plan is detected within the timeout, naming the rank (on one
-    node through shared memory, which no MPI wait sees: the compiled wait, then Python's)."""
+    node through shared memory, which no MPI wait sees: the compiled wait, then Python's; where
+    waits give their core away, by messages: `Pair`, `Steps`)."""
     if G == 1:
         pytest.skip("needs a rank to miss")
+    if sharing:
+        polling.share(True)
+        request.addfinalizer(polling.share)
     timeout, missing = WAIT_OUT, G - 1
     p = hpcring.plan(np.ones(100), algorithm="mpi", comm=fresh_world, timeout=timeout)
     ok = not core.active() or G > SHARED_RANKS or polling.shared() or _transport(p) == "Shared"

@@ -962,6 +962,9 @@ typedef struct {
     char *pair_scratch; /* a two-rank plan: where the other's input comes (``prequest`` is the tuple) */
     int pair_halves;    /* ... that exchanges halves, then the results (hpcring.persistent.Pair's halves) */
     PyObject *pair_second; /* ... whose second exchange is this (receive, send) tuple, for plan_waited */
+    int stepped;        /* a plan of 3 or 4 ranks (hpcring.persistent.Steps): the exchange's steps, no header;
+                           ``pair_scratch`` is where each step's contribution comes */
+    int steps_tag;      /* ... and the tag of its messages */
     PyObject *allocate; /* an all-to-all's (hpcring.exchange): numpy.empty_like, the output where no
                            out= is given; NULL for every other collective */
     int ahead;          /* an all-to-all's blocks leave ahead of the agreement (hpcring.exchange.send_ahead) */
@@ -1120,8 +1123,20 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
                         "Warm: a pair's program is (receive, send, scratch[, receive, send]) of a payload's call");
         return NULL;
     }
+    /* a plan of 3 or 4 ranks (hpcring.persistent.Steps): (scratch, tag), the op applied here */
+    int stepped = PyTuple_Check(program) && PyTuple_GET_SIZE(program) == 2;
+    char *steps_scratch = NULL;
+    Py_ssize_t steps_bytes = 0;
+    long steps_tag = -1;
+    if (stepped && (array_bytes(PyTuple_GET_ITEM(program, 0), 1, &steps_scratch, &steps_bytes) < 0 ||
+                    (steps_tag = PyLong_AsLong(PyTuple_GET_ITEM(program, 1))) < 0 || steps_tag > INT_MAX ||
+                    pdtype < 0)) {
+        PyErr_Clear();
+        PyErr_SetString(PyExc_TypeError, "Warm: a stepped plan's program is (scratch, tag) of a payload's call");
+        return NULL;
+    }
     int shared = Py_TYPE(program) == &SharedType; /* a plan through shared memory (shared.h) */
-    if (persistent && !paired && !agree_only && !shared &&
+    if (persistent && !paired && !stepped && !agree_only && !shared &&
         (!PyObject_TypeCheck(program, &PyMPIRequest_Type) || PyMPIRequest_Get(program) == NULL)) {
         PyErr_Clear();
         PyErr_SetString(PyExc_TypeError, "Warm: program must be a Program, a persistent MPI request or a Shared");
@@ -1255,7 +1270,13 @@ static PyObject *warm_new(PyTypeObject *type, PyObject *args, PyObject *kwargs) 
                                           "this rank's half)");
         goto fail;
     }
-    w->pair_scratch = paired ? pair_scratch : NULL;
+    if (stepped && (!w->fused || steps_bytes != w->nbytes)) {
+        PyErr_SetString(PyExc_ValueError, "Warm: a stepped plan's scratch must hold the call's bytes");
+        goto fail;
+    }
+    w->pair_scratch = paired ? pair_scratch : stepped ? steps_scratch : NULL;
+    w->stepped = stepped;
+    w->steps_tag = (int)steps_tag;
     w->pair_halves = halves;
     if (halves && (w->pair_second = PyTuple_GetSlice(program, 3, 5)) == NULL) goto fail;
     return (PyObject *)w;
@@ -1903,6 +1924,52 @@ static int run_halves(Warm *w, PyObject *timeout, char *dst) {
     return 1;
 }
 
+/* As `plan_wait`, for a step's own two requests (either may be null): past the spinning, Python's
+ * bounded wait gets them as mpi4py requests. */
+static int steps_wait(Warm *w, MPI_Request *req, PyObject *timeout) {
+    int rc = MPI_SUCCESS, done = spin_n(2, req, HELD_SECONDS, 0, &rc);
+    if (!done && rc == MPI_SUCCESS) done = spin_released(2, req, SPIN_SECONDS, &rc);
+    if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
+    if (done) return 0;
+    PyObject *a = PyMPIRequest_New(req[0]), *b = a ? PyMPIRequest_New(req[1]) : NULL;
+    PyObject *both = b ? PyTuple_Pack(2, a, b) : NULL;
+    Py_XDECREF(a);
+    Py_XDECREF(b);
+    if (both == NULL) return -1;
+    PyObject *r = PyObject_CallMethodObjArgs(w->call, s_plan_waited, both, timeout, NULL);
+    Py_DECREF(both);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
+    return 0;
+}
+
+/* A plan of 3 or 4 ranks (hpcring.persistent.Steps): the exchange's steps (agree.h's hr_steps)
+ * with the payload alone, each step's receive and send posted afresh (MPI's persistent
+ * point-to-point requests and persistent all-reduce cost more per run here), each combination
+ * (what came, op, this rank's so far) written to ``dst``. 1 done, -1 raised. */
+static int run_steps(Warm *w, PyObject *timeout, const char *src, char *dst) {
+    int kinds[40], peers[40];
+    int n = hr_steps(w->rank, w->size, kinds, peers);
+    const char *cur = src;
+    for (int s = 0; s < n; s++) {
+        int kind = kinds[s], peer = peers[s], rc = MPI_SUCCESS;
+        MPI_Request req[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+        if (kind != HR_GIVE)
+            rc = MPI_Irecv(kind == HR_RESULT ? dst : w->pair_scratch, (int)w->nbytes, MPI_BYTE, peer, w->steps_tag,
+                           w->agree_comm, &req[0]);
+        if (rc == MPI_SUCCESS && (kind == HR_GIVE || kind == HR_SWAP))
+            rc = MPI_Isend(cur, (int)w->nbytes, MPI_BYTE, peer, w->steps_tag, w->agree_comm, &req[1]);
+        if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
+        if (steps_wait(w, req, timeout) < 0) return -1;
+        if (kind == HR_TAKE || kind == HR_SWAP) {
+            hr_payload_combine3((int)w->payload[0], (int)w->payload[1], w->pair_scratch, cur, dst,
+                                (size_t)w->payload[2], &quirks);
+            cur = dst;
+        }
+    }
+    return 1;
+}
+
 /* A plan's run: its persistent request started, and tested until done (HELD_SECONDS holding the
  * GIL, then released: a two-rank plan of 8 B cost 1.04-1.10x the bare call so, 1.12-1.14x
  * releasing it at once), then, past SPIN_SECONDS, waited for in Python within the timeout
@@ -1912,6 +1979,7 @@ static int run_persistent(Warm *w, PyObject *timeout, const char *src, char *dst
     MPI_Request pair[2], *req;
     int n = 1;
     if (Py_TYPE(w->prequest) == &SharedType) return run_shared(w, (Shared *)w->prequest, timeout);
+    if (w->stepped) return run_steps(w, timeout, src, dst);
     if (w->pair_halves) return run_halves(w, timeout, dst);
     if (w->pair_scratch != NULL) { /* a two-rank plan: its receive and send (persistent handles stay put) */
         MPI_Request *recv = PyMPIRequest_Get(PyTuple_GET_ITEM(w->prequest, 0));
