@@ -3,9 +3,11 @@
 An inner loop that all-reduces the same buffers every iteration (a solver's residual, a
 training step's bucket) pays the checks once, when the plan is made: the ranks agree on
 the call then, as `hpcring.allreduce` does before every call, and each run moves data
-only. With `mpi` the plan holds MPI-4's persistent all-reduce (``MPI_Allreduce_init``) on
-the buffers, started and waited for as MPI starts and waits it, and the wait is bounded by
-the timeout, so a rank that never starts its plan becomes a `StallError` on the others.
+only. With `mpi` a small plan runs through one node's shared memory (`shared_plan`) or the
+agreement's exchange without its header (`Pair` on two ranks, `Steps` on three or four), and
+any other holds MPI-4's persistent all-reduce (``MPI_Allreduce_init``) on the buffers, started
+and waited for as MPI starts and waits it; every wait is bounded by the timeout, so a rank that
+never starts its plan becomes a `StallError` on the others.
 hpcring's own algorithms run their prebuilt schedules: each start is the engine's call
 without the agreement (its exclusion, flight record and bounded waits included).
 """
