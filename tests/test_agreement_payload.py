@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from hpcring import agreement, core, kernels
 
@@ -134,6 +136,62 @@ def test_max_and_min_are_associative_and_let_nan_win(name: str, op: str) -> None
 def test_what_may_ride(dtype: str, ufunc: str, count: int, rides: bool) -> None:
     got = agreement.payload_descriptor(np.dtype(dtype), ufunc, count)
     assert (got != agreement.NO_PAYLOAD) == rides
+
+
+# ---- the exchange's message: the header's maxima and two flags, the minima rebuilt -------------
+
+
+def _header(full: list[int]) -> np.ndarray:
+    """One rank's whole header (`Agreement._exchange`): its words, their negations, the verdict."""
+    return np.array([*full, *[-v for v in full[:-1]], full[-1]], np.int64)
+
+
+def _group(fulls: list[list[int]], sent: bool = False) -> np.ndarray:
+    """The whole header of several ranks: the maxima of theirs, as the exchange combines them
+    (``sent``: each one after the first as its message carries it, step by step)."""
+    group = _header(fulls[0])
+    for full in fulls[1:]:
+        group = np.maximum(group, _sent(_header(full)) if sent else _header(full))
+    return group
+
+
+def _sent(h: np.ndarray) -> np.ndarray:
+    """``h`` as its message carries it, rebuilt as a receiving rank rebuilds it (`_unpack`):
+    received where the maxima end one word before the header does."""
+    width = agreement.WIDTH
+    inbox = np.zeros(2 * width, np.int64)
+    inbox[width - 1 : 2 * width - 1] = h[:width]
+    inbox[-1] = agreement._uniform(h.tolist())
+    agreement._unpack(inbox)
+    return inbox
+
+
+_WORD = st.integers(0, 2)  # few values, so that rows are often one
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    rows=st.lists(
+        st.lists(_WORD, min_size=agreement.WIDTH, max_size=agreement.WIDTH), min_size=2, max_size=4
+    ),
+    split=st.integers(1, 3),
+)
+def test_the_message_keeps_every_verdict_of_the_whole_header(rows: list[list[int]], split: int) -> None:
+    """Two groups of ranks combined from the message (maxima and flags) reach the verdict, the
+    payload's riding and the maxima that the whole header gives, whatever the rows are."""
+    split = min(split, len(rows) - 1)
+    for fulls in (rows, [[rows[0][0], *row[1:]] for row in rows]):  # any rows; one call number
+        a, b = _group(fulls[:split]), _group(fulls[split:])
+        whole, rebuilt = np.maximum(a, b), np.maximum(a, _sent(b))
+        stepped = np.maximum(_group(fulls[:split], True), _sent(_group(fulls[split:], True)))
+        for h in (whole, rebuilt, stepped):
+            assert agreement._agreed(h.tolist()) == agreement._agreed(whole.tolist())
+            assert agreement._carried(h.tolist()) == agreement._carried(whole.tolist())
+            assert agreement._riding(h) == agreement._riding(whole)
+        assert rebuilt[: agreement.WIDTH].tolist() == whole[: agreement.WIDTH].tolist()
+        assert stepped[: agreement.WIDTH].tolist() == whole[: agreement.WIDTH].tolist()
+        one = _group(fulls)  # where every column group holds one value, the message is exact
+        assert agreement._uniform(one.tolist()) != 3 or np.array_equal(_sent(one), one)
 
 
 # ---- riding, under MPI (1-4 ranks): the bits MPI gives, and every mismatch raised ---------------

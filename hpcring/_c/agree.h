@@ -60,6 +60,26 @@ static inline size_t hr_riding(const int64_t *h, int width, size_t slot) {
     return n <= slot ? n : 0;
 }
 
+/* The flags an exchange's message carries after the header's maxima (hpcring.agreement._uniform):
+ * 1 where the rows are one (and the call number), 2 where the payload columns are. */
+static inline int64_t hr_uniform(const int64_t *h, int width) {
+    return hr_one_value(h, width, 0, width - 1 - HR_PAYLOAD_COLUMNS) |
+           2 * hr_one_value(h, width, width - 1 - HR_PAYLOAD_COLUMNS, width - 1);
+}
+
+/* The whole header of a contribution from its message (hpcring.agreement._unpack), received so that
+ * the maxima fill words width - 1 .. 2 width - 2 and the flags the last: the maxima moved to the
+ * front, the minima made from them (exact where a column group held one value; else one minimum
+ * one less than its maximum, which keeps it apart as the true minimum would). */
+static inline void hr_unpack(int64_t *h, int width) {
+    int64_t flags = h[2 * width - 1];
+    memmove(h, h + width - 1, (size_t)width * sizeof(int64_t));
+    for (int k = 0; k < width - 1; k++) h[width + k] = -h[k];
+    h[2 * width - 1] = h[width - 1];
+    if (!(flags & 1)) h[width] += 1;
+    if (!(flags & 2)) h[width + width - 1 - HR_PAYLOAD_COLUMNS] += 1;
+}
+
 /* The steps of an exchange (hpcring.agreement.steps): recursive doubling for ``rank`` of ``size``,
  * as kinds and peers; their number (at most 2 + 31). */
 enum { HR_GIVE, HR_TAKE, HR_SWAP, HR_RESULT };

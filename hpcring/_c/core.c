@@ -1665,12 +1665,13 @@ static int agree_wait(Warm *w, int n, MPI_Request *req, long long number, PyObje
 static int exchange(Warm *w, long long number, PyObject *timeout, double deadline, const char *src, char *dst,
                     int *rode) {
     int width = w->nwords + 2 + HR_PAYLOAD_COLUMNS;
-    size_t head = 16 * (size_t)width, slot = (size_t)agree_pair_slot;
+    size_t head = 16 * (size_t)width, slot = (size_t)agree_pair_slot, lead = 8 * ((size_t)width + 1);
     int kinds[40], peers[40];
     int n = hr_steps(w->rank, w->size, kinds, peers), last = -1;
     for (int s = 0; s < n; s++)
         if (kinds[s] == HR_TAKE || kinds[s] == HR_SWAP) last = s;
     int64_t *b = w->agree, *theirs = w->agree_in;
+    char *wire = (char *)b + head; /* the message: the header's maxima, its flags, the first payload bytes */
     const char *mine = w->fused ? src : NULL; /* the payload so far */
     const char *result = NULL;
     int rc = MPI_SUCCESS;
@@ -1678,17 +1679,21 @@ static int exchange(Warm *w, long long number, PyObject *timeout, double deadlin
         int kind = kinds[s], peer = peers[s];
         MPI_Request req[4] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL, MPI_REQUEST_NULL};
         if (kind != HR_GIVE)
-            rc = MPI_Irecv(theirs, (int)(head + HR_PAIR_INLINE), MPI_BYTE, peer, HR_TAG_AGREE, w->agree_comm, &req[0]);
+            rc = MPI_Irecv((char *)theirs + head - lead, (int)(lead + HR_PAIR_INLINE), MPI_BYTE, peer, HR_TAG_AGREE,
+                           w->agree_comm, &req[0]);
         if (rc == MPI_SUCCESS && (kind == HR_GIVE || kind == HR_SWAP)) {
             size_t m = mine ? hr_riding(b, width, slot) : 0, k = m < HR_PAIR_INLINE ? m : HR_PAIR_INLINE;
-            if (k) memcpy((char *)b + head, mine, k);
-            rc = MPI_Isend(b, (int)(head + k), MPI_BYTE, peer, HR_TAG_AGREE, w->agree_comm, &req[1]);
+            memcpy(wire, b, (size_t)width * sizeof(int64_t));
+            ((int64_t *)wire)[width] = hr_uniform(b, width);
+            if (k) memcpy(wire + lead, mine, k);
+            rc = MPI_Isend(wire, (int)(lead + k), MPI_BYTE, peer, HR_TAG_AGREE, w->agree_comm, &req[1]);
             if (rc == MPI_SUCCESS && m > k)
                 rc = MPI_Isend(mine + k, (int)(m - k), MPI_BYTE, peer, HR_TAG_AGREE_DATA, w->agree_comm, &req[2]);
         }
         if (rc != MPI_SUCCESS) return mpi_error(rc), agree_abandon(w, 4, req), -1;
         if (kind != HR_GIVE) {
             if (agree_wait(w, 1, req, number, timeout, deadline) < 0) return agree_abandon(w, 4, req), -1;
+            hr_unpack(theirs, width);
             size_t apart = hr_riding(theirs, width, slot); /* the other's payload beyond the header */
             if (apart > HR_PAIR_INLINE) {
                 rc = MPI_Irecv((char *)theirs + head + HR_PAIR_INLINE, (int)(apart - HR_PAIR_INLINE), MPI_BYTE, peer,
@@ -1736,7 +1741,7 @@ static int agree(Warm *w, long long number, PyObject *timeout, const char *src, 
     int width = w->nwords + 2 + HR_PAYLOAD_COLUMNS; /* number, row, payload columns, verdict */
     int exch = w->exch;
     size_t head = 16 * (size_t)width;
-    size_t bytes = head + (size_t)(exch ? HR_PAIR_INLINE : agree_slot);
+    size_t bytes = head + (size_t)(exch ? 8 * (width + 1) + HR_PAIR_INLINE : agree_slot);
     if (w->agree == NULL && (w->agree = PyMem_Calloc(1, bytes)) == NULL) {
         PyErr_NoMemory();
         return -1;
