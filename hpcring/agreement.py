@@ -22,13 +22,14 @@ agreement has passed. The payload's reductions are bitwise commutative, so every
 same bits whatever tree MPI takes.
 
 Up to `EXCHANGE_RANKS` ranks (HPCRING_EXCHANGE_RANKS lowers it, for tuning and so that tests
-reach the collective form on few ranks) need no collective (`Agreement._exchange`): recursive doubling
-(`steps`), each step a message each way of what a rank holds so far, the header with the first
-`PAIR_INLINE` bytes of payload in the same message and the rest of a larger one (up to
-`PAIR_SLOT`) apart, straight from where it lies; each side applies the same op to the two contributions. The
-header's maxima are exact and the payload's op bitwise commutative, so both sides of a step hold
-the same bits after it, and every rank ends with the same verdict and the same result. That is
-what a checked call of up to 64 KiB then costs: one message each way on two ranks, two steps on
+reach the collective form on few ranks) need no collective (`Agreement._exchange`): recursive
+doubling (`steps`), each step a message each way of what a rank holds so far, the header (its
+maxima and two flags, `_unpack`) with the first `PAIR_INLINE` bytes of payload in the same
+message and the rest of a larger one (up to `PAIR_SLOT`) apart, straight from where it lies;
+each side applies the same op to the two contributions. The header's maxima are exact and the
+payload's op bitwise commutative, so both sides of a step hold the same bits after it, and
+every rank ends with the same verdict and the same result. That is what a checked call of up to
+64 KiB then costs: one message each way on two ranks, two steps on
 four (under Open MPI 5 the non-blocking all-reduce of the header and a slot cost 1.8 us in C at
 2 ranks, where the blocking MPI_Allreduce of 8 bytes cost 0.3 us). Past `EXCHANGE_RANKS`, where
 log2 G steps of the whole payload would cost more than MPI's all-reduce and this machine cannot
@@ -508,12 +509,12 @@ class Agreement:
         caller: str,
     ) -> bool:
         """The agreement of 2 to `EXCHANGE_RANKS` ranks (agree.h's exchange): recursive doubling
-        over `steps`, each step a message each way of the contribution so far (the header, with
-        the first `PAIR_INLINE` bytes of payload after it, the rest of a larger payload apart,
-        straight from its buffer), each side applying the op itself. The header's maxima are
-        exact and the payload's op is bitwise commutative, so both sides of a step hold the same
-        bits after it, and every rank ends with the same verdict and the same result. One
-        deadline for all the waits."""
+        over `steps`, each step a message each way of the contribution so far (the header's
+        maxima and flags, `_unpack`, with the first `PAIR_INLINE` bytes of payload after them, the
+        rest of a larger payload apart, straight from its buffer), each side applying the op
+        itself. The header's maxima are exact and the payload's op is bitwise commutative, so both
+        sides of a step hold the same bits after it, and every rank ends with the same verdict and
+        the same result. One deadline for all the waits."""
         number = words[0]
         deadline = time.monotonic() + timeout if timeout > 0 else None
         head, lead = 16 * WIDTH, WIRE_HEAD

@@ -958,7 +958,7 @@ typedef struct {
     int64_t payload[3]; /* its dtype, op and count (the kernels' codes) */
     Py_ssize_t nbytes;  /* the array's bytes */
     Program *program;   /* the data movement; NULL where a persistent request moves it (a plan) */
-    PyObject *prequest; /* that request (mpi4py's Prequest, on the plan's buffers), or a pair's tuple */
+    PyObject *prequest; /* that request (mpi4py's Prequest, on the plan's buffers), or a pair's or steps' tuple */
     char *pair_scratch; /* a two-rank plan: where the other's input comes (``prequest`` is the tuple) */
     int pair_halves;    /* ... that exchanges halves, then the results (hpcring.persistent.Pair's halves) */
     PyObject *pair_second; /* ... whose second exchange is this (receive, send) tuple, for plan_waited */
@@ -1656,7 +1656,8 @@ static int agree_wait(Warm *w, int n, MPI_Request *req, long long number, PyObje
 }
 
 /* An exchange (hpcring.agreement.Agreement._exchange; agree.h's hr_steps): recursive doubling,
- * each step a message each way of the contribution so far (the header ``b`` with the first
+ * each step a message each way of the contribution so far (the maxima of the header ``b`` and its
+ * flags, hr_uniform, from which the other rebuilds the rest, hr_unpack; then the first
  * HR_PAIR_INLINE bytes of payload, the rest of a larger one apart, straight from where it is), each side
  * combining the two itself: the header's maxima, and the payloads where both ride. The last
  * combination of a payload is written to ``dst`` (the header is then final: it agreed); a rank
