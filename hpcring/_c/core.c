@@ -1869,8 +1869,9 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
                           char *src, char *dst);
 
 /* A plan's requests tested until done (HELD_SECONDS holding the GIL, then released), then, past
- * SPIN_SECONDS, waited for in Python within the timeout (``requests``: what plan_waited takes).
- * 0, or -1 raised. */
+ * SPIN_SECONDS, waited for in Python within the timeout (``requests``: what plan_waited takes;
+ * NULL: a tuple of mpi4py requests made of ``req`` then, for requests of a run's own, as a
+ * stepped plan's). 0, or -1 raised. */
 static int plan_wait(Warm *w, int n, MPI_Request *req, PyObject *requests, PyObject *timeout) {
     int rc = MPI_SUCCESS, done = spin_n(n, req, HELD_SECONDS, 0, &rc);
     if (!done && rc == MPI_SUCCESS) done = spin_released(n, req, SPIN_SECONDS, &rc);
@@ -1878,11 +1879,20 @@ static int plan_wait(Warm *w, int n, MPI_Request *req, PyObject *requests, PyObj
         mpi_error(rc);
         return -1;
     }
-    if (!done) {
-        PyObject *r = PyObject_CallMethodObjArgs(w->call, s_plan_waited, requests, timeout, NULL);
-        if (r == NULL) return -1;
-        Py_DECREF(r);
+    if (done) return 0;
+    PyObject *made = NULL;
+    if (requests == NULL) {
+        if ((made = requests = PyTuple_New(n)) == NULL) return -1;
+        for (int k = 0; k < n; k++) {
+            PyObject *one = PyMPIRequest_New(req[k]);
+            if (one == NULL) return Py_DECREF(made), -1;
+            PyTuple_SET_ITEM(made, k, one);
+        }
     }
+    PyObject *r = PyObject_CallMethodObjArgs(w->call, s_plan_waited, requests, timeout, NULL);
+    Py_XDECREF(made);
+    if (r == NULL) return -1;
+    Py_DECREF(r);
     return 0;
 }
 
@@ -1930,25 +1940,6 @@ static int run_halves(Warm *w, PyObject *timeout, char *dst) {
     return 1;
 }
 
-/* As `plan_wait`, for a step's own two requests (either may be null): past the spinning, Python's
- * bounded wait gets them as mpi4py requests. */
-static int steps_wait(Warm *w, MPI_Request *req, PyObject *timeout) {
-    int rc = MPI_SUCCESS, done = spin_n(2, req, HELD_SECONDS, 0, &rc);
-    if (!done && rc == MPI_SUCCESS) done = spin_released(2, req, SPIN_SECONDS, &rc);
-    if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
-    if (done) return 0;
-    PyObject *a = PyMPIRequest_New(req[0]), *b = a ? PyMPIRequest_New(req[1]) : NULL;
-    PyObject *both = b ? PyTuple_Pack(2, a, b) : NULL;
-    Py_XDECREF(a);
-    Py_XDECREF(b);
-    if (both == NULL) return -1;
-    PyObject *r = PyObject_CallMethodObjArgs(w->call, s_plan_waited, both, timeout, NULL);
-    Py_DECREF(both);
-    if (r == NULL) return -1;
-    Py_DECREF(r);
-    return 0;
-}
-
 /* A plan of 3 or 4 ranks (hpcring.persistent.Steps): the exchange's steps (agree.h's hr_steps)
  * with the payload alone, each step's receive and send posted afresh (MPI's persistent
  * point-to-point requests and persistent all-reduce cost more per run here), each combination
@@ -1966,7 +1957,7 @@ static int run_steps(Warm *w, PyObject *timeout, const char *src, char *dst) {
         if (rc == MPI_SUCCESS && (kind == HR_GIVE || kind == HR_SWAP))
             rc = MPI_Isend(cur, (int)w->nbytes, MPI_BYTE, peer, w->steps_tag, w->agree_comm, &req[1]);
         if (rc != MPI_SUCCESS) return mpi_error(rc), -1;
-        if (steps_wait(w, req, timeout) < 0) return -1;
+        if (plan_wait(w, 2, req, NULL, timeout) < 0) return -1; /* either request may be null */
         if (kind == HR_TAKE || kind == HR_SWAP) {
             hr_payload_combine3((int)w->payload[0], (int)w->payload[1], w->pair_scratch, cur, dst,
                                 (size_t)w->payload[2], &quirks);
