@@ -150,9 +150,15 @@ class Pair:
             self._combine(slice(0, self.src.nbytes))
 
     def _combine(self, part: slice) -> None:
-        code, op, _ = self.descriptor
-        dtype = kernels.DTYPES[code]
-        combine_payload(code, op, self.scratch.view(dtype), self.dst.view(np.uint8)[part].view(dtype))
+        _combine_into(self.descriptor, self.scratch, self.dst.view(np.uint8)[part])
+
+
+def _combine_into(descriptor: tuple[int, int, int], theirs: np.ndarray, into: np.ndarray) -> None:
+    """``into`` (bytes) combined with ``theirs`` (bytes) by a payload's op (``descriptor``): the
+    agreement's op, bitwise commutative, so every rank that combines the same two gets the same bits."""
+    code, op, _ = descriptor
+    dtype = kernels.DTYPES[code]
+    combine_payload(code, op, theirs.view(dtype), into.view(dtype))
 
 
 # A plan of 3 or 4 ranks (`hpcring.agreement.exchanges`) of up to this many bytes runs `Steps`;
@@ -211,9 +217,7 @@ class Steps:
             if kind in (TAKE, SWAP):  # into dst: what came (op) this rank's so far
                 if self._current is not self.dst:
                     self.dst[...] = self._current
-                code, op, _ = self.descriptor
-                dtype = kernels.DTYPES[code]
-                combine_payload(code, op, self.scratch.view(dtype), self.dst.view(dtype))
+                _combine_into(self.descriptor, self.scratch, self.dst)
                 self._current = self.dst
             elif kind == RESULT:
                 self._current = self.dst
