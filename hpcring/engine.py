@@ -406,9 +406,13 @@ class Call:
                     raise
             if self.mean:
                 channel.xp.true_divide(dst, channel.size, out=dst)
-        elif dst is not src:  # one rank, or no data: nothing to exchange, only x to copy where it goes
-            dst[...] = src[: dst.size]
-            local_copy(dst, src[: dst.size])
+        else:  # one rank, or no data: nothing to exchange, only x to copy where it goes
+            compiled = self.compiled if kernels.ACTIVE == "c" and not tracer.on else False
+            if compiled is None:  # recorded too, so the warm call runs in C (`compiled_warm`)
+                compiled = self.compiled = self.compile(ALONE[self.form], src, dst)
+            if not (compiled and compiled.run(src, dst, self.channel.timeout)) and dst is not src:
+                dst[...] = src[: dst.size]
+                local_copy(dst, src[: dst.size])
         if tracer.on:
             tracer.end()
         return dst, out
@@ -608,8 +612,10 @@ class Call:
             form, part = 1, start * itemsize
         else:
             made, form, part = (channel.size, *shape), 2, channel.rank * count * itemsize
-        chosen = None  # auto: warm while the channel holds its choice still, as `_ready_gathered` asks
-        if algorithms.spec(collective, self.options.algorithm).choose is not None:
+        # auto: warm while the channel holds its choice still, as `_ready_gathered` asks (one rank
+        # chooses nothing: its call runs ALONE)
+        chosen = None
+        if channel.size > 1 and algorithms.spec(collective, self.options.algorithm).choose is not None:
             chosen = (channel.schedules(), choice_key(collective, count * itemsize, False), self.ran)
         layout = (form, math.prod(made) * itemsize, part, bool(self.in_place), chosen)
         return functools.partial(_allocate, made), layout
@@ -702,6 +708,21 @@ class Call:
             abandon(error)
         if failure is not None:
             raise failure from error
+
+
+def _alone(ch: Any, src: Any, dst: Any, *_: Any) -> None:
+    """Every collective on one rank: the result is the input, copied where it goes."""
+    if dst is not src:
+        dst[...] = src[: dst.size]
+
+
+# What a call on one rank, or of no data, runs, by form: recorded as any algorithm is, so its
+# warm call runs in C too (a broadcast's buffer is its result already)
+ALONE = {
+    REDUCING: Spec(run=_alone, name="alone", collective="one rank"),
+    GATHERING: Spec(run=_alone, name="alone", collective="one rank"),
+    ROOTED: Spec(run=lambda ch, buf, root: None, name="alone", collective="one rank"),
+}
 
 
 # ---- the warm path ---------------------------------------------------------------------------

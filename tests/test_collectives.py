@@ -441,7 +441,7 @@ def _importable(name: str) -> bool:
 
 # Whether the compiled core serves warm calls here (not under HPCRING_CORE=python): then a warm
 # NumPy reduce_scatter or allgather runs from its third call on without entering the engine's
-# Python Call (its first call is the full path's, its second records the program).
+# Python Call (its first call is the full path's, its second records the program), on one rank too.
 IN_C = core.active() and not isinstance(engine.call, types.FunctionType)
 
 
@@ -512,7 +512,7 @@ def test_a_warm_call_runs_in_c_with_the_python_path_s_bits(
             if variant == "in place" and collective == "reduce_scatter" and not want.size:
                 continue  # an empty own part shares no memory with x: out of place, the call before
             verdicts.check(where, full_path_once=len(full_path) == 1)
-            if IN_C and g > 1:
+            if IN_C:
                 verdicts.check(where, python_twice=len(python_runs) == 2)
                 verdicts.check(where, listed=warm_table(fresh_world) == before + 1)
             slot = last_slot(fresh_world)  # the flight record of the last call: done, agreed on
@@ -520,6 +520,33 @@ def test_a_warm_call_runs_in_c_with_the_python_path_s_bits(
             verdicts.check(where, done=slot.phase == MOVING and slot.end >= slot.start)  # its end stored
             verdicts.check(where, numbered=slot.number == (known_state(fresh_world).calls if g > 1 else 0))
     verdicts.settle()
+
+
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_a_call_on_one_rank_goes_warm_in_c_with_the_input_s_bits(python_runs: list[int], op: str) -> None:
+    """One rank has nothing to exchange or agree on: an all-reduce (in place, out=) and a
+    broadcast are served whole by the compiled core from their third call on, as on more ranks,
+    and give back the input's bits (a mean of one is the value itself)."""
+    comm = MPI.COMM_SELF.Dup()
+    x0 = np.random.default_rng(5).standard_normal(7)
+    bad = []
+    for variant in ("in place", "out", "broadcast"):
+        python_runs.clear()
+        for _ in range(5):
+            x, out = x0.copy(), None if variant != "out" else np.full(7, -7.0)
+            if variant == "broadcast":
+                got = hpcring.broadcast(x, algorithm="auto", comm=comm)
+            else:
+                got = hpcring.allreduce(x, op=op, algorithm="auto", comm=comm, out=out)
+            if got is not (x if out is None else out) or got.tobytes() != x0.tobytes():
+                bad.append((variant, "result"))
+        if IN_C and len(python_runs) != 2:
+            bad.append((variant, f"{len(python_runs)} calls in Python"))
+        slot = last_slot(comm)
+        if slot.number != 0 or slot.phase != MOVING or slot.end < slot.start:
+            bad.append((variant, "flight record"))
+    comm.Free()
+    assert everywhere(WORLD, not bad), bad
 
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
@@ -702,7 +729,7 @@ def test_every_dtype_and_op_warm_in_c_gives_the_reference(
     for label, comm in comms.items():
         g, rank = comm.Get_size(), comm.Get_rank()
         n = 3 * g + 2
-        in_c = IN_C and g > 1
+        in_c = IN_C
         for dtype, op in cases():
             x = inputs(rank, n, dtype, op)
             start, stop = segment(n, g, rank)

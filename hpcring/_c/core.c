@@ -2155,9 +2155,11 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
     if (check) {
         PyObject *calls = PyObject_GetAttr(w->state, s_calls);
         if (calls == NULL) goto fail;
-        number = PyLong_AsLongLong(calls) + 1;
+        number = PyLong_AsLongLong(calls) + (w->size > 1);
         Py_DECREF(calls);
         if (PyErr_Occurred()) goto fail;
+    }
+    if (check && w->size > 1) { /* one rank has nothing to agree on (the Python path's _agree) */
         PyObject *n = PyLong_FromLongLong(number);
         int bad = n == NULL || PyObject_SetAttr(w->state, s_calls, n) < 0;
         Py_XDECREF(n);
@@ -2181,7 +2183,7 @@ static PyObject *warm_run(Warm *w, PyObject *x, PyObject *out, PyObject *check_o
                                 : program_exec(w->program, src, dst, x, w->returns_x ? x : out, wait_for);
         if (moved < 0) goto fail;
     }
-    if (w->mean >= 0) {
+    if (w->mean >= 0 && w->size > 1) { /* one rank: the mean is the sum */
         Py_ssize_t nbytes = w->out_nbytes;
         if (nbytes >= (1 << 16)) {
             Py_BEGIN_ALLOW_THREADS
