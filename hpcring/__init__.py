@@ -60,7 +60,8 @@ def __getattr__(name: str) -> Any:
     import importlib
 
     if name in _LAZY:
-        made = getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+        module = importlib.import_module(f".{_LAZY[name]}", __name__)
+        made = module.public(name) if module.__name__ == f"{__name__}.collectives" else getattr(module, name)
     elif name == "elastic":  # the module: hpcring.elastic.Elastic, its loop (docs/elastic.md)
         made = importlib.import_module(".elastic", __name__)
     elif name == "_progress_mode":

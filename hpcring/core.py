@@ -129,6 +129,23 @@ def caller(fallback: Callable[..., Any]) -> Callable[..., Any]:
     return _CALLER[0]
 
 
+def front(
+    function: Callable[..., Any], arguments: tuple[Any, ...], keywords: tuple[tuple[str, int], ...]
+) -> Any:
+    """``function`` behind the compiled core's front door (its ``Front``: `hpcring.engine.front`
+    says what ``arguments`` and ``keywords`` are), with the function's name, docstring and
+    signature (``__wrapped__``), where the MPI-linked core runs here; else ``function`` itself."""
+    module, _ = mpi_core()
+    if module is None or not _CALLER or not _CALLER[1]:
+        return function
+    made = module.Front(function, arguments, keywords)
+    for name in ("__name__", "__qualname__", "__doc__", "__annotations__"):
+        setattr(made, name, getattr(function, name))
+    made.__module__ = "hpcring"  # where it is found by name: `hpcring.allreduce` (pickle's question)
+    made.__wrapped__ = function
+    return made
+
+
 def exchange_caller(run: Callable[..., Any]) -> Callable[..., Any]:
     """``run`` (hpcring.exchange's Python run) with its warm NumPy all-to-alls of equal blocks run
     in C in front of it, where the MPI-linked core runs here; else ``run`` itself."""

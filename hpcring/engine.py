@@ -1232,6 +1232,25 @@ def _offset_inside(part: np.ndarray, whole: np.ndarray) -> int | None:
     return a - b if b <= a and a + part.nbytes <= b + whole.nbytes and part.nbytes > 0 else None
 
 
+python_call = call  # the Python call, behind the compiled core's front door below where that runs
+_NAMES = call.__code__.co_varnames[: call.__code__.co_argcount]
+ARGUMENTS = _NAMES[:-1]  # call's, but ``parts``, in order
+_DEFAULTS = dict(zip(_NAMES[-len(call.__defaults__) :], call.__defaults__, strict=True))
+
+
+def front(function: Callable[..., Any], collective: str, **given: Any) -> Callable[..., Any]:
+    """``function``, a front end that hands x and its keywords on to `call` by name (``collective``
+    first, ``given`` for what it does not take, `call`'s defaults after), behind the compiled
+    core's front door where it runs (`hpcring.core.front`: a warm NumPy call enters C without
+    the function's Python frame); else ``function`` itself."""
+    keywords = function.__kwdefaults__ or {}
+    if not set(keywords) <= set(ARGUMENTS):
+        return function
+    values = {**_DEFAULTS, **keywords, **given, "collective": collective, "x": None}
+    arguments = tuple(values[name] for name in ARGUMENTS)
+    return core.front(function, arguments, tuple((name, ARGUMENTS.index(name)) for name in keywords))
+
+
 # What the front ends call: `call`, with its warm NumPy calls run in C in front of it where the
 # compiled core runs (`hpcring.core.caller`); `call` itself where it does not.
 call = core.caller(call)

@@ -21,7 +21,7 @@ from helpers import WAIT_OUT, Verdicts, everywhere, identical_everywhere, raises
 from mpi4py import MPI
 
 import hpcring
-from hpcring import algorithms, core, engine, polling
+from hpcring import algorithms, collectives, core, engine, polling
 from hpcring.comm import known_state
 from hpcring.flight import AGREEMENT, MASK, MOVING
 from hpcring.ops import DTYPES, OPS, kind
@@ -547,6 +547,36 @@ def test_a_call_on_one_rank_goes_warm_in_c_with_the_input_s_bits(python_runs: li
             bad.append((variant, "flight record"))
     comm.Free()
     assert everywhere(WORLD, not bad), bad
+
+
+@pytest.mark.parametrize("name", sorted(collectives.FRONTS))
+def test_the_front_door_hands_the_engine_what_the_function_does(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    """``hpcring.<name>``, behind the compiled core's front door where it runs, hands the engine's
+    call exactly what the Python function does: x alone, and each keyword the function takes (an
+    object of its own each time, so a keyword put in the wrong place shows)."""
+    public, function = getattr(hpcring, name), getattr(collectives, name)
+    if public is function:
+        pytest.skip(f"no compiled core here: hpcring.{name} is the function itself")
+    seen: list[tuple[Any, ...]] = []
+
+    def record(*args: Any) -> None:
+        seen.append(args)
+
+    monkeypatch.setattr(collectives, "call", record)
+    module = core.mpi_core()[0]
+    module.set_fallback(record)  # a list is no warm call: the front door hands it on at once
+    try:
+        x = [1.0, 2.0]
+        for keywords in [{}, *({keyword: object()} for keyword in function.__kwdefaults__)]:
+            seen.clear()
+            function(x, **keywords)
+            public(x, **keywords)
+            assert len(seen) == 2 and seen[0] == seen[1], (keywords, seen)
+    finally:
+        module.set_fallback(engine.python_call)
+    assert public.__doc__ == function.__doc__ and public.__wrapped__ is function
 
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])

@@ -24,6 +24,8 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
+import hpcring  # the public names users call: hpcring.allreduce is behind the compiled front door
+
 from .. import algorithms, collectives
 from ..algorithms import ALLGATHER, ALLREDUCE, ALLTOALL, BROADCAST, REDUCE_SCATTER
 from ..partition import segment_bounds
@@ -143,8 +145,8 @@ class AllReduce(Collective):
         x, out = b.x, b.out
         if options:
             given = {"op": op, "algorithm": algorithm, "comm": comm, "out": out, "check": check}
-            return functools.partial(collectives.allreduce, x, **given, **options)
-        return lambda: collectives.allreduce(x, op=op, algorithm=algorithm, comm=comm, out=out, check=check)
+            return functools.partial(hpcring.allreduce, x, **given, **options)
+        return lambda: hpcring.allreduce(x, op=op, algorithm=algorithm, comm=comm, out=out, check=check)
 
     def bare_call(self, comm: Any, b: Buffers, in_place: bool, root: int) -> BareCall:
         send = MPI.IN_PLACE if in_place else b.x
@@ -177,9 +179,7 @@ class ReduceScatter(Collective):
         self, b: Buffers, algorithm: str, comm: Any, op: str, check: bool, root: int, **options: Any
     ) -> Callable[[], Any]:
         x, out = b.x, b.out
-        return lambda: collectives.reduce_scatter(
-            x, op=op, algorithm=algorithm, comm=comm, out=out, check=check
-        )
+        return lambda: hpcring.reduce_scatter(x, op=op, algorithm=algorithm, comm=comm, out=out, check=check)
 
     def bare_call(self, comm: Any, b: Buffers, in_place: bool, root: int) -> BareCall:
         counts = [stop - start for start, stop in segment_bounds(b.x.size, comm.Get_size())]
@@ -227,7 +227,7 @@ class AllGather(Collective):
         self, b: Buffers, algorithm: str, comm: Any, op: str, check: bool, root: int, **options: Any
     ) -> Callable[[], Any]:
         x, out = b.x, b.out
-        return lambda: collectives.allgather(x, algorithm=algorithm, comm=comm, out=out, check=check)
+        return lambda: hpcring.allgather(x, algorithm=algorithm, comm=comm, out=out, check=check)
 
     def bare_call(self, comm: Any, b: Buffers, in_place: bool, root: int) -> BareCall:
         send = MPI.IN_PLACE if in_place else b.x
@@ -255,7 +255,7 @@ class Broadcast(Collective):
         self, b: Buffers, algorithm: str, comm: Any, op: str, check: bool, root: int, **options: Any
     ) -> Callable[[], Any]:
         x = b.x
-        return lambda: collectives.broadcast(x, root=root, algorithm=algorithm, comm=comm, check=check)
+        return lambda: hpcring.broadcast(x, root=root, algorithm=algorithm, comm=comm, check=check)
 
     def bare_call(self, comm: Any, b: Buffers, in_place: bool, root: int) -> BareCall:
         return BareCall(None, b.x, b.x, lambda send, recv, op: comm.Bcast(recv, root))

@@ -23,7 +23,9 @@ from typing import Any
 import numpy as np
 from mpi4py import MPI
 
-from .. import collectives, persistent
+import hpcring
+
+from .. import persistent
 
 COUNT = 24  # float64: 192 bytes
 
@@ -39,8 +41,8 @@ def _rows(comm: MPI.Intracomm, force: np.ndarray) -> dict[str, Callable[[], Any]
     plan = persistent.plan(force, algorithm="auto", comm=comm)
     return {
         "MPI_Allreduce": lambda: comm.Allreduce(MPI.IN_PLACE, force, op=MPI.SUM),
-        "hpcring": lambda: collectives.allreduce(force, algorithm="auto", comm=comm),
-        "check=False": lambda: collectives.allreduce(force, algorithm="auto", comm=comm, check=False),
+        "hpcring": lambda: hpcring.allreduce(force, algorithm="auto", comm=comm),
+        "check=False": lambda: hpcring.allreduce(force, algorithm="auto", comm=comm, check=False),
         "plan": plan,
     }
 
