@@ -119,8 +119,12 @@ def discover(comm: MPI.Intracomm) -> Topology:
         local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=rank)
     else:
         local = comm.Split(rank // forced, rank)
-    # Local rank 0 is the node's lowest rank (key=rank): it names the node.
-    leader = local.bcast(rank, root=0)
+    # Local rank 0 is the node's lowest rank (key=rank): it names the node. Its rank here is read
+    # from the two groups, with no message (a first call's collectives each cost a round).
+    mine, whole = local.Get_group(), comm.Get_group()
+    leader = MPI.Group.Translate_ranks(mine, [0], whole)[0]
+    mine.Free()
+    whole.Free()
     everyone = comm.allgather((leader, local.Get_rank()))
     leaders = sorted({lead for lead, _ in everyone})
     node_of = [leaders.index(lead) for lead, _ in everyone]

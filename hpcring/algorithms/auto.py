@@ -44,8 +44,12 @@ def _table(
     broadcast, then cached as a schedule."""
 
     def build() -> tuple[tuple[int | None, str], ...]:
+        from .. import topology  # here: the cost model imports this module without MPI
+
+        found = topology.known(ch.comm) is not None
         shape = ch.topology().summary()  # collective on first use, like the bcast
-        ch.arrive("auto's table broadcast")  # every rank is there: the bcast is bounded
+        if found:  # else its discovery, just now, met every rank: the bcast is bounded either way
+            ch.arrive("auto's table broadcast")
         if ch.rank != 0:  # only rank 0's copy counts, so only rank 0 reads (and warns)
             return ch.comm.bcast(None, root=0)
         key = tuning.key_for(ch.size, shape, collective=collective)
