@@ -10,6 +10,8 @@ reduction: there the reference is NumPy's over every rank's input (gathered as b
 
 from __future__ import annotations
 
+import inspect
+import pickle
 import time
 import types
 from collections.abc import Iterator
@@ -577,6 +579,8 @@ def test_the_front_door_hands_the_engine_what_the_function_does(
     finally:
         module.set_fallback(engine.python_call)
     assert public.__doc__ == function.__doc__ and public.__wrapped__ is function
+    assert inspect.signature(public) == inspect.signature(function)
+    assert pickle.loads(pickle.dumps(public)) is public  # by name, as a function is
 
 
 @pytest.mark.parametrize("collective", ["reduce_scatter", "allgather"])
