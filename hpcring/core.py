@@ -85,7 +85,7 @@ def _setup(module: Any, MPI: Any) -> None:
         samples.append((array, data, array.shape, array.flags.c_contiguous, array.flags.writeable))
     caller, arrays_ok = module.setup(
         *kernels.QUIRKS,
-        tuple(kernels.OFF),
+        kernels.refused(),
         np.ndarray,
         samples,
         MPI.Intracomm,
@@ -100,7 +100,7 @@ def _setup(module: Any, MPI: Any) -> None:
     _CALLER[:] = [caller, arrays_ok]
     module.enable(kernels.ACTIVE == "c")
     kernels.LISTENERS.append(lambda active: module.enable(active == "c"))
-    kernels.QUIRK_LISTENERS.append(lambda: module.quirks(*kernels.QUIRKS, tuple(kernels.OFF)))
+    kernels.QUIRK_LISTENERS.append(lambda: module.quirks(*kernels.QUIRKS, kernels.refused()))
     from . import polling  # waits share their core where ranks outnumber cores
 
     module.waiting(polling.shared())

@@ -879,6 +879,8 @@ def prepare(
         if op is not None:
             op = op_name(op)  # mpi4py's MPI.SUM, MAX, MIN, PROD -> their names
         adapter, reduction, in_place, dtype, out_shape = validate(options, x, out, op, comm)
+        if reduction is not None and not adapter.device:
+            kernels.tested(dtype)  # its compiled reductions checked against NumPy's, once
     except (TypeError, ValueError) as error:
         error = type(error)(f"{caller}: {error}")
         if not check:

@@ -8,15 +8,17 @@ line, ``if xp is np and kernels.combine(self.ufunc, left, right, out): return``,
 stays the readable reference that tests/test_kernels.py checks the kernels against, bit for bit.
 
 Where IEEE leaves a choice (which NaN an addition of two NaNs returns, whether NumPy's complex
-multiply fuses), the kernels do what the installed NumPy and ml_dtypes do, measured once at load;
-then a self-test on edge values runs every kernel against NumPy, and any that differs is left to
-NumPy (`REASON` says which).
+multiply fuses), the kernels do what the installed NumPy and ml_dtypes do, measured once at load.
+A self-test on edge values runs each dtype's reductions against NumPy before a call first reduces
+that dtype (`tested`: a process pays for the dtypes it uses, not all eight at its first call); until
+then, and for any that differs, NumPy's loops run (`REASON` says which differed).
 """
 
 from __future__ import annotations
 
 import contextlib
 import importlib
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -52,9 +54,11 @@ ACTIVE = "python"  # which kernels run: "c" or "python"
 REASON = "not selected yet"  # why, in words (hpcring.info()["core_reason"])
 COMPILED: Any = None  # the loaded hpcring._kernels, selected or not
 QUIRKS: tuple[bool, bool, bool] = (False, False, False)  # what `_quirks` measured (the MPI-linked core's too)
-OFF: tuple[tuple[int, int], ...] = ()  # (dtype, op) codes whose compiled reduction NumPy's loops replace
+OFF: tuple[tuple[int, int], ...] = ()  # (dtype, op) codes whose compiled reduction failed the self-test
+UNTESTED: set[int] = set()  # dtype codes not self-tested yet (`tested`): NumPy's loops reduce them until then
+_TESTING = threading.Lock()  # held while `tested` tests
 LISTENERS: list[Callable[[str], None]] = []  # told of every `select` (the MPI-linked core follows it)
-# told when QUIRKS and OFF change (bfloat16 added): the MPI-linked core reduces with them too
+# told when QUIRKS or `refused` change (a dtype tested, bfloat16 added): the MPI-linked core follows
 QUIRK_LISTENERS: list[Callable[[], None]] = []
 
 
@@ -126,16 +130,13 @@ def _load() -> tuple[Any, str]:
         return None, why
     try:
         quirks = _quirks()
-        _kernels.setup(np.ndarray, DTYPES, *quirks, ())
-        off = _self_test(_kernels, [d for d in DTYPES[:_REDUCED] if d is not None])
-        _kernels.setup(np.ndarray, DTYPES, *quirks, tuple(off))
-        QUIRKS, OFF = quirks, tuple(off)
+        untested = {code for code, dtype in enumerate(DTYPES[:_REDUCED]) if dtype is not None}
+        _kernels.setup(np.ndarray, DTYPES, *quirks, refused(untested=untested))
+        QUIRKS, OFF = quirks, ()
+        UNTESTED.update(untested)
     except Exception as error:  # a module of another build than this file expects: Python's path
         return None, f"hpcring._kernels failed its setup ({type(error).__name__}: {error})"
-    built = f"{_kernels.COMPILER.split()[0]} {_kernels.CFLAGS}"
-    if not off:
-        return _kernels, f"compiled kernels (hpcring._kernels, {built})"
-    return _kernels, f"compiled kernels (hpcring._kernels, {built}); NumPy's loops kept for {_kept(off)}"
+    return _kernels, f"compiled kernels (hpcring._kernels, {_kernels.COMPILER.split()[0]} {_kernels.CFLAGS})"
 
 
 def _kept(off: Any) -> str:
@@ -143,24 +144,48 @@ def _kept(off: Any) -> str:
     return ", ".join(f"{DTYPES[d].name} {list(OP_CODES)[o]}" for d, o in off)  # type: ignore[union-attr]
 
 
+def refused(untested: set[int] | None = None) -> tuple[tuple[int, int], ...]:
+    """The (dtype, op) codes the compiled reductions leave to NumPy's loops (the C side's
+    ``combine_off``): those that failed the self-test, and every op of a dtype not tested yet."""
+    waiting = UNTESTED if untested is None else untested
+    return (*OFF, *((code, op) for code in sorted(waiting) for op in OP_CODES.values()))
+
+
+def tested(dtype: np.dtype) -> None:
+    """Self-test ``dtype``'s compiled reductions against NumPy, once per process, before a call
+    first reduces it (the engine asks as it prepares a call); any that differs stays NumPy's."""
+    global OFF, REASON, _WHY
+    code = DTYPE_CODES.get(dtype)
+    if code is None or code not in UNTESTED:
+        return
+    with _TESTING:  # a second thread's call of that dtype waits for the verdict
+        if code not in UNTESTED:
+            return
+        if COMPILED is not None:
+            COMPILED.setup(np.ndarray, DTYPES, *QUIRKS, refused(untested=UNTESTED - {code}))  # on, to test
+            off = _self_test(COMPILED, [dtype])
+            OFF = (*OFF, *off)
+            UNTESTED.discard(code)
+            COMPILED.setup(np.ndarray, DTYPES, *QUIRKS, refused())
+            if off:  # say so, as `REASON` always has
+                _WHY = f"{_WHY.split('; ')[0]}; NumPy's loops kept for {_kept(OFF)}"
+                REASON = _WHY if ACTIVE == "c" else REASON
+            for listener in QUIRK_LISTENERS:
+                listener()
+        UNTESTED.discard(code)
+
+
 def add_bfloat16(dtype: np.dtype) -> None:
     """ml_dtypes' bfloat16 (``dtype``), now that a call needs it: its code, what its additions of
-    two NaNs return, and the self-test of its compiled reductions (as the other dtypes had at load)."""
-    global DTYPES, QUIRKS, OFF, REASON, _WHY
+    two NaNs return, and the self-test of its compiled reductions (`tested`)."""
+    global DTYPES, QUIRKS
     DTYPES = (*DTYPES[:BFLOAT16_CODE], dtype, *DTYPES[BFLOAT16_CODE + 1 :])
     DTYPE_CODES[dtype] = BFLOAT16_CODE
+    UNTESTED.add(BFLOAT16_CODE)
     if COMPILED is None:
         return
-    quirks = (QUIRKS[0], _bf16_nan_right(dtype), QUIRKS[2])
-    COMPILED.setup(np.ndarray, DTYPES, *quirks, OFF)
-    off = (*OFF, *_self_test(COMPILED, [dtype]))
-    COMPILED.setup(np.ndarray, DTYPES, *quirks, off)
-    QUIRKS, OFF = quirks, off
-    if off and "kept for" not in _WHY:  # say so, as a load that found them would
-        _WHY = f"{_WHY}; NumPy's loops kept for {_kept(off)}"
-        REASON = _WHY if ACTIVE == "c" else REASON
-    for listener in QUIRK_LISTENERS:
-        listener()
+    QUIRKS = (QUIRKS[0], _bf16_nan_right(dtype), QUIRKS[2])
+    tested(dtype)
 
 
 def _bits(a: np.ndarray) -> np.ndarray:
@@ -193,7 +218,7 @@ def _bf16_nan_right(bf16: np.dtype) -> bool:
 
 class _Stream:
     """Reproducible pseudo-random numbers from a seed (splitmix64), in NumPy arithmetic: the
-    self-test runs at the first call, where importing numpy.random would cost more than the test."""
+    self-test runs in a first call, where importing numpy.random would cost more than the test."""
 
     def __init__(self, seed: int) -> None:
         self.state = np.uint64(seed * 0x9E3779B97F4A7C15 % (1 << 64))
@@ -209,7 +234,7 @@ class _Stream:
 
 # Each float dtype's largest value, smallest normal and smallest subnormal, as bit patterns by
 # itemsize (bfloat16 apart): np.finfo builds them at its first call per dtype (0.1-0.6 ms for
-# the three here), which the self-test at load would add to every first call.
+# the three here), which the self-test would add to a first call.
 _EXTREMES = {2: (0x7BFF, 0x0400, 0x0001), 4: (0x7F7FFFFF, 0x00800000, 1), 8: (0x7FEFFFFFFFFFFFFF, 1 << 52, 1)}
 _BF16_EXTREMES = (0x7F7F, 0x0080, 0x0001)
 
@@ -222,7 +247,7 @@ def _extremes(dtype: np.dtype) -> list[float]:
 
 def _edge_values(dtype: np.dtype, n: int, seed: int) -> np.ndarray:
     """n values of ``dtype`` full of edges: signed zeros, Infs, NaNs, subnormals, extremes, ties
-    (one draw of random words per call: the self-test runs at load)."""
+    (one draw of random words per call: the self-test runs in a first call)."""
     rng = _Stream(seed)
     if dtype.kind in "iu":
         info = np.iinfo(dtype)

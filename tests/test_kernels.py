@@ -40,6 +40,8 @@ SIZES = [0, 1, 2, 3, 7, 31, 64, 65, 1001, (1 << 17) + 3]
 # Edge values overflow and make NaNs on purpose, in the NumPy reference too.
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")
 UFUNC_OPS = {"sum": "add", "max": "maximum", "min": "minimum", "prod": "multiply"}
+for _dtype in DTYPES:  # each dtype's self-test, as a call's first reduction of it runs it:
+    kernels.tested(_dtype)  # the compiled reductions these tests compare are on from here
 
 
 def bits(a: np.ndarray) -> np.ndarray:
@@ -195,6 +197,30 @@ def test_the_compiled_core_is_there_where_required() -> None:
     assert differ == [], "a compiled kernel differs from NumPy here"
     module, why = core.mpi_core()
     assert module is not None, why
+
+
+@needs_c
+def test_a_dtype_s_reductions_are_self_tested_before_a_call_first_reduces_it() -> None:
+    """A fresh process loads the kernels with no dtype tested (NumPy's loops reduce them all);
+    a call's first reduction of float32 tests float32 alone, and its compiled reduction is on."""
+    script = (
+        "import numpy as np; from mpi4py import MPI; import hpcring; from hpcring import kernels\n"
+        "x = np.arange(5, dtype=np.float32); y = np.empty_like(x)\n"
+        "f32, f64 = kernels.DTYPE_CODES[x.dtype], kernels.DTYPE_CODES[np.dtype(np.float64)]\n"
+        "print(f32 in kernels.UNTESTED, f64 in kernels.UNTESTED, kernels.COMPILED.combine('add', x, x, y))\n"
+        "hpcring.allreduce(x.copy(), op='max', comm=MPI.COMM_SELF)\n"
+        "print(f32 in kernels.UNTESTED, f64 in kernels.UNTESTED, kernels.COMPILED.combine('add', x, x, y))\n"
+        "print(y.tolist(), kernels.OFF)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "HPCRING_CORE"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    before, after, result = done.stdout.split("\n")[:3]
+    assert before == "True True False", "a dtype tested before any call reduced it"
+    assert after == "False True True", "the call's dtype alone tested, and its kernel on"
+    assert result == "[0.0, 2.0, 4.0, 6.0, 8.0] ()"
 
 
 def test_hpcring_core_chooses_and_info_says_why() -> None:
