@@ -160,7 +160,6 @@ def state_of(comm: MPI.Intracomm, timeout: float | None = None) -> CommState:
             if state.comm.Get_size() > 1:
                 watchdog.watch()  # the one blocking wait (`mpi`'s MPI_Allreduce), watched
             state.background = _second(state, timeout)
-            agree_on_exchange(state, timeout)
             with _lock:
                 comm.Set_attr(_keyval, state)
                 _creating.pop(MPI._handleof(comm), None)
@@ -169,11 +168,14 @@ def state_of(comm: MPI.Intracomm, timeout: float | None = None) -> CommState:
 
 def _second(state: CommState, timeout: float | None) -> MPI.Intracomm:
     """The progress engine's duplicate, of hpcring's first (every rank is in this first call: it
-    has just duplicated the user's communicator), bounded, its stall notices on the first."""
+    has just duplicated the user's communicator), bounded, its stall notices on the first. It is
+    made while `agree_on_exchange` runs: the two collectives in flight together cost a first call
+    one round where one after the other they cost two."""
     if timeout is None:
         timeout = config.current().timeout
     second, request = state.comm.Idup()
     waiter = state.agreement.waiter
+    agree_on_exchange(state, timeout, (second, request))
     woke = waiter.bounded(request, timeout)
     if woke is not None:
         raise waiter.stall(woke, FIRST_CALL, timeout)
@@ -181,13 +183,16 @@ def _second(state: CommState, timeout: float | None) -> MPI.Intracomm:
     return second
 
 
-def agree_on_exchange(state: CommState, timeout: float | None) -> None:
+def agree_on_exchange(
+    state: CommState, timeout: float | None, second: tuple[MPI.Intracomm, MPI.Request] | None = None
+) -> None:
     """Every rank's agreements on ``state``'s communicator take the same road: the exchange up to
     HPCRING_EXCHANGE_RANKS ranks, else the collective (`hpcring.agreement.exchanges`). Ranks that
     took different roads would wait for each other's messages until their deadline, before the
     row's digest of the must-agree settings could show the difference; so the first call checks
     this one value itself, in one small collective, and on a difference (or a bad value on any
-    rank) every rank raises ValueError naming the values and the ranks, and frees the duplicates."""
+    rank) every rank raises ValueError naming the values and the ranks, and frees the duplicates
+    (``second``'s too: a duplicate still being made, which every rank posted before this check)."""
     comm, mine = state.comm, state.exchange_ranks
     if timeout is None:
         timeout = config.current().timeout
@@ -202,6 +207,9 @@ def agree_on_exchange(state: CommState, timeout: float | None) -> None:
     if same and mine:
         return
     everyone = comm.allgather(mine)
+    if second is not None:  # every rank has posted it (they all reached the allgather): it completes
+        second[1].Wait()
+        polling.free(second[0])
     state.close()
     name = "HPCRING_EXCHANGE_RANKS"
     shown = by_value(everyone, lambda value: str(value) if value else "not an integer from 1 to 4")
