@@ -56,6 +56,28 @@ def test_a_record_is_the_named_tuple_typing_makes() -> None:
     assert Sub(2).tripled() == 6 and Sub(2).doubled() == 4 and Sub._fields == Made._fields
 
 
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((3,), {}), ((3, "y"), {}), ((3, "y", (4,)), {}), ((), {"count": 3}), ((3,), {"parts": (5,)})],
+)
+def test_a_record_takes_its_arguments_as_the_named_tuple_does(args: tuple, kwargs: dict) -> None:
+    made = Made(*args, **kwargs)
+    assert made == Typed(*args, **kwargs) and made._asdict() == Typed(*args, **kwargs)._asdict()
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs"),
+    [((), {}), ((1, "a", (), 4), {}), ((3,), {"count": 4}), ((3,), {"other": 1}), ((), {"name": "y"})],
+)
+def test_a_record_refuses_what_the_named_tuple_refuses(args: tuple, kwargs: dict) -> None:
+    with pytest.raises(TypeError):
+        Typed(*args, **kwargs)
+    with pytest.raises(TypeError):
+        Made(*args, **kwargs)
+    with pytest.raises(ValueError):
+        Made(3)._replace(other=1)
+
+
 def test_a_field_without_a_default_after_one_with_is_refused() -> None:
     with pytest.raises(TypeError, match="has a default, but a later field has none"):
 
