@@ -56,6 +56,7 @@ COMPILED: Any = None  # the loaded hpcring._kernels, selected or not
 QUIRKS: tuple[bool, bool, bool] = (False, False, False)  # what `_quirks` measured (the MPI-linked core's too)
 OFF: tuple[tuple[int, int], ...] = ()  # (dtype, op) codes whose compiled reduction failed the self-test
 UNTESTED: set[int] = set()  # dtype codes not self-tested yet (`tested`): NumPy's loops reduce them until then
+_SETTLED: set[int] = set()  # dtype codes `tested` is done with: every side has their verdict
 _TESTING = threading.Lock()  # held while `tested` tests
 LISTENERS: list[Callable[[str], None]] = []  # told of every `select` (the MPI-linked core follows it)
 # told when QUIRKS or `refused` change (a dtype tested, bfloat16 added): the MPI-linked core follows
@@ -156,12 +157,12 @@ def tested(dtype: np.dtype) -> None:
     first reduces it (the engine asks as it prepares a call); any that differs stays NumPy's."""
     global OFF, REASON, _WHY
     code = DTYPE_CODES.get(dtype)
-    if code is None or code not in UNTESTED:
+    if code is None or code in _SETTLED:
         return
-    with _TESTING:  # a second thread's call of that dtype waits for the verdict
-        if code not in UNTESTED:
+    with _TESTING:  # a second thread's call of that dtype waits until every side has the verdict
+        if code in _SETTLED:
             return
-        if COMPILED is not None:
+        if COMPILED is not None and code in UNTESTED:
             COMPILED.setup(np.ndarray, DTYPES, *QUIRKS, refused(untested=UNTESTED - {code}))  # on, to test
             off = _self_test(COMPILED, [dtype])
             OFF = (*OFF, *off)
@@ -173,6 +174,7 @@ def tested(dtype: np.dtype) -> None:
             for listener in QUIRK_LISTENERS:
                 listener()
         UNTESTED.discard(code)
+        _SETTLED.add(code)
 
 
 def add_bfloat16(dtype: np.dtype) -> None:
