@@ -50,7 +50,6 @@ from .partition import segment
 from .polling import abandon
 from .records import Record
 from .tracing import local_copy
-from .ulfm import first_call_failed, rank_failed
 from .units import format_bytes
 
 WARM_CALLS = 256  # kinds of call remembered per communicator
@@ -285,6 +284,8 @@ class Call:
             if problem is None and nbytes is not None and not self.settled:
                 self.settle(nbytes)
         except MPI.Exception as error:
+            from .ulfm import rank_failed  # here: only a failure loads it
+
             failure = rank_failed(self, error, self.state.calls, moving=False)
             if failure is None:
                 raise
@@ -343,6 +344,8 @@ class Call:
             except BaseException as error:
                 slot.number = self.state.calls if check else 0
                 # MPI's fault tolerance (ULFM): a rank died, or a survivor revoked the communicator
+                from .ulfm import rank_failed  # here: only a failure loads it
+
                 failure = rank_failed(self, error, slot.number, moving=slot.phase == MOVING)
                 flight.failed(slot, failure or error)
                 if isinstance(error, (StallError, MPI.Exception)):  # MPI may still use what
@@ -701,6 +704,8 @@ class Call:
         """A compiled warm call raised after taking its flight slot: recorded as the Python path
         records a failure (the requests a StallError leaves pending are kept), and an MPI error
         that is a failed rank (ULFM) raised as the RankFailedError the Python path raises."""
+        from .ulfm import rank_failed  # here: only a failure loads it
+
         slot.number = self.state.calls if check or self.planning else 0
         failure = rank_failed(self, error, slot.number, moving=slot.phase == MOVING)
         self.flight.failed(slot, failure or error)
@@ -820,6 +825,8 @@ def first(
     try:
         made, problem = prepare(options, x, out, comm, check, timeout, parts)
     except Exception as error:  # check=False: this rank's own input error (check=True agrees on it)
+        from .ulfm import first_call_failed  # here: only a failure loads it
+
         dump_on_error(error)
         failure = first_call_failed(comm, error, options.caller)  # a rank died in the duplicate
         if failure is not None:

@@ -54,7 +54,6 @@ from .ops import NAMES as DTYPE_NAMES
 from .ops import supported
 from .program import Unrecordable, record
 from .tracing import local_copy
-from .ulfm import first_call_failed
 from .units import format_bytes
 
 CALLER = "hpcring.alltoall"
@@ -660,6 +659,8 @@ def first(
     try:
         made, problem = prepare(x, out, algorithm, comm, check, timeout, sends, recvs)
     except Exception as error:  # check=False: this rank's own input error
+        from .ulfm import first_call_failed  # here: only a failure loads it
+
         dump_on_error(error)
         failure = first_call_failed(comm, error, CALLER)
         if failure is not None:

@@ -26,7 +26,7 @@ import time
 
 from mpi4py import MPI
 
-from . import flight, ulfm
+from . import flight
 from .errors import abort_job
 
 PERIOD = 0.25  # seconds between looks at the records
@@ -84,6 +84,8 @@ def end_the_job(recorder: flight.Recorder, slot: flight.Slot) -> None:
     """Name the ranks that did not say they were waiting too, keep the record, and abort; under
     MPI's fault tolerance, where a rank is known to have failed, revoke instead: the blocked call
     then returns, and raises RankFailedError (`hpcring.ulfm`)."""
+    from . import ulfm  # here: only a blocked call loads it
+
     call, number = slot.call, slot.number
     if ulfm.enabled() and ulfm.failed_ranks(call.state.comm):
         # A revoke frees the blocked call at once; if it has not, a call timeout later, the job
