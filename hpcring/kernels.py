@@ -310,6 +310,7 @@ def select(choice: str | None = None) -> tuple[str, str]:
         raise ValueError(f"hpcring.kernels.select: choice must be 'c', 'python' or None, got {choice!r}")
     if wanted != "python" and not _WHY:
         COMPILED, _WHY = _load()
+        _SETTLED.clear()  # a dtype settled while no compiled kernels were loaded is tested now
     if wanted == "python":
         ACTIVE, REASON = "python", "HPCRING_CORE=python" if choice is None else "chosen: python"
     elif COMPILED is None:

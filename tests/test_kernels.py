@@ -223,6 +223,25 @@ def test_a_dtype_s_reductions_are_self_tested_before_a_call_first_reduces_it() -
     assert result == "[0.0, 2.0, 4.0, 6.0, 8.0] ()"
 
 
+@needs_c
+def test_kernels_loaded_after_a_dtype_was_settled_test_it_at_its_next_call() -> None:
+    """Started with HPCRING_CORE=python, a process that turns the compiled kernels on later
+    (`kernels.select("c")`) tests a dtype it already reduced at its next reduction of it."""
+    script = (
+        "import numpy as np; from hpcring import kernels\n"
+        "kernels.tested(np.dtype(np.float32)); kernels.select('c')\n"
+        "x = np.arange(5, dtype=np.float32); y = np.empty_like(x)\n"
+        "print(kernels.COMPILED.combine('add', x, x, y))\n"
+        "kernels.tested(x.dtype); print(kernels.COMPILED.combine('add', x, x, y), y.tolist())\n"
+    )
+    env = {**os.environ, "HPCRING_CORE": "python"}
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["False", "True [0.0, 2.0, 4.0, 6.0, 8.0]"]
+
+
 def test_hpcring_core_chooses_and_info_says_why() -> None:
     """HPCRING_CORE=python and =c in fresh processes: info()['core'] and its reason."""
     script = "import hpcring; i = hpcring.info(); print(i['core']); print(i['core_reason'])"
