@@ -79,6 +79,15 @@ def edge_values(rng: np.random.Generator, dtype: np.dtype, n: int) -> np.ndarray
     return rng.permutation(out)
 
 
+def python(script: str, core: str | None) -> subprocess.CompletedProcess[str]:
+    """``script`` run by a fresh Python, with HPCRING_CORE set to ``core`` (None: unset)."""
+    env = {k: v for k, v in os.environ.items() if k != "HPCRING_CORE"}
+    if core is not None:
+        env["HPCRING_CORE"] = core
+    command = [sys.executable, "-c", script]
+    return subprocess.run(command, capture_output=True, text=True, env=env, timeout=120)
+
+
 @pytest.fixture(autouse=True)
 def _kernels_as_configured() -> Iterator[None]:
     """Each test leaves the kernels chosen as HPCRING_CORE chose them."""
@@ -212,10 +221,7 @@ def test_a_dtype_s_reductions_are_self_tested_before_a_call_first_reduces_it() -
         "print(f32 in kernels.UNTESTED, f64 in kernels.UNTESTED, kernels.COMPILED.combine('add', x, x, y))\n"
         "print(y.tolist(), kernels.OFF)\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "HPCRING_CORE"}
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
-    )
+    done = python(script, core=None)
     assert done.returncode == 0, done.stderr
     before, after, result = done.stdout.split("\n")[:3]
     assert before == "True True False", "a dtype tested before any call reduced it"
@@ -234,10 +240,7 @@ def test_kernels_loaded_after_a_dtype_was_settled_test_it_at_its_next_call() -> 
         "print(kernels.COMPILED.combine('add', x, x, y))\n"
         "kernels.tested(x.dtype); print(kernels.COMPILED.combine('add', x, x, y), y.tolist())\n"
     )
-    env = {**os.environ, "HPCRING_CORE": "python"}
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
-    )
+    done = python(script, core="python")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["False", "True [0.0, 2.0, 4.0, 6.0, 8.0]"]
 
@@ -245,17 +248,11 @@ def test_kernels_loaded_after_a_dtype_was_settled_test_it_at_its_next_call() -> 
 def test_hpcring_core_chooses_and_info_says_why() -> None:
     """HPCRING_CORE=python and =c in fresh processes: info()['core'] and its reason."""
     script = "import hpcring; i = hpcring.info(); print(i['core']); print(i['core_reason'])"
-    env = {**os.environ, "HPCRING_CORE": "python"}
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
-    )
+    done = python(script, core="python")
     assert done.returncode == 0, done.stderr
     assert done.stdout.split("\n")[:2] == ["python", "HPCRING_CORE=python"]
     if COMPILED:
-        env["HPCRING_CORE"] = "c"
-        done = subprocess.run(
-            [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
-        )
+        done = python(script, core="c")
         assert done.returncode == 0, done.stderr
         kind, why = done.stdout.split("\n")[:2]
         assert kind == "c" and "hpcring._kernels" in why and "hpcring._core" in why
@@ -270,17 +267,11 @@ def test_a_kernels_module_that_does_not_load_falls_back_or_raises_for_c() -> Non
         "import numpy as np; from hpcring.ops import OPS\n"
         "a = np.ones(3, np.float32); OPS['sum'].reduce(np, a, a); print(a.tolist())\n"
     )
-    env = {k: v for k, v in os.environ.items() if k != "HPCRING_CORE"}
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
-    )
+    done = python(script, core=None)
     assert done.returncode == 0, done.stderr
     active, reason, total = done.stdout.split("\n")[:3]
     assert active == "python" and "did not load" in reason and total == "[2.0, 2.0, 2.0]"
-    env["HPCRING_CORE"] = "c"
-    done = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
-    )
+    done = python(script, core="c")
     assert done.returncode != 0 and "ImportError: HPCRING_CORE=c asks for the compiled core" in done.stderr
 
 
