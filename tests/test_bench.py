@@ -804,6 +804,26 @@ def test_passes_keep_every_pass_and_one_row_per_cell() -> None:
 
 
 @pytest.mark.mpi
+def test_interleaved_cells_keep_their_own_rows_traffic_and_checks() -> None:
+    """--interleave times a size's cells call by call in turn: the same cells in the same order,
+    each row's bytes its own calls' (counted per cell, so the rows that share a channel do not
+    add up each other's traffic: the formulas would disagree), every row checked, in place too,
+    and a wrong element caught in every row."""
+    cells = ["ring", "naive", "mpi", "auto"]
+    status, report = _run([*TINY, "-a", ",".join(cells), "--interleave", "--passes", "2"])
+    ok = status == 0 and report is not None and report["header"]["interleaved"] is True
+    if ok:
+        rows = report["rows"]
+        ok = [r["algorithm"] for r in rows] == [BARE, *cells] * 4 and len(report["passes"]) == 2
+        ok = ok and all(r["wrong"] == 0 and r["bytes_match"] and r["iters"] == 2 for r in rows)
+        sized = [r for r in rows if r["algorithm"] in ("ring", "naive") and COMM.Get_size() > 1]
+        ok = ok and all(r["bytes_sent"] for r in sized)  # counted, not zero
+    status, report = _run([*TINY, "-a", "ring,mpi", "--interleave", "--in-place"], corrupt_rank=0)
+    ok = ok and status == 1 and report is not None and all(r["wrong"] == 1 for r in report["rows"])
+    assert everywhere(COMM, ok)
+
+
+@pytest.mark.mpi
 def test_in_place_rows_are_checked_from_the_input_each_time() -> None:
     """In place every algorithm's result is checked (each call starts from the input again,
     or the sums would compound), and a corrupted element is still caught."""

@@ -37,6 +37,7 @@ from .measure import (
     header_facts,
     load_model,
     measure_row,
+    measure_rows,
     median_rows,
     model_source,
     predicted_us,
@@ -163,6 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=1,
         help="run the whole sweep N times and keep, per row, the pass with the median time: "
         "a slow spell of seconds then hits every algorithm alike, not one (default 1)",
+    )
+    add(
+        "--interleave",
+        action="store_true",
+        help="time each size's rows call by call in turn (every row one call, then again, the order "
+        "turned each round) instead of each row's calls back to back: a slow spell falls on every "
+        "row alike, so their ratios compare calls made side by side",
     )
     add("--no-agree", action="store_true", help="time allreduce(check=False): skip the agreement step")
     add(
@@ -441,8 +449,11 @@ def main(
             print(f"# pass {done + 1} of {args.passes}", flush=True)
         passes.append([])
         for nbytes in sizes:
-            for algorithm in names:
-                row = measure_row(args, comm, dev, nbytes, algorithm, corrupt_rank)
+            if args.interleave:  # the size's cells take turns, call by call
+                measured = measure_rows(args, comm, dev, nbytes, names, corrupt_rank)
+            else:  # each cell's calls back to back, one cell after another
+                measured = (measure_row(args, comm, dev, nbytes, name, corrupt_rank) for name in names)
+            for algorithm, row in zip(names, measured, strict=True):
                 if params is not None:  # the model's `mpi` is the library's own algorithm
                     modelled = "mpi" if algorithm == bare else row.chosen or algorithm
                     wire = wire_of(algorithm)

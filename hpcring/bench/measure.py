@@ -238,6 +238,224 @@ def exact_bytes_sent(dtype: np.dtype, host: bool = True, nodes: int = 1) -> Any:
     return formula
 
 
+class Cell:
+    """One (size, algorithm) cell of ``args.collective`` being measured: its buffers and call,
+    timed one call at a time (`once`), so that cells can take turns (`measure_rows`); ``algorithm``
+    the collective's bare name (`Collective.bare`) times the bare library call the same way.
+    ``nbytes`` is nccl-tests' size: the whole buffer (`Collective.count` says each rank's input
+    of it)."""
+
+    def __init__(
+        self,
+        args: argparse.Namespace,
+        comm: MPI.Intracomm,
+        dev: Device,
+        nbytes: int,
+        algorithm: str,
+    ) -> None:
+        rank, size, dtype = comm.Get_rank(), comm.Get_size(), args.dtype
+        kind = kind_of(args.collective, getattr(args, "uneven", False))
+        count = kind.count(nbytes, size, dtype.itemsize)
+        reproducible = algorithm.endswith(REPRODUCIBLE)  # allreduce(reproducible=True): "ring+rep"
+        wire = wire_of(algorithm)  # allreduce(wire=...): "ring+bf16"
+        label, algorithm = algorithm, algorithm.removesuffix(REPRODUCIBLE)
+        if wire is not None:
+            algorithm = algorithm.removesuffix(WIRE_TAGS[wire])
+        x = kind.inputs(dev.xp, count, dtype, args.op, rank, args.root)
+        b = kind.buffers(dev.xp, x, args.in_place, rank, size)
+        # In place, where the call rewrites x, each call starts from the input rewritten (untimed), as
+        # a training step's fresh gradients; out of place, x stays as it is.
+        original = b.x.copy()
+        rewritten = args.in_place and kind.rewrites_input
+        agree = not args.no_agree
+        bare = algorithm == kind.bare
+        channel = None if bare else channel_for(comm, adapter_for(b.x))
+        # A chooser's row (auto) says what it chose for this size; a reproducible one chooses for the
+        # sizes that travel there (named auto+rep, no choice)
+        chooser = not bare and algorithms.spec(args.collective, algorithm).choose is not None
+        chosen = (
+            auto.chosen(
+                channel,
+                b.x.nbytes,
+                args.in_place and kind.in_place_tables,
+                args.collective,
+                algorithms.choices(args.collective),
+            )
+            if chooser and not reproducible and not kind.uneven
+            else None
+        )  # collective
+        if chooser and args.collective == "alltoall" and not kind.uneven:
+            chosen = exchange.auto_runs(comm, b.x) or chosen  # blocks sent ahead: pairwise's pattern
+        if chooser and kind.uneven:  # uneven blocks: one choice for every size (hpcring.algorithms.auto)
+            chosen = auto.choose_alltoall(channel, -1, False, algorithms.uneven(args.collective))
+
+        if bare:
+            call, result = bare_call(comm, dev, kind, b, args.in_place, args.op, args.root)
+        else:
+            options = {"reproducible": reproducible, "wire": wire} if reproducible or wire else {}
+            call = kind.caller(b, algorithm, comm, args.op, agree, args.root, **options)
+            result = b.result
+
+        def refill() -> None:
+            if rewritten:
+                b.x[...] = original
+                dev.sync()
+
+        self.args, self.comm, self.dev, self.nbytes, self.kind = args, comm, dev, nbytes, kind
+        self.count, self.label, self.algorithm, self.bare = count, label, algorithm, bare
+        self.reproducible, self.wire, self.chooser, self.chosen = reproducible, wire, chooser, chosen
+        self.b, self.original, self.channel = b, original, channel
+        self.call, self.result, self.refill = call, result, refill
+        self.sent = 0  # bytes this rank's channel sent in the timed calls
+
+    def warm(self) -> float:
+        """The untimed calls first; their seconds on this rank."""
+        start = MPI.Wtime()
+        for _ in range(self.args.warmup):
+            self.refill()
+            self.call()
+        self.dev.sync()
+        return MPI.Wtime() - start
+
+    def once(self) -> float:
+        """One timed call (its input rewritten first, untimed): its seconds on this rank."""
+        self.refill()
+        channel = self.channel
+        before = 0 if channel is None else channel.bytes_sent
+        t0 = MPI.Wtime()
+        self.call()
+        self.dev.sync()
+        took = MPI.Wtime() - t0
+        if channel is not None:
+            self.sent += channel.bytes_sent - before
+        return took
+
+    def wrong(self, corrupt_rank: int | None) -> int | None:
+        """The wrong elements over every rank of one more call, its output poisoned first (None:
+        not checked; collective)."""
+        args, comm, dev, kind, result = self.args, self.comm, self.dev, self.kind, self.result
+        if not args.check:
+            return None
+        rank = comm.Get_rank()
+        expected = kind.expected(dev.xp, self.count, args.dtype, args.op, comm.Get_size(), rank, args.root)
+        result[...] = expected + 1  # stale or untouched output can never pass
+        self.b.x[...] = self.original  # in place, the input itself: it differs from the result wherever G > 1
+        dev.sync()
+        self.call()
+        if corrupt_rank == rank and result.size:
+            flat = result.reshape(-1)
+            flat[flat.size // 2] += 1  # test hook: one wrong element on one rank
+        return comm.allreduce(int((result != expected).sum()), op=MPI.SUM)
+
+    def traffic(self, sent: float) -> tuple[list[int] | None, list[int] | None]:
+        """Per rank, the bytes sent per call (``sent``: this rank's) and the formula's; (None,
+        None) where hpcring does not see them (the bare call; collective otherwise)."""
+        args, comm, kind, channel, chosen = self.args, self.comm, self.kind, self.channel, self.chosen
+        size, dtype = comm.Get_size(), args.dtype
+        ran = chosen or self.algorithm
+        # Each rank's formula counts from its input, and, for a rooted collective, from the root.
+        root = {"root": args.root} if kind.rooted else {}
+        formula_of = functools.partial(expected_bytes_sent, collective=args.collective, **root)
+        # The reproducible rows' formula is exact.bytes_sent's; auto's may choose again for the sizes
+        # that travel there (codes and words), so that row is not counted against one.
+        if self.reproducible:
+            hosts = topology.of(channel.comm).nodes if channel is not None else 1
+            formula_of = exact_bytes_sent(dtype, host=self.dev.name != "gpu", nodes=hosts)
+        if kind.uneven:
+
+            def formula_of(
+                ran: str, nbytes: int, size: int, rank: int, itemsize: int, per_node: int = 1
+            ) -> Any:
+                return kind.bytes_sent(ran, nbytes // itemsize, itemsize, size, rank)
+
+        spec = None if self.bare else algorithms.spec(args.collective, ran)
+        if self.wire is not None and (chosen is None or auto.keep_wire(channel, spec)):
+            narrowed = wire_dtype(
+                self.wire
+            )  # what travels: the formula in its itemsize (auto: where it narrows)
+
+            def formula_of(
+                ran: str, nbytes: int, size: int, rank: int, itemsize: int, per_node: int = 1
+            ) -> Any:
+                return wire_bytes_sent(ran, nbytes // itemsize, itemsize, narrowed, size, rank, per_node)
+
+        mine = self.count * dtype.itemsize  # the bytes of each rank's input, what the formulas count from
+        hidden = self.bare or (self.reproducible and self.chooser)
+        if (
+            hidden or formula_of(ran, mine, size, comm.Get_rank(), dtype.itemsize) is None
+        ):  # MPI's: not visible
+            return None, None
+        measured = [int(s) if s == int(s) else s for s in comm.allgather(sent)]
+        assert channel is not None  # only the bare row has none, and it is not counted
+        nodes = topology.of(channel.comm)
+        per_node = nodes.per_node[0] if nodes.two_level else 1
+        # Algorithms that run in node order (ranks placed round-robin, say) send what the rank
+        # at that position of the order sends.
+        place = nodes.order.index if spec is not None and spec.ring_order else int
+        return measured, [
+            formula_of(ran, mine, size, place(r), dtype.itemsize, per_node) or 0 for r in range(size)
+        ]
+
+    def row(self, times: np.ndarray, corrupt_rank: int | None) -> Row:
+        """The cell's row from ``times`` (per timed call, the max over ranks), checked (collective)."""
+        args, size = self.args, self.comm.Get_size()
+        wrong = self.wrong(corrupt_rank)
+        measured, formula = self.traffic(self.sent / len(times))
+        median = statistics.median(times.tolist())
+        algbw = self.nbytes / median / 1e9 if median > 0 else 0.0
+        return Row(
+            size=self.nbytes,
+            count=self.count,
+            dtype=args.dtype.name,
+            op=args.op if self.kind.reduces else "none",
+            algorithm=self.label,
+            iters=len(times),
+            time_us=median * 1e6,
+            time_us_min=float(times.min()) * 1e6,
+            time_us_max=float(times.max()) * 1e6,
+            algbw=algbw,
+            busbw=algbw * busbw_factor(size, args.collective),
+            bytes_sent=None if measured is None else max(measured),
+            bytes_expected=None if formula is None else max(formula),
+            bytes_sent_per_rank=measured,
+            bytes_expected_per_rank=formula,
+            wrong=wrong,
+            bytes_match=measured == formula,
+            chosen=self.chosen,
+            time_us_median=median * 1e6,
+            time_us_p99=float(np.percentile(times, 99)) * 1e6,
+        )
+
+
+def measure_rows(
+    args: argparse.Namespace,
+    comm: MPI.Intracomm,
+    dev: Device,
+    nbytes: int,
+    names: list[str],
+    corrupt_rank: int | None,
+) -> list[Row]:
+    """Warm up, time, measure traffic and check the cells of ``names`` at one size, taking turns:
+    each round calls every cell once, the order turned by one from round to round, so that a slow
+    spell of the machine falls on every cell alike and their ratios compare calls made side by
+    side (`--interleave`; one name: that cell's calls back to back)."""
+    cells = [Cell(args, comm, dev, nbytes, name) for name in names]
+    iters = args.iters
+    warmed = [cell.warm() for cell in cells]
+    if args.warmup and args.max_time > 0:  # the same on every rank
+        per_round = comm.allreduce(sum(warmed) / args.warmup, op=MPI.MAX)
+        if per_round * iters > args.max_time:
+            iters = max(min(iters, 3), int(args.max_time / per_round))
+    times = np.empty((len(cells), iters))
+    comm.Barrier()
+    for i in range(iters):
+        for j in range(len(cells)):
+            k = (i + j) % len(cells)
+            times[k, i] = cells[k].once()
+    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # per call: what the slowest rank saw
+    return [cell.row(times[k], corrupt_rank) for k, cell in enumerate(cells)]
+
+
 def measure_row(
     args: argparse.Namespace,
     comm: MPI.Intracomm,
@@ -246,153 +464,8 @@ def measure_row(
     algorithm: str,
     corrupt_rank: int | None,
 ) -> Row:
-    """Warm up, time, measure traffic and check one (size, algorithm) cell of ``args.collective``;
-    ``algorithm`` the collective's bare name (`Collective.bare`) times the bare library call the
-    same way. ``nbytes`` is nccl-tests' size: the whole buffer (`Collective.count` says each
-    rank's input of it)."""
-    rank, size, dtype = comm.Get_rank(), comm.Get_size(), args.dtype
-    kind = kind_of(args.collective, getattr(args, "uneven", False))
-    count = kind.count(nbytes, size, dtype.itemsize)
-    reproducible = algorithm.endswith(REPRODUCIBLE)  # allreduce(reproducible=True): "ring+rep"
-    wire = wire_of(algorithm)  # allreduce(wire=...): "ring+bf16"
-    label, algorithm = algorithm, algorithm.removesuffix(REPRODUCIBLE)
-    if wire is not None:
-        algorithm = algorithm.removesuffix(WIRE_TAGS[wire])
-    x = kind.inputs(dev.xp, count, dtype, args.op, rank, args.root)
-    b = kind.buffers(dev.xp, x, args.in_place, rank, size)
-    # In place, where the call rewrites x, each call starts from the input rewritten (untimed), as
-    # a training step's fresh gradients; out of place, x stays as it is.
-    original = b.x.copy()
-    rewritten = args.in_place and kind.rewrites_input
-    agree = not args.no_agree
-    bare = algorithm == kind.bare
-    channel = None if bare else channel_for(comm, adapter_for(b.x))
-    # A chooser's row (auto) says what it chose for this size; a reproducible one chooses for the
-    # sizes that travel there (named auto+rep, no choice)
-    chooser = not bare and algorithms.spec(args.collective, algorithm).choose is not None
-    chosen = (
-        auto.chosen(
-            channel,
-            b.x.nbytes,
-            args.in_place and kind.in_place_tables,
-            args.collective,
-            algorithms.choices(args.collective),
-        )
-        if chooser and not reproducible and not kind.uneven
-        else None
-    )  # collective
-    if chooser and args.collective == "alltoall" and not kind.uneven:
-        chosen = exchange.auto_runs(comm, b.x) or chosen  # blocks sent ahead: pairwise's pattern
-    if chooser and kind.uneven:  # uneven blocks: one choice for every size (hpcring.algorithms.auto)
-        chosen = auto.choose_alltoall(channel, -1, False, algorithms.uneven(args.collective))
-
-    if bare:
-        call, result = bare_call(comm, dev, kind, b, args.in_place, args.op, args.root)
-    else:
-        options = {"reproducible": reproducible, "wire": wire} if reproducible or wire else {}
-        call = kind.caller(b, algorithm, comm, args.op, agree, args.root, **options)
-        result = b.result
-
-    def refill() -> None:
-        if rewritten:
-            b.x[...] = original
-            dev.sync()
-
-    start = MPI.Wtime()
-    for _ in range(args.warmup):
-        refill()
-        call()
-    dev.sync()
-    iters = args.iters
-    if args.warmup and args.max_time > 0:
-        per_call = comm.allreduce((MPI.Wtime() - start) / args.warmup, op=MPI.MAX)  # same on every rank
-        if per_call * iters > args.max_time:
-            iters = max(min(iters, 3), int(args.max_time / per_call))
-
-    times = np.empty(iters)
-    sent_before = 0 if channel is None else channel.bytes_sent
-    comm.Barrier()
-    for i in range(iters):
-        refill()
-        t0 = MPI.Wtime()
-        call()
-        dev.sync()
-        times[i] = MPI.Wtime() - t0
-    sent = 0.0 if channel is None else (channel.bytes_sent - sent_before) / iters
-    comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # per iteration: what the slowest rank saw
-
-    wrong: int | None = None
-    if args.check:
-        expected = kind.expected(dev.xp, count, dtype, args.op, size, rank, args.root)
-        result[...] = expected + 1  # stale or untouched output can never pass
-        b.x[...] = original  # in place, the input itself: it differs from the result wherever G > 1
-        dev.sync()
-        call()
-        if corrupt_rank == rank and result.size:
-            flat = result.reshape(-1)
-            flat[flat.size // 2] += 1  # test hook: one wrong element on one rank
-        wrong = comm.allreduce(int((result != expected).sum()), op=MPI.SUM)
-
-    median = statistics.median(times.tolist())
-    algbw = nbytes / median / 1e9 if median > 0 else 0.0
-    ran = chosen or algorithm
-    # Each rank's formula counts from its input, and, for a rooted collective, from the root.
-    root = {"root": args.root} if kind.rooted else {}
-    formula_of = functools.partial(expected_bytes_sent, collective=args.collective, **root)
-    # The reproducible rows' formula is exact.bytes_sent's; auto's may choose again for the sizes
-    # that travel there (codes and words), so that row is not counted against one.
-    if reproducible:
-        hosts = topology.of(channel.comm).nodes if channel is not None else 1
-        formula_of = exact_bytes_sent(dtype, host=dev.name != "gpu", nodes=hosts)
-    if kind.uneven:
-
-        def formula_of(ran: str, nbytes: int, size: int, rank: int, itemsize: int, per_node: int = 1) -> Any:
-            return kind.bytes_sent(ran, nbytes // itemsize, itemsize, size, rank)
-
-    spec = None if bare else algorithms.spec(args.collective, ran)
-    if wire is not None and (chosen is None or auto.keep_wire(channel, spec)):
-        narrowed = wire_dtype(wire)  # what travels: the formula in its itemsize (auto: where it narrows)
-
-        def formula_of(ran: str, nbytes: int, size: int, rank: int, itemsize: int, per_node: int = 1) -> Any:
-            return wire_bytes_sent(ran, nbytes // itemsize, itemsize, narrowed, size, rank, per_node)
-
-    mine = count * dtype.itemsize  # the bytes of each rank's input, what the formulas count from
-    if (
-        bare or (reproducible and chooser) or formula_of(ran, mine, size, rank, dtype.itemsize) is None
-    ):  # MPI's: not visible
-        measured: list[int] | None = None
-        formula: list[int] | None = None
-    else:
-        measured = [int(s) if s == int(s) else s for s in comm.allgather(sent)]
-        assert channel is not None  # only the bare row has none, and it is not counted
-        nodes = topology.of(channel.comm)
-        per_node = nodes.per_node[0] if nodes.two_level else 1
-        # Algorithms that run in node order (ranks placed round-robin, say) send what the rank
-        # at that position of the order sends.
-        place = nodes.order.index if spec is not None and spec.ring_order else int
-        formula = [formula_of(ran, mine, size, place(r), dtype.itemsize, per_node) or 0 for r in range(size)]
-    return Row(
-        size=nbytes,
-        count=count,
-        dtype=dtype.name,
-        op=args.op if kind.reduces else "none",
-        algorithm=label,
-        iters=iters,
-        time_us=median * 1e6,
-        time_us_min=float(times.min()) * 1e6,
-        time_us_max=float(times.max()) * 1e6,
-        algbw=algbw,
-        busbw=algbw * busbw_factor(size, args.collective),
-        bytes_sent=None if measured is None else max(measured),
-        bytes_expected=None if formula is None else max(formula),
-        bytes_sent_per_rank=measured,
-        bytes_expected_per_rank=formula,
-        wrong=wrong,
-        bytes_match=measured == formula,
-        chosen=chosen,
-        time_us_median=median * 1e6,
-        time_us_p99=float(np.percentile(times, 99)) * 1e6,
-    )
+    """One (size, algorithm) cell's row, its calls back to back (`measure_rows`)."""
+    return measure_rows(args, comm, dev, nbytes, [algorithm], corrupt_rank)[0]
 
 
 def median_rows(passes: list[list[Row]]) -> list[Row]:
@@ -444,6 +517,7 @@ def header_facts(
         "baseline_call": bare_description(dev, args.dtype),
         "iters": args.iters,
         "passes": args.passes,
+        "interleaved": bool(getattr(args, "interleave", False)),
         "warmup": args.warmup,
         "max_time_s": args.max_time,
         "check": bool(args.check),

@@ -73,7 +73,8 @@ def format_header(h: dict[str, Any]) -> str:
         f"(mpi: the same call through hpcring.{kind.name})",
         f"# dtype {h['dtype']}  op {h['op']}{root}  iters {h['iters']} "
         f"(fewer past {h['max_time_s']:g} s/row)  "
-        f"warmup {h['warmup']}  passes {h['passes']}  check {int(h['check'])}  agree {int(h['agree'])}  "
+        f"warmup {h['warmup']}  passes {h['passes']}{'  interleaved' if h.get('interleaved') else ''}  "
+        f"check {int(h['check'])}  agree {int(h['agree'])}  "
         f"{h['placement']}",
         *([f"# size: {h['size_is']};  count: elements of each rank's input"] if h.get("size_is") else []),
         f"# time: {h['time']};  busbw = algbw * {h['busbw_formula']} = algbw * {h['busbw_factor']:.4g};  "
