@@ -168,9 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     add(
         "--interleave",
         action="store_true",
-        help="time each size's rows call by call in turn (every row one call, then again, the order "
-        "turned each round) instead of each row's calls back to back: a slow spell falls on every "
-        "row alike, so their ratios compare calls made side by side",
+        help="time each size's rows call by call in turn (every row one call, then again, in an "
+        "order shuffled each round) instead of each row's calls back to back: a slow spell falls on "
+        "every row alike, so their ratios compare calls made side by side",
     )
     add("--no-agree", action="store_true", help="time allreduce(check=False): skip the agreement step")
     add(

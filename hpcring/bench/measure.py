@@ -436,7 +436,7 @@ def measure_rows(
     corrupt_rank: int | None,
 ) -> list[Row]:
     """Warm up, time, measure traffic and check the cells of ``names`` at one size, taking turns:
-    each round calls every cell once, the order turned by one from round to round, so that a slow
+    each round calls every cell once, in an order shuffled from round to round, so that a slow
     spell of the machine falls on every cell alike and their ratios compare calls made side by
     side (`--interleave`; one name: that cell's calls back to back)."""
     cells = [Cell(args, comm, dev, nbytes, name) for name in names]
@@ -447,10 +447,12 @@ def measure_rows(
         if per_round * iters > args.max_time:
             iters = max(min(iters, 3), int(args.max_time / per_round))
     times = np.empty((len(cells), iters))
+    # The order of a round: shuffled, the same on every rank (one seed), so that no cell always
+    # follows the same one (a call that leaves the ranks apart slows the call after it).
+    orders = np.random.default_rng(len(cells)).permuted(np.tile(np.arange(len(cells)), (iters, 1)), axis=1)
     comm.Barrier()
     for i in range(iters):
-        for j in range(len(cells)):
-            k = (i + j) % len(cells)
+        for k in orders[i]:
             times[k, i] = cells[k].once()
     comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # per call: what the slowest rank saw
     return [cell.row(times[k], corrupt_rank) for k, cell in enumerate(cells)]
