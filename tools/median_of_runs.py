@@ -7,8 +7,8 @@ On a shared, noisy machine one run's rows jump by 2x from minute to minute; the 
 over separate runs (each itself a median over iterations) is what the docs quote. Where
 the runs measured np.copyto (the bench does on the CPU), also the ring's busbw at the
 largest size against it; where they ran `auto`, at how many sizes it is within 10% of the best.
-The baseline is the bare MPI_Allreduce row where the runs have it (the bench measures it
-since it has one), else `mpi` (older runs).
+The baseline is the bare library call's row (the header's `baseline`: MPI_Allreduce, or
+MPI_Alltoall for --collective alltoall) where the runs have it, else `mpi` (older runs).
 """
 
 from __future__ import annotations
@@ -25,11 +25,13 @@ def main(paths: list[str]) -> None:
     times: dict[tuple[int, str], list[float]] = defaultdict(list)
     busbw: dict[tuple[int, str], list[float]] = defaultdict(list)
     ranks = set()
+    bare = BARE
     copyto: list[tuple[int, float, float]] = []  # (largest size, ring busbw, np.copyto GB/s) per run
     for path in paths:
         with open(path) as stream:
             report = json.load(stream)
         ranks.add(report["header"]["ranks"])
+        bare = report["header"].get("baseline", bare)
         ring = [r for r in report["rows"] if r["algorithm"] == "ring"]
         if ring and report["header"].get("copyto_GBps"):
             top = max(ring, key=lambda r: r["size"])
@@ -41,7 +43,7 @@ def main(paths: list[str]) -> None:
             busbw[key].append(row["busbw"])
     names = list(dict.fromkeys(name for _, name in times))
     sizes = sorted({size for size, _ in times})
-    baseline = BARE if BARE in names else "mpi"
+    baseline = bare if bare in names else "mpi"
     print(f"# {len(paths)} runs, ranks {sorted(ranks)}: median busbw (GB/s), and x {baseline}")
     print(f"# {'size':>10} " + " ".join(f"{n:>18}" for n in names))
     for size in sizes:
@@ -56,7 +58,7 @@ def main(paths: list[str]) -> None:
             cells.append(f"{value:>10.3f}{ratio:>8}")
         print(f"  {size:>10} " + " ".join(cells))
     if "auto" in names:
-        print(_auto_verdict(busbw, sizes))
+        print(_auto_verdict(busbw, sizes, bare))
     if copyto:
         ratios = [ring / bandwidth for _, ring, bandwidth in copyto]
         print(
@@ -66,9 +68,11 @@ def main(paths: list[str]) -> None:
         )
 
 
-def _auto_verdict(busbw: dict[tuple[int, str], list[float]], sizes: list[int], within: float = 0.9) -> str:
+def _auto_verdict(
+    busbw: dict[tuple[int, str], list[float]], sizes: list[int], bare: str = BARE, within: float = 0.9
+) -> str:
     """How often auto's median busbw is within 10% of the best other row's median (the
-    Performance issue's target; the bare MPI_Allreduce among them where the runs have it), and
+    Performance issue's target; the bare library call among them where the runs have it), and
     where it is furthest behind."""
     ratios = []
     for size in sizes:
@@ -76,7 +80,7 @@ def _auto_verdict(busbw: dict[tuple[int, str], list[float]], sizes: list[int], w
         if (size, "auto") in busbw and others:
             ratios.append((statistics.median(busbw[(size, "auto")]) / max(others), size))
     hits = sum(ratio >= within for ratio, _ in ratios)
-    rivals = f"algorithm or {BARE}" if any(name == BARE for _, name in busbw) else "algorithm"
+    rivals = f"algorithm or {bare}" if any(name == bare for _, name in busbw) else "algorithm"
     worst, where = min(ratios)
     return (
         f"# auto within {1 - within:.0%} of the best {rivals} at {hits} of {len(ratios)} sizes "
