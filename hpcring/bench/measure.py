@@ -238,6 +238,15 @@ def exact_bytes_sent(dtype: np.dtype, host: bool = True, nodes: int = 1) -> Any:
     return formula
 
 
+def buffers(args: argparse.Namespace, comm: MPI.Intracomm, dev: Device, nbytes: int) -> tuple[Buffers, Any]:
+    """The arrays of an ``nbytes`` cell of ``args.collective``, and a copy of its input."""
+    rank, size, dtype = comm.Get_rank(), comm.Get_size(), args.dtype
+    kind = kind_of(args.collective, getattr(args, "uneven", False))
+    x = kind.inputs(dev.xp, kind.count(nbytes, size, dtype.itemsize), dtype, args.op, rank, args.root)
+    b = kind.buffers(dev.xp, x, args.in_place, rank, size)
+    return b, b.x.copy()
+
+
 class Cell:
     """One (size, algorithm) cell of ``args.collective`` being measured: its buffers and call,
     timed one call at a time (`once`), so that cells can take turns (`measure_rows`); ``algorithm``
@@ -252,20 +261,19 @@ class Cell:
         dev: Device,
         nbytes: int,
         algorithm: str,
+        data: tuple[Buffers, Any] | None = None,
     ) -> None:
-        rank, size, dtype = comm.Get_rank(), comm.Get_size(), args.dtype
+        size, dtype = comm.Get_size(), args.dtype
         kind = kind_of(args.collective, getattr(args, "uneven", False))
         count = kind.count(nbytes, size, dtype.itemsize)
+        b, original = data or buffers(args, comm, dev, nbytes)
         reproducible = algorithm.endswith(REPRODUCIBLE)  # allreduce(reproducible=True): "ring+rep"
         wire = wire_of(algorithm)  # allreduce(wire=...): "ring+bf16"
         label, algorithm = algorithm, algorithm.removesuffix(REPRODUCIBLE)
         if wire is not None:
             algorithm = algorithm.removesuffix(WIRE_TAGS[wire])
-        x = kind.inputs(dev.xp, count, dtype, args.op, rank, args.root)
-        b = kind.buffers(dev.xp, x, args.in_place, rank, size)
         # In place, where the call rewrites x, each call starts from the input rewritten (untimed), as
         # a training step's fresh gradients; out of place, x stays as it is.
-        original = b.x.copy()
         rewritten = args.in_place and kind.rewrites_input
         agree = not args.no_agree
         bare = algorithm == kind.bare
@@ -438,8 +446,11 @@ def measure_rows(
     """Warm up, time, measure traffic and check the cells of ``names`` at one size, taking turns:
     each round calls every cell once, in an order shuffled from round to round, so that a slow
     spell of the machine falls on every cell alike and their ratios compare calls made side by
-    side (`--interleave`; one name: that cell's calls back to back)."""
-    cells = [Cell(args, comm, dev, nbytes, name) for name in names]
+    side, on the same arrays (`--interleave`; one name: that cell's calls back to back)."""
+    # One set of arrays for every cell: each row's calls read and write the same memory (how the
+    # allocator placed separate arrays, in huge pages or not, moved one row by up to 2x)
+    data = buffers(args, comm, dev, nbytes)
+    cells = [Cell(args, comm, dev, nbytes, name, data) for name in names]
     iters = args.iters
     warmed = [cell.warm() for cell in cells]
     if args.warmup and args.max_time > 0:  # the same on every rank
