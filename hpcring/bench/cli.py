@@ -31,12 +31,12 @@ from .measure import (
     WIRE_TAGS,
     Device,
     Row,
+    buffers,
     copyto_GBps,
     device_for,
     guidance_facts,
     header_facts,
     load_model,
-    measure_row,
     measure_rows,
     median_rows,
     model_source,
@@ -449,10 +449,11 @@ def main(
             print(f"# pass {done + 1} of {args.passes}", flush=True)
         passes.append([])
         for nbytes in sizes:
+            data = buffers(args, comm, dev, nbytes)  # every row of a size on the same arrays
             if args.interleave:  # the size's cells take turns, call by call
-                measured = measure_rows(args, comm, dev, nbytes, names, corrupt_rank)
+                measured = measure_rows(args, comm, dev, nbytes, names, corrupt_rank, data)
             else:  # each cell's calls back to back, one cell after another
-                measured = (measure_row(args, comm, dev, nbytes, name, corrupt_rank) for name in names)
+                measured = (measure_rows(args, comm, dev, nbytes, [n], corrupt_rank, data)[0] for n in names)
             for algorithm, row in zip(names, measured, strict=True):
                 if params is not None:  # the model's `mpi` is the library's own algorithm
                     modelled = "mpi" if algorithm == bare else row.chosen or algorithm

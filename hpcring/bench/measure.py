@@ -442,14 +442,16 @@ def measure_rows(
     nbytes: int,
     names: list[str],
     corrupt_rank: int | None,
+    data: tuple[Buffers, Any] | None = None,
 ) -> list[Row]:
     """Warm up, time, measure traffic and check the cells of ``names`` at one size, taking turns:
     each round calls every cell once, in an order shuffled from round to round, so that a slow
     spell of the machine falls on every cell alike and their ratios compare calls made side by
-    side, on the same arrays (`--interleave`; one name: that cell's calls back to back)."""
+    side, on the same arrays (`--interleave`; one name: that cell's calls back to back).
+    ``data``: the size's arrays (`buffers`), where the caller shares them with other cells."""
     # One set of arrays for every cell: each row's calls read and write the same memory (how the
     # allocator placed separate arrays, in huge pages or not, moved one row by up to 2x)
-    data = buffers(args, comm, dev, nbytes)
+    data = data or buffers(args, comm, dev, nbytes)
     cells = [Cell(args, comm, dev, nbytes, name, data) for name in names]
     iters = args.iters
     warmed = [cell.warm() for cell in cells]
@@ -467,18 +469,6 @@ def measure_rows(
             times[k, i] = cells[k].once()
     comm.Allreduce(MPI.IN_PLACE, times, op=MPI.MAX)  # per call: what the slowest rank saw
     return [cell.row(times[k], corrupt_rank) for k, cell in enumerate(cells)]
-
-
-def measure_row(
-    args: argparse.Namespace,
-    comm: MPI.Intracomm,
-    dev: Device,
-    nbytes: int,
-    algorithm: str,
-    corrupt_rank: int | None,
-) -> Row:
-    """One (size, algorithm) cell's row, its calls back to back (`measure_rows`)."""
-    return measure_rows(args, comm, dev, nbytes, [algorithm], corrupt_rank)[0]
 
 
 def median_rows(passes: list[list[Row]]) -> list[Row]:
