@@ -248,9 +248,10 @@ def buffers(args: argparse.Namespace, comm: MPI.Intracomm, dev: Device, nbytes: 
 
 
 class Cell:
-    """One (size, algorithm) cell of ``args.collective`` being measured: its buffers and call,
-    timed one call at a time (`once`), so that cells can take turns (`measure_rows`); ``algorithm``
-    the collective's bare name (`Collective.bare`) times the bare library call the same way.
+    """One (size, algorithm) cell of ``args.collective`` being measured: its call on the size's
+    arrays (``data``: `buffers`), timed one call at a time (`once`), so that cells can take turns
+    (`measure_rows`); ``algorithm`` the collective's bare name (`Collective.bare`) times the bare
+    library call the same way.
     ``nbytes`` is nccl-tests' size: the whole buffer (`Collective.count` says each rank's input
     of it)."""
 
@@ -261,12 +262,12 @@ class Cell:
         dev: Device,
         nbytes: int,
         algorithm: str,
-        data: tuple[Buffers, Any] | None = None,
+        data: tuple[Buffers, Any],
     ) -> None:
         size, dtype = comm.Get_size(), args.dtype
         kind = kind_of(args.collective, getattr(args, "uneven", False))
         count = kind.count(nbytes, size, dtype.itemsize)
-        b, original = data or buffers(args, comm, dev, nbytes)
+        b, original = data
         reproducible = algorithm.endswith(REPRODUCIBLE)  # allreduce(reproducible=True): "ring+rep"
         wire = wire_of(algorithm)  # allreduce(wire=...): "ring+bf16"
         label, algorithm = algorithm, algorithm.removesuffix(REPRODUCIBLE)
