@@ -379,9 +379,8 @@ class Cell:
 
         spec = None if self.bare else algorithms.spec(args.collective, ran)
         if self.wire is not None and (chosen is None or auto.keep_wire(channel, spec)):
-            narrowed = wire_dtype(
-                self.wire
-            )  # what travels: the formula in its itemsize (auto: where it narrows)
+            # what travels: the formula in its itemsize (auto: where it narrows)
+            narrowed = wire_dtype(self.wire)
 
             def formula_of(
                 ran: str, nbytes: int, size: int, rank: int, itemsize: int, per_node: int = 1
@@ -390,10 +389,8 @@ class Cell:
 
         mine = self.count * dtype.itemsize  # the bytes of each rank's input, what the formulas count from
         hidden = self.bare or (self.reproducible and self.chooser)
-        if (
-            hidden or formula_of(ran, mine, size, comm.Get_rank(), dtype.itemsize) is None
-        ):  # MPI's: not visible
-            return None, None
+        if hidden or formula_of(ran, mine, size, comm.Get_rank(), dtype.itemsize) is None:
+            return None, None  # MPI's: not visible
         measured = [int(s) if s == int(s) else s for s in comm.allgather(sent)]
         assert channel is not None  # only the bare row has none, and it is not counted
         nodes = topology.of(channel.comm)
@@ -443,16 +440,15 @@ def measure_rows(
     nbytes: int,
     names: list[str],
     corrupt_rank: int | None,
-    data: tuple[Buffers, Any] | None = None,
+    data: tuple[Buffers, Any],
 ) -> list[Row]:
     """Warm up, time, measure traffic and check the cells of ``names`` at one size, taking turns:
     each round calls every cell once, in an order shuffled from round to round, so that a slow
     spell of the machine falls on every cell alike and their ratios compare calls made side by
-    side, on the same arrays (`--interleave`; one name: that cell's calls back to back).
-    ``data``: the size's arrays (`buffers`), where the caller shares them with other cells."""
-    # One set of arrays for every cell: each row's calls read and write the same memory (how the
-    # allocator placed separate arrays, in huge pages or not, moved one row by up to 2x)
-    data = data or buffers(args, comm, dev, nbytes)
+    side (`--interleave`; one name: that cell's calls back to back). ``data``: the size's arrays
+    (`buffers`), one set for every cell of the size: each row's calls read and write the same
+    memory (how the allocator placed separate arrays, in huge pages or not, moved one row by up
+    to 2x)."""
     cells = [Cell(args, comm, dev, nbytes, name, data) for name in names]
     iters = args.iters
     warmed = [cell.warm() for cell in cells]
