@@ -133,14 +133,19 @@ counters() { # host, bytes sent through its shaped eth0
 
 kill_host() { # a host that dies: every process in its namespace (the job's daemon, its ranks), SIGKILL;
   # with "ranks", only the MPI ranks (an out-of-memory kill, a GPU fault: the daemon lives on)
-  local host=${1:?usage: kill HOST} which=${2:-all} pid
+  # Every PID is found first and all are killed by one `kill`, microseconds apart, as a host's
+  # ranks die together. Killed one by one, each after a look at its environment (two processes
+  # forked), the second rank outlived the first by milliseconds, more on a loaded machine: once
+  # the survivors had shrunk around the first before the second died (two recoveries, not one).
+  local host=${1:?usage: kill HOST} which=${2:-all} pid pids=()
   ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "${prefix}-$host" || cannot "no host $host is up"
   for pid in $(ip netns pids "${prefix}-$host" 2>/dev/null); do
     if [[ $which == ranks ]] && ! tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -q '^OMPI_COMM_WORLD_RANK='; then
       continue
     fi
-    kill -KILL "$pid" 2>/dev/null || true
+    pids+=("$pid")
   done
+  ((${#pids[@]})) && kill -KILL "${pids[@]}" 2>/dev/null || true
 }
 
 link() { # a host whose network goes: its eth0 down (nothing leaves or reaches it), or back up
