@@ -133,10 +133,9 @@ counters() { # host, bytes sent through its shaped eth0
 
 kill_host() { # a host that dies: every process in its namespace (the job's daemon, its ranks), SIGKILL;
   # with "ranks", only the MPI ranks (an out-of-memory kill, a GPU fault: the daemon lives on)
-  # Every PID is found first and all are killed by one `kill`, microseconds apart, as a host's
-  # ranks die together. Killed one by one, each after a look at its environment (two processes
-  # forked), the second rank outlived the first by milliseconds, more on a loaded machine: once
-  # the survivors had shrunk around the first before the second died (two recoveries, not one).
+  # Every PID is found first and all are killed by one `kill`, as a host's ranks die together.
+  # Killed one by one, each after a look at its environment (two forked processes), they died
+  # that much apart, and a run once recovered twice (4 -> 3 -> 2 ranks) from one host's loss.
   local host=${1:?usage: kill HOST} which=${2:-all} pid pids=()
   ip netns list 2>/dev/null | awk '{print $1}' | grep -qx "${prefix}-$host" || cannot "no host $host is up"
   for pid in $(ip netns pids "${prefix}-$host" 2>/dev/null); do
